@@ -1,0 +1,52 @@
+"""`verispec` command line: one module per subcommand, each with `add_parser(subparsers)` and `run(args)`.
+
+Bad input exits with code 2 and a one-line message (`CliError`), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# Subcommand name -> module under verispec.cli. Modules are imported lazily so `verispec --help` stays fast.
+COMMANDS = {
+    "generate": "generate",
+    "serve": "serve",
+    "bench": "bench",
+    "distill": "distill",
+    "pairs": "pairs",
+}
+
+
+class CliError(Exception):
+    """A user's mistake on the command line: printed as `verispec: error: ...` with exit code 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verispec", description="Exact speculative decoding for causal LMs.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, module in COMMANDS.items():
+        try:
+            mod = importlib.import_module(f"verispec.cli.{module}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"verispec.cli.{module}":
+                raise
+            continue
+        mod.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.run(args) or 0)
+    except CliError as exc:
+        parser.exit(2, f"verispec: error: {exc}\n")
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
