@@ -1,0 +1,96 @@
+"""Typed, validated configuration. The CLI and the HTTP layer build these by keyword.
+
+Every `ValueError` raised here names the field and what to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens and when to stop. The defaults are greedy decoding."""
+
+    max_new_tokens: int = 128
+    """Most tokens to generate (the prompt not counted)."""
+    min_new_tokens: int = 0
+    """End-of-sequence tokens are forbidden until this many tokens were generated (as in HF `generate`)."""
+    temperature: float = 0.0
+    """0 is greedy decoding (argmax); > 0 samples from softmax(logits / temperature)."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 keeps all."""
+    top_p: float = 1.0
+    """Keep the smallest set of tokens whose probability reaches top_p; 1.0 keeps all."""
+    min_p: float = 0.0
+    """Drop tokens whose probability is below min_p times the most likely token's; 0 keeps all."""
+    repetition_penalty: float = 1.0
+    """HF/CTRL repetition penalty over the prompt and the output; 1.0 is off."""
+    seed: int | None = None
+    """Seed of the sampler; the same seed reproduces the same output."""
+    stop: tuple[str, ...] = ()
+    """Stop strings: generation ends before the first occurrence, which is not returned."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Extra token ids that end generation, besides the model's EOS ids."""
+    ignore_eos: bool = False
+    """Keep generating past the model's EOS ids (benchmarks use this for equal lengths)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check(
+            0 <= self.min_new_tokens <= self.max_new_tokens,
+            f"min_new_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), got {self.min_new_tokens}",
+        )
+        _check(self.temperature >= 0, f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        _check(self.top_k >= 0, f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(0 <= self.min_p < 1, f"min_p must be in [0, 1), got {self.min_p}")
+        _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1.0 is off), got {self.repetition_penalty}")
+        _check(all(s != "" for s in self.stop), "stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+ACCEPTANCE_MODES = ("exact", "top_k")
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """How far to speculate and how to verify."""
+
+    num_draft_tokens: int = 4
+    """K: draft tokens proposed per round (the most, when adaptive speculation is on)."""
+    adaptive: bool = False
+    """Choose K per round from measured acceptance and costs (never above max_speculation_depth)."""
+    max_speculation_depth: int = 8
+    """Upper bound on K when adaptive speculation is on."""
+    speculative_threshold: float = 0.0
+    """Stop drafting within a round once the drafter's top probability falls below this (0 disables)."""
+    acceptance: str = "exact"
+    """'exact' (lossless) or 'top_k' (LOSSY: also accept draft tokens in the target's top `acceptance_top_k`)."""
+    acceptance_top_k: int = 1
+    """N of the lossy 'top_k' acceptance mode."""
+
+    def __post_init__(self) -> None:
+        _check(self.num_draft_tokens >= 1, f"num_draft_tokens (K, --draft-tokens) must be >= 1, got {self.num_draft_tokens}")
+        _check(self.num_draft_tokens <= 64, f"num_draft_tokens (K, --draft-tokens) must be <= 64, got {self.num_draft_tokens}")
+        _check(self.max_speculation_depth >= 1, f"max_speculation_depth must be >= 1, got {self.max_speculation_depth}")
+        _check(0 <= self.speculative_threshold < 1, f"speculative_threshold must be in [0, 1), got {self.speculative_threshold}")
+        _check(self.acceptance in ACCEPTANCE_MODES, f"acceptance must be one of {ACCEPTANCE_MODES}, got {self.acceptance!r}")
+        _check(self.acceptance_top_k >= 1, f"acceptance_top_k must be >= 1, got {self.acceptance_top_k}")
+
+    @property
+    def lossless(self) -> bool:
+        return self.acceptance == "exact"
+

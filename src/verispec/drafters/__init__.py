@@ -1,0 +1,6 @@
+"""Drafters: every drafting method is a class behind the `Drafter` interface (base.py)."""
+
+from .base import DraftProposal, Drafter, DraftRequest
+from .model import ModelDrafter
+
+__all__ = ["DraftProposal", "Drafter", "DraftRequest", "ModelDrafter"]

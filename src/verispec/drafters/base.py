@@ -1,0 +1,44 @@
+"""The drafter interface: propose up to k tokens, then observe what the target kept."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..sampling import TokenSampler
+
+
+@dataclass
+class DraftRequest:
+    """What a drafter sees at the start of a round."""
+
+    token_ids: torch.Tensor  # [n] long: the committed sequence (prompt + generated); read-only
+    k: int  # most draft tokens wanted this round (>= 1)
+    sampler: TokenSampler  # the sequence's processing: q must be processed exactly like p
+    threshold: float = 0.0  # stop early once the drafter's top probability falls below this (0: never)
+
+
+@dataclass
+class DraftProposal:
+    token_ids: torch.Tensor  # [k'] long, 0 <= k' <= k
+    probs: torch.Tensor | None  # [k', vocab] processed q, or None: a point mass at each draft token
+    seconds: float = 0.0
+
+
+class Drafter(ABC):
+    """One drafting method. Stateless drafters ignore `begin`/`observe`."""
+
+    name: str = "drafter"
+    provides_probs: bool = False
+
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        """A new sequence starts (prompt_ids: [n]). Drop any state of the previous one."""
+
+    @abstractmethod
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        """Propose up to request.k tokens continuing request.token_ids."""
+
+    def observe(self, committed_length: int, num_accepted: int, num_proposed: int) -> None:
+        """After verification: the committed sequence now has `committed_length` tokens."""

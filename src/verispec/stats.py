@@ -1,0 +1,89 @@
+"""Speculation statistics, per call and cumulative, in the project's vocabulary (DEVELOPERS.md)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0  # committed tokens returned to the caller
+    rounds: int = 0
+    draft_tokens: int = 0  # draft tokens proposed (positions the target examined)
+    accepted_tokens: int = 0
+    proposed_by_position: list[int] = field(default_factory=list)  # [position]: rounds with a draft token there
+    accepted_by_position: list[int] = field(default_factory=list)  # [position]: ...and it was accepted
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    wall_s: float = 0.0
+    fallbacks: int = 0  # drafter failures that sent the request on to the target alone
+    requests: int = 0
+
+    def record_round(self, proposed: int, accepted: int, committed: int) -> None:
+        self.rounds += 1
+        self.draft_tokens += proposed
+        self.accepted_tokens += accepted
+        self.generated_tokens += committed
+        grow = proposed - len(self.proposed_by_position)
+        if grow > 0:
+            self.proposed_by_position.extend([0] * grow)
+            self.accepted_by_position.extend([0] * grow)
+        for position in range(proposed):
+            self.proposed_by_position[position] += 1
+            self.accepted_by_position[position] += position < accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Committed tokens per round, the recovered or bonus token included (1.0: speculation never helped)."""
+        return self.generated_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / p if p else 0.0 for a, p in zip(self.accepted_by_position, self.proposed_by_position)]
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    def merge(self, other: GenerationStats) -> None:
+        """Add another call's figures into this (cumulative) record."""
+        for name in ("prompt_tokens", "generated_tokens", "rounds", "draft_tokens", "accepted_tokens", "fallbacks",
+                     "requests"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for name in ("draft_s", "verify_s", "prefill_s", "wall_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for mine, theirs in (
+            (self.proposed_by_position, other.proposed_by_position),
+            (self.accepted_by_position, other.accepted_by_position),
+        ):
+            mine.extend([0] * (len(theirs) - len(mine)))
+            for position, count in enumerate(theirs):
+                mine[position] += count
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(
+            acceptance_rate=round(self.acceptance_rate, 4),
+            mean_accepted_length=round(self.mean_accepted_length, 4),
+            acceptance_by_position=[round(x, 4) for x in self.acceptance_by_position],
+            tokens_per_s=round(self.tokens_per_s, 2),
+        )
+        for name in ("draft_s", "verify_s", "prefill_s", "wall_s"):
+            out[name] = round(out[name], 4)
+        return out
+
+    def summary(self) -> str:
+        by_pos = " ".join(f"{x:.2f}" for x in self.acceptance_by_position) or "-"
+        return (
+            f"{self.generated_tokens} tokens in {self.wall_s:.2f}s ({self.tokens_per_s:.1f} tok/s) | "
+            f"rounds {self.rounds}, mean accepted length {self.mean_accepted_length:.2f}, "
+            f"acceptance {self.acceptance_rate:.1%} ({self.accepted_tokens}/{self.draft_tokens}), by position [{by_pos}] | "
+            f"draft {self.draft_s:.2f}s, verify {self.verify_s:.2f}s, prefill {self.prefill_s:.2f}s"
+            + (f" | fallbacks {self.fallbacks}" if self.fallbacks else "")
+        )
