@@ -29,7 +29,7 @@ from .verify import VerifyResult, greedy_verify, speculative_sample, top_n_accep
 logger = logging.getLogger("verispec")
 
 # Room past max_len for the k + 1 positions a verify pass writes beyond the committed sequence.
-_CACHE_SLACK = 66
+CACHE_SLACK = 66
 
 
 @dataclass
@@ -85,7 +85,7 @@ class SpeculativeEngine:
         spec: SpeculativeConfig | None = None,
         max_len: int = 2048,
     ) -> None:
-        self.target = ModelRunner(target, max_len + _CACHE_SLACK)
+        self.target = ModelRunner(target, max_len + CACHE_SLACK)
         self.tokenizer = tokenizer
         self.drafter = drafter
         self.spec = spec or SpeculativeConfig()
@@ -126,11 +126,12 @@ class SpeculativeEngine:
         params: SamplingParams,
         spec: SpeculativeConfig | None = None,
         use_drafter: bool = True,
+        drafter: Drafter | None = None,
     ) -> Iterator[GenerationChunk]:
         """Yield a chunk per round; the generator's return value is this call's GenerationStats.
 
-        prompt_ids is copied, never written to. `spec` overrides the engine's speculation config for this call;
-        `use_drafter=False` runs the target alone through the same loop.
+        prompt_ids is copied, never written to. Per call: `spec` overrides the engine's speculation config,
+        `drafter` replaces the engine's drafter, and `use_drafter=False` runs the target alone through the same loop.
         """
         spec = spec or self.spec
         wall_start = time.perf_counter()
@@ -142,9 +143,9 @@ class SpeculativeEngine:
             self.target.device,
         )
         stopper = StopChecker(params, self.eos_token_ids, self.tokenizer, params.max_new_tokens)
-        drafter = self.drafter if use_drafter else None
+        drafter = (drafter or self.drafter) if use_drafter else None
         policy = self.draft_policy(spec) if drafter is not None else FixedK(0)
-        seq = torch.empty(prompt.numel() + params.max_new_tokens + _CACHE_SLACK, dtype=torch.long)  # [capacity]
+        seq = torch.empty(prompt.numel() + params.max_new_tokens + CACHE_SLACK, dtype=torch.long)  # [capacity]
         seq[: prompt.numel()] = prompt
         length = prompt.numel()
 

@@ -17,22 +17,11 @@ from transformers import PreTrainedModel
 
 from .config import SamplingParams, SpeculativeConfig
 from .drafters.base import Drafter
-from .drafters.model import ModelDrafter
-from .engine import GenerationResult, SpeculativeEngine
+from .drafters.factory import make_drafter, model_drafter
+from .engine import CACHE_SLACK, GenerationResult, SpeculativeEngine
 from .stats import GenerationStats
 
 PromptLike = str | Sequence[int] | torch.Tensor | list[dict]
-
-
-def check_vocab_match(target: PreTrainedModel, draft: PreTrainedModel) -> None:
-    """Draft and target must share one vocabulary (same output size); name both sizes otherwise."""
-    t = target.get_output_embeddings().weight.shape[0]
-    d = draft.get_output_embeddings().weight.shape[0]
-    if t != d:
-        raise ValueError(
-            f"draft vocabulary size {d} does not match target vocabulary size {t}: pick a draft model trained with "
-            "the target's tokenizer, or use --draft-model ngram"
-        )
 
 
 class SpeculativeGenerator:
@@ -52,8 +41,7 @@ class SpeculativeGenerator:
                 draft_model = draft_model.to(device)
         self.tokenizer = tokenizer
         if isinstance(draft_model, PreTrainedModel):
-            check_vocab_match(target_model, draft_model)
-            drafter: Drafter | None = ModelDrafter(draft_model.eval(), max_len + 66)
+            drafter: Drafter | None = model_drafter(target_model, draft_model, max_len + CACHE_SLACK)
         else:
             drafter = draft_model
         self.spec = spec or SpeculativeConfig(num_draft_tokens=K)
@@ -69,14 +57,17 @@ class SpeculativeGenerator:
         max_len: int = 2048,
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
-        **kwargs: Any,
+        spec: SpeculativeConfig | None = None,
     ) -> SpeculativeGenerator:
-        """Load target and draft from local folders, `.gguf` files, the embedded default names, or hub ids."""
+        """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
+
+        `draft` is a model (same forms), or a drafter name such as 'none' (the target alone)."""
         from .models import load_model, load_tokenizer
 
         target_model = load_model(target, dtype=dtype, device=device)
-        draft_model = load_model(draft, dtype=dtype, device=device) if draft else None
-        return cls(target_model, draft_model, load_tokenizer(target), K=K, max_len=max_len, **kwargs)
+        tokenizer = load_tokenizer(target)
+        drafter = make_drafter(draft, target_model, tokenizer, max_len + CACHE_SLACK, dtype=dtype, device=device)
+        return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec)
 
     # -- prompts -------------------------------------------------------------------------------------------------
 

@@ -40,9 +40,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Loading weights" bars on every start are noise in a CLI
     try:
         return int(args.run(args) or 0)
-    except CliError as exc:
+    except (CliError, ValueError) as exc:
+        # ValueError is how the API reports a user's mistake (configs, model paths, vocab mismatch, lengths).
         parser.exit(2, f"verispec: error: {exc}\n")
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,117 @@
+"""Fixtures: tiny fp32 models built from configs (seeded) and a character-level tokenizer. No downloads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+CHARS = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\n:-")
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+EOS_ID = SPECIALS.index("<|im_end|>")
+CORPUS = (
+    "the cat sat on the mat. the dog sat on the log. a bird sang in the tree.\n"
+    "one two three four five six seven eight nine ten.\n"
+    "Paris is the capital of France. Rome is the capital of Italy.\n"
+) * 4
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    core.decoder = decoders.Fuse()
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core, bos_token="<s>", eos_token="<|im_end|>", unk_token="<unk>", pad_token="</s>",
+        additional_special_tokens=["<|im_start|>"],
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+VOCAB = len(SPECIALS) + len(CHARS)
+
+
+def _common(vocab: int) -> dict:
+    return dict(vocab_size=vocab, eos_token_id=EOS_ID, bos_token_id=1, pad_token_id=2)
+
+
+def tiny_llama(seed: int, hidden: int = 32, layers: int = 2, vocab: int = VOCAB) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **_common(vocab))
+    return LlamaForCausalLM(cfg).eval()
+
+
+def tiny_qwen2(seed: int, hidden: int = 32, layers: int = 2, vocab: int = VOCAB) -> Qwen2ForCausalLM:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, **_common(vocab))
+    return Qwen2ForCausalLM(cfg).eval()
+
+
+def tiny_gpt2(seed: int, hidden: int = 32, layers: int = 2, vocab: int = VOCAB) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    cfg = GPT2Config(n_embd=hidden, n_layer=layers, n_head=4, n_positions=512, **_common(vocab))
+    return GPT2LMHeadModel(cfg).eval()
+
+
+BUILDERS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gpt2": tiny_gpt2}
+
+
+def train_on_corpus(model, tokenizer, steps: int, lr: float = 3e-3, seed: int = 0):
+    """A few hundred steps of next-token training, enough to make a model's predictions structured."""
+    torch.manual_seed(seed)
+    ids = torch.tensor(tokenizer(CORPUS)["input_ids"])
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        starts = torch.randint(0, ids.numel() - 65, (8,))
+        batch = torch.stack([ids[s : s + 64] for s in starts.tolist()])
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def trained_pair(tokenizer):
+    """(target, draft): a Llama target and a smaller Llama draft, both trained briefly on the same text."""
+    target = train_on_corpus(tiny_llama(10, hidden=64, layers=2), tokenizer, steps=150)
+    draft = train_on_corpus(tiny_llama(11, hidden=32, layers=1), tokenizer, steps=60)
+    return target, draft
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory, tokenizer, trained_pair):
+    """The trained pair saved as Hugging Face folders (what the CLI and server load)."""
+    root = tmp_path_factory.mktemp("models")
+    paths = {}
+    for name, model in zip(("target", "draft"), trained_pair):
+        path = root / name
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        paths[name] = path
+    odd = tiny_llama(12, vocab=VOCAB + 7)  # a draft whose vocabulary does not match
+    odd.save_pretrained(root / "odd_vocab")
+    tokenizer.save_pretrained(root / "odd_vocab")
+    paths["odd_vocab"] = root / "odd_vocab"
+    return paths
