@@ -1,0 +1,101 @@
+"""`run_benchmark`: load the pair once per dtype, run the suite, write report.json, report.md and the plots."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .machine import describe_machine, machine_line
+from .methods import BenchModels
+from .plots import write_plots
+from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
+from .report import write_reports
+from .suite import BenchSettings, run_suite
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class BenchConfig:
+    target: str
+    draft: str | None
+    prompts_file: str | None = None  # None: the default Spec-Bench dev set
+    categories: list[str] | None = None
+    limit: int | None = None  # prompts per category
+    dtypes: list[str] = field(default_factory=lambda: ["float32"])
+    device: str = "cpu"
+    out: Path = Path("bench-out")
+    settings: BenchSettings = field(default_factory=BenchSettings)
+
+
+def selected_prompts(config: BenchConfig) -> tuple[list[BenchPrompt], str]:
+    """The prompts to run and the file they came from (validated before any model is loaded)."""
+    path = config.prompts_file or default_prompts_path()
+    prompts = load_prompts(path)
+    return select_prompts(prompts, config.categories, config.limit), str(path)
+
+
+def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt]):
+    """-> (BenchModels, prompts encoded with the target's tokenizer)."""
+    from ..models import load_model, load_tokenizer
+
+    target = load_model(config.target, dtype=DTYPES[dtype], device=config.device)
+    draft = None if config.draft in (None, "none") else load_model(config.draft, dtype=DTYPES[dtype],
+                                                                     device=config.device)
+    tokenizer = load_tokenizer(config.target)
+    encoded = encode_prompts(tokenizer, prompts)
+    max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
+    return BenchModels.build(target, draft, tokenizer, max_len), encoded
+
+
+def new_report(config: BenchConfig, prompts_file: str) -> dict:
+    machine = describe_machine(config.device)
+    settings = {**config.settings.to_dict(), "prompts_file": prompts_file, "categories": config.categories,
+                "limit_per_category": config.limit, "dtypes": config.dtypes,
+                "limit_note": "all prompts" if config.limit is None else f"first {config.limit} per category"}
+    return {"machine": machine, "settings": settings,
+            "models": {"target": config.target, "draft": config.draft}, "runs": []}
+
+
+def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> dict:
+    """Run the benchmark for every dtype in config.dtypes; write reports and plots into config.out."""
+    prompts, prompts_file = selected_prompts(config)
+    report = new_report(config, prompts_file)
+    log(f"[bench] machine: {machine_line(report['machine'])}")
+    log(f"[bench] {len(prompts)} prompts from {prompts_file}; methods {','.join(config.settings.families)}; "
+        f"K {','.join(map(str, config.settings.ks))}; {config.settings.max_new_tokens} new tokens each")
+    for dtype in config.dtypes:
+        log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
+        models, encoded = load_models(config, dtype, prompts)
+        section, _ = run_suite(models, encoded, config.settings)
+        run = {"dtype": dtype, **section}
+        for note in run["notes"]:
+            log(f"[bench] note: {note}")
+        for line in overall_summary(run):
+            log(line)
+        run["plots"] = write_plots(run, config.out)
+        report["runs"].append(run)
+        del models
+        gc.collect()
+    json_path, md_path = write_reports(report, config.out)
+    log(f"[bench] wrote {json_path}, {md_path} and {sum(len(r['plots']) for r in report['runs'])} plots")
+    return report
+
+
+def overall_summary(run: dict) -> list[str]:
+    """One line per method: tokens/s, speedup, acceptance, equality: what a terminal user reads first."""
+    lines = []
+    for name, row in run["results"]["overall"].items():
+        extra = ""
+        if "mean_accepted_length" in row:
+            extra = f", mean accepted length {row['mean_accepted_length']:.2f}"
+            if row.get("predicted_speedup"):
+                extra += f", predicted {row['predicted_speedup']:.2f}x"
+        lines.append(f"  {name:<16} {row['tokens_per_s']:8.1f} tok/s  {row['speedup']:5.2f}x{extra}, "
+                     f"= target {row['equal_to_target']}/{row['prompts']}")
+    return lines
+

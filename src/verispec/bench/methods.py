@@ -1,0 +1,201 @@
+"""The decoding methods a benchmark compares, each behind one small interface, all greedy on one model pair.
+
+Families (`--methods`): 'target' (our engine, drafter off: the baseline), 'verispec' (our speculative loop, one
+method per K), 'adaptive' (our loop choosing K per round), 'hf-assisted' (transformers assisted generation, one
+method per K, constant schedule, no confidence cut-off: the anchor), 'hf-target' (transformers greedy `generate`).
+
+Every method produces exactly `max_new_tokens` tokens: end-of-sequence ids are masked until then
+(`min_new_tokens = max_new_tokens`, which both engines implement the same way), so tokens counted are the same
+for every method and outputs can be compared token by token.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from ..config import SamplingParams, SpeculativeConfig
+from ..drafters.factory import model_drafter
+from ..engine import CACHE_SLACK, FixedK, SpeculativeEngine
+from ..models import model_weight_bytes
+from ..stats import GenerationStats
+from .memory import PeakMemory, persistent_bytes
+
+FAMILIES = ("target", "verispec", "adaptive", "hf-assisted", "hf-target")
+PER_K = ("verispec", "hf-assisted")
+
+
+@dataclass
+class BenchModels:
+    """One loaded model pair and the engine that runs our methods on it."""
+
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    tokenizer: object
+    engine: SpeculativeEngine
+    device: torch.device
+
+    @classmethod
+    def build(cls, target, draft, tokenizer, max_len: int) -> BenchModels:
+        drafter = model_drafter(target, draft, max_len + CACHE_SLACK) if draft is not None else None
+        engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len)
+        return cls(target, draft, tokenizer, engine, engine.target.device)
+
+
+@dataclass
+class MethodRun:
+    """One timed generation: the generated ids (prompt excluded), wall seconds, the engine's stats if any."""
+
+    token_ids: list[int]
+    seconds: float
+    stats: GenerationStats | None
+    peak_bytes: int | None
+
+
+class Method(ABC):
+    family: str = ""
+    uses_draft: bool = False
+
+    def __init__(self, models: BenchModels, k: int | None = None) -> None:
+        self.models = models
+        self.k = k
+
+    @property
+    def name(self) -> str:
+        return f"{self.family}-k{self.k}" if self.family in PER_K else self.family
+
+    @abstractmethod
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> tuple[list[int], GenerationStats | None]:
+        """Greedy generation of exactly max_new_tokens tokens -> (generated ids, engine stats or None)."""
+
+    def weight_bytes(self) -> int:
+        models = [self.models.target] + ([self.models.draft] if self.uses_draft else [])
+        return sum(model_weight_bytes(m) for m in models)
+
+    def persistent_bytes(self) -> int:
+        """Memory this method keeps between calls besides weights (our preallocated KV caches)."""
+        return 0
+
+    def run(self, prompt_ids: list[int], max_new_tokens: int, seed: int) -> MethodRun:
+        torch.manual_seed(seed)
+        with PeakMemory(self.models.device) as memory:
+            start = time.perf_counter()
+            token_ids, stats = self.generate(prompt_ids, max_new_tokens, seed)
+            seconds = time.perf_counter() - start
+        return MethodRun(token_ids, seconds, stats, memory.peak_bytes)
+
+
+class EngineMethod(Method):
+    """Our engine: 'target' (drafter off), 'verispec' (fixed K) or 'adaptive'."""
+
+    def __init__(self, models: BenchModels, family: str, k: int | None = None) -> None:
+        super().__init__(models, k)
+        self.family = family
+        self.uses_draft = family != "target"
+        if family == "adaptive":
+            self.spec = SpeculativeConfig(adaptive=True)
+        else:
+            self.spec = SpeculativeConfig(num_draft_tokens=k or 1)
+
+    def generate(self, prompt_ids, max_new_tokens, seed):
+        params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
+        result = self.models.engine.generate(prompt_ids, params, spec=self.spec, use_drafter=self.uses_draft)
+        return result.token_ids, result.stats
+
+    def persistent_bytes(self) -> int:
+        engine = self.models.engine
+        total = persistent_bytes(engine.target)
+        if self.uses_draft and hasattr(engine.drafter, "runner"):
+            total += persistent_bytes(engine.drafter.runner)
+        return total
+
+
+class HFMethod(Method):
+    """transformers `generate`: greedy target alone, or assisted generation with the draft at a constant K."""
+
+    def __init__(self, models: BenchModels, family: str, k: int | None = None) -> None:
+        super().__init__(models, k)
+        self.family = family
+        self.uses_draft = family == "hf-assisted"
+
+    def generation_config(self, max_new_tokens: int):
+        from transformers import GenerationConfig
+
+        # A fresh config, so model-card defaults (temperature, repetition penalty...) never differ from ours.
+        eos = sorted(self.models.engine.eos_token_ids)
+        pad = self.models.tokenizer.pad_token_id
+        config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                  eos_token_id=eos, pad_token_id=eos[0] if pad is None else pad)
+        if self.uses_draft:
+            config.num_assistant_tokens = self.k
+            config.num_assistant_tokens_schedule = "constant"
+            config.assistant_confidence_threshold = 0.0
+        return config
+
+    def generate(self, prompt_ids, max_new_tokens, seed):
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.models.device)  # [1, n]
+        kwargs = {}
+        if self.uses_draft:
+            # transformers (5.x) reads K, its schedule and the confidence cut-off from the ASSISTANT's
+            # generation_config; 0 disables the dynamic cut-off (no early stop, no ROC re-tuning).
+            assistant_config = self.models.draft.generation_config
+            assistant_config.num_assistant_tokens = self.k
+            assistant_config.num_assistant_tokens_schedule = "constant"
+            assistant_config.assistant_confidence_threshold = 0.0
+            kwargs["assistant_model"] = self.models.draft
+        with torch.inference_mode():
+            out = self.models.target.generate(ids, attention_mask=torch.ones_like(ids),
+                                              generation_config=self.generation_config(max_new_tokens), **kwargs)
+        return out[0, len(prompt_ids):].tolist(), None
+
+
+def adaptive_supported(engine: SpeculativeEngine) -> bool:
+    """True once the engine's draft-length policy honours `SpeculativeConfig(adaptive=True)`."""
+    try:
+        return not isinstance(engine.draft_policy(SpeculativeConfig(adaptive=True)), FixedK)
+    except Exception:  # noqa: BLE001 - an engine without the hook simply has no adaptive mode
+        return False
+
+
+def parse_methods(text: str) -> list[str]:
+    families = [m.strip() for m in text.split(",") if m.strip()]
+    unknown = [m for m in families if m not in FAMILIES]
+    if unknown or not families:
+        raise ValueError(f"unknown method {', '.join(unknown) or '(none given)'} in --methods: choose from "
+                         f"{', '.join(FAMILIES)}")
+    return list(dict.fromkeys(families))
+
+
+def parse_ks(text: str) -> list[int]:
+    try:
+        ks = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise ValueError(f"--k must be a comma-separated list of integers such as 1,2,4, got {text!r}") from None
+    if not ks or any(not 1 <= k <= 64 for k in ks):
+        raise ValueError(f"--k values must be between 1 and 64, got {text!r}")
+    return sorted(set(ks))
+
+
+def build_methods(families: list[str], ks: list[int], models: BenchModels) -> tuple[list[Method], list[str]]:
+    """-> (methods in run order, notes on methods skipped)."""
+    methods: list[Method] = []
+    notes: list[str] = []
+    for family in families:
+        if family != "target" and family != "hf-target" and models.draft is None:
+            notes.append(f"{family}: skipped, no draft model")
+        elif family == "adaptive" and not adaptive_supported(models.engine):
+            notes.append("adaptive: skipped, this engine does not implement SpeculativeConfig(adaptive=True) yet")
+        elif family in PER_K:
+            cls = EngineMethod if family == "verispec" else HFMethod
+            methods += [cls(models, family, k) for k in ks]
+        elif family.startswith("hf-"):
+            methods.append(HFMethod(models, family))
+        else:
+            methods.append(EngineMethod(models, family))
+    if not any(m.family == "target" for m in methods):
+        methods.insert(0, EngineMethod(models, "target"))
+        notes.append("target: added, every speedup is measured against the target alone")
+    return methods, notes

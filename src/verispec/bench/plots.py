@@ -1,0 +1,89 @@
+"""PNG plots of one dtype run (matplotlib, Agg backend: no display needed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .aggregate import OVERALL
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _per_k(run: dict, family: str) -> list[tuple[int, str]]:
+    return sorted((m["k"], m["name"]) for m in run["methods"] if m["family"] == family)
+
+
+def speedup_vs_k(run: dict, path: Path) -> Path | None:
+    families = [f for f in ("verispec", "hf-assisted") if _per_k(run, f)]
+    if not families:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, len(families), figsize=(6 * len(families), 4.2), sharey=True, squeeze=False)
+    for ax, family in zip(axes[0], families):
+        ks = _per_k(run, family)
+        for group, figures in run["results"].items():
+            overall = group == OVERALL
+            ax.plot([k for k, _ in ks], [figures[name]["speedup"] for _, name in ks], marker="o",
+                    linewidth=2.5 if overall else 1, color="black" if overall else None, label=group,
+                    alpha=1 if overall else 0.75)
+        ax.axhline(1.0, color="grey", linestyle="--", linewidth=0.8)
+        ax.set(title=f"{family} ({run['dtype']})", xlabel="K (draft tokens per round)", ylabel="speedup vs target")
+        ax.set_xticks([k for k, _ in ks])
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def acceptance_by_position(run: dict, path: Path) -> Path | None:
+    overall = run["results"][OVERALL]
+    rows = [(name, row) for name, row in overall.items() if row.get("acceptance_by_position")]
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name, row in rows:
+        values = row["acceptance_by_position"]
+        ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
+    ax.set(title=f"acceptance by draft position ({run['dtype']})", xlabel="draft position",
+           ylabel="share of rounds accepted", ylim=(0, 1.02))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def tokens_per_s(run: dict, path: Path) -> Path:
+    overall = run["results"][OVERALL]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(overall)), 4.2))
+    names = list(overall)
+    ax.bar(names, [overall[n]["tokens_per_s"] for n in names],
+           color=["tab:grey" if n in ("target", "hf-target") else "tab:blue" for n in names])
+    ax.set(title=f"tokens/s, overall ({run['dtype']})", ylabel="tokens/s")
+    ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_plots(run: dict, out: Path) -> list[str]:
+    """Write the run's plots into `out`; -> their file names (relative to out)."""
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = run["dtype"]
+    written = [
+        speedup_vs_k(run, out / f"speedup_vs_k_{suffix}.png"),
+        acceptance_by_position(run, out / f"acceptance_by_position_{suffix}.png"),
+        tokens_per_s(run, out / f"tokens_per_s_{suffix}.png"),
+    ]
+    return [p.name for p in written if p is not None]

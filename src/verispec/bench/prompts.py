@@ -1,0 +1,116 @@
+"""Benchmark prompts: Spec-Bench-style JSON lines (`question_id`, `category`, `turns`), filtered and encoded.
+
+The default set is `shared/data/spec_bench_dev.jsonl`, found next to (or above) the repository root. Each prompt
+is the FIRST turn only, wrapped in the tokenizer's chat template as a single user message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PROMPTS_NAME = "spec_bench_dev.jsonl"
+PROMPTS_ENV = "VERISPEC_BENCH_PROMPTS"
+
+
+class PromptError(ValueError):
+    """The prompts file is missing or malformed, or a filter names nothing in it."""
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    question_id: str
+    category: str
+    text: str  # the first turn
+    token_ids: tuple[int, ...] = ()  # the encoded prompt (chat template applied)
+
+
+def default_prompts_path() -> Path | None:
+    """`$VERISPEC_BENCH_PROMPTS`, else the first `shared/data/spec_bench_dev.jsonl` found in an ancestor of the
+    working directory or of this package (the repository checkout sits beside `shared/`)."""
+    if os.environ.get(PROMPTS_ENV):
+        return Path(os.environ[PROMPTS_ENV]).expanduser()
+    seen: set[Path] = set()
+    for start in (Path.cwd().resolve(), Path(__file__).resolve().parent):
+        for folder in (start, *start.parents):
+            if folder in seen:
+                continue
+            seen.add(folder)
+            candidate = folder / "shared" / "data" / DEFAULT_PROMPTS_NAME
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def load_prompts(path: str | os.PathLike | None) -> list[BenchPrompt]:
+    """Read a JSON-lines prompts file (None: the default set). Blank lines are skipped."""
+    if path is None:
+        found = default_prompts_path()
+        if found is None:
+            raise PromptError(
+                f"the default prompts file shared/data/{DEFAULT_PROMPTS_NAME} was not found above the working "
+                f"directory: pass --prompts FILE (JSON lines with question_id, category, turns)"
+            )
+        path = found
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise PromptError(f"prompts file {path} does not exist: pass a JSON-lines file to --prompts")
+    prompts = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            turns = row["turns"]
+            text = turns[0] if isinstance(turns, list) else turns
+            prompts.append(BenchPrompt(str(row.get("question_id", number)), str(row["category"]), str(text)))
+        except (json.JSONDecodeError, KeyError, IndexError, TypeError) as exc:
+            raise PromptError(
+                f"{path}:{number}: not a prompt record ({type(exc).__name__}: {exc}); each line must be a JSON "
+                f"object with 'category' and a non-empty 'turns' list"
+            ) from None
+    if not prompts:
+        raise PromptError(f"prompts file {path} holds no prompts")
+    return prompts
+
+
+def categories_of(prompts: Sequence[BenchPrompt]) -> list[str]:
+    """Categories in order of first appearance."""
+    return list(dict.fromkeys(p.category for p in prompts))
+
+
+def select_prompts(
+    prompts: Sequence[BenchPrompt], categories: Sequence[str] | None = None, limit: int | None = None
+) -> list[BenchPrompt]:
+    """Keep the given categories (None: all) and the first `limit` prompts OF EACH category (None: all)."""
+    known = categories_of(prompts)
+    if categories:
+        unknown = [c for c in categories if c not in known]
+        if unknown:
+            raise PromptError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}: "
+                              f"choose from {', '.join(known)}")
+    wanted = list(categories) if categories else known
+    counts = dict.fromkeys(wanted, 0)
+    kept = []
+    for prompt in prompts:
+        if prompt.category in counts and (limit is None or counts[prompt.category] < limit):
+            counts[prompt.category] += 1
+            kept.append(prompt)
+    return kept
+
+
+def encode_prompt(tokenizer, text: str) -> list[int]:
+    """The text as one user message through the chat template; plain tokenisation if the tokenizer has none."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        return [int(t) for t in ids]
+    return list(tokenizer(text, add_special_tokens=True)["input_ids"])
+
+
+def encode_prompts(tokenizer, prompts: Sequence[BenchPrompt]) -> list[BenchPrompt]:
+    return [BenchPrompt(p.question_id, p.category, p.text, tuple(encode_prompt(tokenizer, p.text))) for p in prompts]

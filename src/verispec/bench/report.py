@@ -1,0 +1,129 @@
+"""report.json (everything) and report.md (the tables a reader needs), one section per dtype run.
+
+report.json: {"machine", "settings", "models", "runs": [{"dtype", "notes", "methods", "prompt_tokens",
+"cost_probes", "results": {group: {method: figures}}, "prompts": [per prompt and method]}]}.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .aggregate import OVERALL
+from .machine import machine_line
+
+
+def _fmt(value, spec: str = ".2f", missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines + [""]
+
+
+def _equal(row: dict, key: str) -> str:
+    return "-" if row.get(key) is None else f"{row[key]}/{row['prompts']}"
+
+
+def _split(row: dict) -> str:
+    if "draft_share" not in row:
+        return "-"
+    return f"{row['draft_share']:.0%} / {row['verify_share']:.0%} / {row['prefill_share']:.0%}"
+
+
+def overall_table(run: dict) -> list[str]:
+    header = ["method", "tokens/s", "speedup", "predicted", "efficiency", "mean accepted length", "acceptance",
+              "draft / verify / prefill time", "memory MB", "= target", "= hf-target"]
+    rows = []
+    for name, row in run["results"][OVERALL].items():
+        rows.append([
+            name, _fmt(row["tokens_per_s"], ".1f"), _fmt(row["speedup"], ".2f") + "x",
+            _fmt(row.get("predicted_speedup"), ".2f"), _fmt(row.get("efficiency"), ".0%"),
+            _fmt(row.get("mean_accepted_length"), ".2f"), _fmt(row.get("acceptance_rate"), ".0%"), _split(row),
+            _fmt(row["memory_mb"], ".0f"), _equal(row, "equal_to_target"), _equal(row, "equal_to_hf_target"),
+        ])
+    return _table(header, rows)
+
+
+def category_table(run: dict, key: str, spec: str) -> list[str]:
+    names = [m["name"] for m in run["methods"]]
+    rows = []
+    for group, figures in run["results"].items():
+        rows.append([f"**{group}**" if group == OVERALL else group, str(figures[names[0]]["prompts"])]
+                    + [_fmt(figures[n].get(key), spec) for n in names])
+    return _table(["category", "prompts", *names], rows)
+
+
+def acceptance_table(run: dict) -> list[str]:
+    rows = []
+    width = 0
+    for name, row in run["results"][OVERALL].items():
+        if "acceptance_by_position" in row:
+            cells = [f"{a:.2f} ({c:.2f})" for a, c in zip(row["acceptance_by_position"], row["alpha_by_position"])]
+            width = max(width, len(cells))
+            rows.append([name, *cells])
+    if not rows:
+        return []
+    rows = [r + ["-"] * (width + 1 - len(r)) for r in rows]
+    return _table(["method", *[f"pos {i + 1}" for i in range(width)]], rows)
+
+
+def memory_table(run: dict) -> list[str]:
+    overall = run["results"][OVERALL]
+    rows = [[m["name"], _fmt(m["weights_mb"], ".1f"), _fmt(m["kv_cache_mb"], ".1f"),
+             _fmt(overall[m["name"]]["peak_above_baseline_mb"], ".1f"), _fmt(overall[m["name"]]["memory_mb"], ".1f")]
+            for m in run["methods"]]
+    return _table(["method", "weights", "preallocated KV cache", "peak above resident (per call)", "total"], rows)
+
+
+def probe_table(run: dict) -> list[str]:
+    probe = run["cost_probes"].get(OVERALL)
+    if not probe:
+        return []
+    widths = list(probe["verify_ms"])
+    row = [str(probe["prompt_tokens"]), _fmt(probe["draft_step_ms"], ".2f")] + [
+        _fmt(probe["verify_ms"][w], ".2f") for w in widths]
+    return _table(["prompt tokens", "draft step ms", *[f"verify w={w} ms" for w in widths]], [row])
+
+
+def render_markdown(report: dict) -> str:
+    settings = report["settings"]
+    lines = ["# verispec bench", "",
+             f"- machine: {machine_line(report['machine'])}",
+             f"- models: target `{report['models']['target']}`, draft `{report['models']['draft']}`",
+             f"- prompts: {settings['prompts_file']} ({settings['limit_note']})",
+             f"- greedy, {settings['max_new_tokens']} new tokens per prompt for every method (EOS masked), "
+             f"seed {settings['seed']}, one warm-up generation per method excluded, methods interleaved prompt by "
+             f"prompt", ""]
+    for run in report["runs"]:
+        lines += [f"## {run['dtype']}", ""]
+        lines += [f"- note: {note}" for note in run["notes"]]
+        lines += ["", "### Overall", ""] + overall_table(run)
+        lines += ["Speedup = tokens/s over the target alone (our engine, drafter off), same prompts, same run. "
+                  "Predicted: from measured acceptance by position and the probed costs (Leviathan et al. with a "
+                  "width-dependent verify cost); efficiency = measured / predicted. Time split: shares of wall "
+                  "time. `= target`: outputs token-identical to the target alone.", ""]
+        lines += ["### Speedup by category", ""] + category_table(run, "speedup", ".2f")
+        lines += ["### Tokens/s by category", ""] + category_table(run, "tokens_per_s", ".1f")
+        acceptance = acceptance_table(run)
+        if acceptance:
+            lines += ["### Acceptance by draft position (overall)", "",
+                      "Share of rounds whose draft token at that position was accepted; in parentheses the "
+                      "conditional rate alpha (accepted given all earlier positions were).", ""] + acceptance
+        lines += ["### Memory (MB)", ""] + memory_table(run)
+        probe = probe_table(run)
+        if probe:
+            lines += ["### Cost probe (median forward time at the median prompt length)", ""] + probe
+        plots = run.get("plots") or []
+        lines += [f"![{Path(p).stem}]({p})" for p in plots] + ([""] if plots else [])
+    return "\n".join(lines)
+
+
+def write_reports(report: dict, out: Path) -> tuple[Path, Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    json_path, md_path = out / "report.json", out / "report.md"
+    json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    md_path.write_text(render_markdown(report), encoding="utf-8")
+    return json_path, md_path

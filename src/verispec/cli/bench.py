@@ -1,0 +1,115 @@
+"""`verispec bench`: speedup of speculative decoding over the target alone, and over Hugging Face generation.
+
+Runs the target alone, verispec at each K, adaptive K, Hugging Face assisted generation at each K and Hugging Face
+greedy generation, interleaved prompt by prompt in one process, on the Spec-Bench dev prompts (first turn, chat
+template). Writes report.json, report.md and PNG plots to --out. `--demo` runs quick printed demonstrations.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
+from . import CliError
+from .common import positive_int
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DEFAULT_KS = "1,2,3,4,6,8"
+DEFAULT_METHODS = "target,verispec,adaptive,hf-assisted,hf-target"
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="benchmark speculative decoding against the target alone and HF",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("models")
+    g.add_argument("--model", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET!r})")
+    g.add_argument("--draft-model", default=DEFAULT_DRAFT,
+                   help=f"draft model (default {DEFAULT_DRAFT!r}); 'none' runs the target-only methods")
+    g.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="weights dtype (default float32)")
+    g.add_argument("--dtypes", default=None, metavar="LIST",
+                   help="several dtypes in one invocation, e.g. float32,bfloat16 (overrides --dtype)")
+    g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    g = p.add_argument_group("workload")
+    g.add_argument("--prompts", default=None, metavar="FILE",
+                   help="JSON lines with question_id, category, turns (default: shared/data/spec_bench_dev.jsonl)")
+    g.add_argument("--categories", default=None, metavar="LIST", help="comma-separated categories (default: all)")
+    g.add_argument("--limit", type=positive_int, default=None, metavar="N",
+                   help="first N prompts of EACH category (default: all)")
+    g.add_argument("--max-new-tokens", type=positive_int, default=None,
+                   help="tokens generated per prompt by every method (default 128; 64 for --demo)")
+    g.add_argument("--k", default=None, metavar="LIST",
+                   help=f"draft tokens per round to sweep (default {DEFAULT_KS}; --demo: 4, k_values 1,2,4,6,8)")
+    g.add_argument("--methods", default=DEFAULT_METHODS, metavar="LIST", help=f"default {DEFAULT_METHODS}")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the one warm-up call per method")
+    g.add_argument("--probe-repeats", type=int, default=5,
+                   help="timed repeats per width of the cost probe behind the predicted speedup (0: skip)")
+    g = p.add_argument_group("output")
+    g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--demo", choices=("basic", "comparison", "k_values", "all"), default=None,
+                   help="quick printed demonstrations on built-in prompts instead of the full benchmark")
+    p.set_defaults(run=run)
+
+
+def _list(text: str | None) -> list[str] | None:
+    return [x.strip() for x in text.split(",") if x.strip()] if text else None
+
+
+def build_config(args: argparse.Namespace):
+    """Validate everything a user typed, before any model is loaded; -> (BenchConfig, ks)."""
+    from ..bench import BenchConfig, BenchSettings
+    from ..bench.methods import parse_ks, parse_methods
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
+    try:
+        families = parse_methods(args.methods)
+        ks = parse_ks(args.k) if args.k is not None else None
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    dtypes = _list(args.dtypes) or [args.dtype]
+    bad = [d for d in dtypes if d not in DTYPE_NAMES]
+    if bad:
+        raise CliError(f"unknown dtype {', '.join(bad)} in --dtypes: choose from {', '.join(DTYPE_NAMES)}")
+    if args.warmup_tokens < 0 or args.probe_repeats < 0:
+        raise CliError("--warmup-tokens and --probe-repeats must be >= 0")
+    draft = None if args.draft_model == "none" else args.draft_model
+    if draft is None and args.demo:
+        raise CliError("--demo needs a draft model: drop --draft-model none")
+    settings = BenchSettings(
+        max_new_tokens=args.max_new_tokens or (64 if args.demo else 128),
+        ks=ks or [int(k) for k in DEFAULT_KS.split(",")], families=families, seed=args.seed,
+        warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
+    )
+    config = BenchConfig(target=args.model, draft=draft, prompts_file=args.prompts,
+                         categories=_list(args.categories), limit=args.limit, dtypes=list(dict.fromkeys(dtypes)),
+                         device=args.device, out=args.out, settings=settings)
+    return config, ks
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..bench import run_benchmark
+    from ..bench.benchmark import selected_prompts
+    from ..bench.demos import run_demos
+    from ..bench.prompts import PromptError
+
+    config, ks = build_config(args)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()  # generate()'s per-call advice would drown the progress bar
+    if args.demo:
+        run_demos(args.demo, config, k=max(ks) if ks else 4, ks=ks, log=print)
+        return 0
+    try:
+        selected_prompts(config)  # a missing file or an unknown category fails here, before the model load
+    except PromptError as exc:
+        raise CliError(str(exc)) from None
+    run_benchmark(config, log=print)
+    return 0

@@ -1,0 +1,154 @@
+"""`verispec bench`: the prediction math on hand-built numbers, prompt selection, the CLI end to end on the tiny
+pair (reports, plots, greedy equality), the demos, and bad input. No timing assertions: speed is a benchmark
+figure, never a test."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from verispec.bench.costs import (
+    alphas_for_k,
+    conditional_acceptance,
+    expected_tokens_per_round,
+    predicted_speedup,
+)
+from verispec.bench.prompts import PromptError, load_prompts, select_prompts
+from verispec.cli import main
+
+# One torch thread: on a shared, loaded machine, two threads contending for two cores are several times slower.
+FAST = ["--threads", "1", "--no-progress", "--warmup-tokens", "2"]
+
+PROMPTS = [
+    {"question_id": 1, "category": "animals", "turns": ["the cat sat on", "and then?"]},
+    {"question_id": 2, "category": "numbers", "turns": ["one two three"]},
+    {"question_id": 3, "category": "animals", "turns": ["the dog sat on the"]},
+    {"question_id": 4, "category": "capitals", "turns": ["Paris is the capital of"]},
+]
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(p) for p in PROMPTS) + "\n")
+    return path
+
+
+# -- (a) the prediction math, hand-built ------------------------------------------------------------------------
+
+
+def test_expected_tokens_and_predicted_speedup_by_hand():
+    alphas = [0.8, 0.5]  # conditional: position 2 accepted half the time position 1 was
+    assert expected_tokens_per_round(alphas) == pytest.approx(1 + 0.8 + 0.8 * 0.5)
+    c_verify = {1: 1.0, 2: 1.1, 3: 1.2}
+    # E = 2.2 tokens per round; a round costs 2 * 0.1 + c_verify(3) = 1.4; the target alone 1.0 per token.
+    assert predicted_speedup(alphas, 0.1, c_verify) == pytest.approx(2.2 / 1.4)
+
+
+def test_predicted_speedup_reduces_to_leviathan_with_flat_verify_cost():
+    alpha, k, c = 0.7, 4, 0.05  # c = c_draft / c_verify
+    closed_form = (1 - alpha ** (k + 1)) / ((1 - alpha) * (k * c + 1))
+    assert predicted_speedup([alpha] * k, c, {w: 1.0 for w in range(1, k + 2)}) == pytest.approx(closed_form)
+
+
+def test_conditional_acceptance_from_engine_positions():
+    # The engine's acceptance_by_position is unconditional: position j counts only if 1..j were all accepted.
+    assert conditional_acceptance([0.8, 0.4, 0.1]) == pytest.approx([0.8, 0.5, 0.25])
+    assert conditional_acceptance([0.5, 0.0, 0.0]) == [0.5, 0.0, 0.0]
+    assert alphas_for_k([0.8], 3) == pytest.approx([0.8, 0.0, 0.0])  # positions never proposed: never accepted
+
+
+def test_select_prompts_limits_each_category(prompts_file):
+    prompts = load_prompts(prompts_file)
+    assert [p.text for p in prompts][:1] == ["the cat sat on"]  # the first turn only
+    kept = select_prompts(prompts, limit=1)
+    assert [p.question_id for p in kept] == ["1", "2", "4"]
+    assert [p.question_id for p in select_prompts(prompts, ["animals"])] == ["1", "3"]
+    with pytest.raises(PromptError, match="unknown category nope"):
+        select_prompts(prompts, ["nope"])
+
+
+# -- (c) end to end on the tiny pair -----------------------------------------------------------------------------
+
+
+def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
+    out = tmp_path / "out"
+    rc = main([
+        "bench", "--model", str(model_dirs["target"]), "--draft-model", str(model_dirs["draft"]),
+        "--prompts", str(prompts_file), "--limit", "1", "--max-new-tokens", "12", "--k", "1,3",
+        "--probe-repeats", "1", "--out", str(out), *FAST,
+    ])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert {"machine", "settings", "models", "runs"} <= set(report)
+    assert report["machine"]["torch_threads"] >= 1 and report["machine"]["transformers"]
+    run = report["runs"][0]
+    assert run["dtype"] == "float32"
+    names = [m["name"] for m in run["methods"]]
+    adaptive = ["adaptive"] if "adaptive" in names else []  # until the engine has it: skipped with a note
+    assert names == ["target", "verispec-k1", "verispec-k3", *adaptive, "hf-assisted-k1", "hf-assisted-k3",
+                     "hf-target"]
+    assert adaptive or any(note.startswith("adaptive: skipped") for note in run["notes"])
+    assert set(run["results"]) == {"animals", "numbers", "capitals", "overall"}
+    overall = run["results"]["overall"]
+    for name in names:
+        row = overall[name]
+        assert row["prompts"] == 3 and row["tokens"] == 3 * 12  # every method generates exactly N tokens
+        assert row["tokens_per_s"] > 0 and row["speedup"] > 0
+    assert overall["target"]["speedup"] == pytest.approx(1.0)
+    for k in (1, 3):
+        row = overall[f"verispec-k{k}"]
+        assert row["equal_to_target"] == 3  # lossless greedy: token-identical to the target alone
+        assert 1.0 <= row["mean_accepted_length"] <= k + 1
+        assert len(row["acceptance_by_position"]) == k and len(row["alpha_by_position"]) == k
+        assert row["predicted_speedup"] > 0 and row["efficiency"] > 0
+        assert {"draft_s", "verify_s", "prefill_s", "draft_share", "verify_share"} <= set(row)
+    assert overall["hf-assisted-k3"]["equal_to_hf_target"] is not None
+    assert set(run["cost_probes"]["overall"]["verify_ms"]) == {"1", "2", "3", "4"}
+    assert len(run["prompts"]) == 3 * len(names)
+    markdown = (out / "report.md").read_text()
+    assert "## float32" in markdown and "### Speedup by category" in markdown and "verispec-k3" in markdown
+    for plot in ("speedup_vs_k_float32.png", "acceptance_by_position_float32.png", "tokens_per_s_float32.png"):
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG"
+        assert plot in run["plots"]
+
+
+def test_bench_demo_basic_prints_side_by_side(model_dirs, tmp_path, capsys):
+    rc = main(["bench", "--demo", "basic", "--model", str(model_dirs["target"]), "--draft-model",
+               str(model_dirs["draft"]), "--max-new-tokens", "8", "--k", "2", "--out", str(tmp_path), *FAST])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "target alone:" in printed and "verispec K=2:" in printed and "token-identical" in printed
+    assert (tmp_path / "demo-basic" / "report.json").is_file()
+
+
+# -- bad input: exit 2, one line, before any model is loaded ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--prompts", "/nonexistent/prompts.jsonl"], "does not exist"),
+        (["--categories", "animals,nope"], "unknown category nope"),
+        (["--k", "1,x"], "--k must be a comma-separated list"),
+        (["--k", "0"], "--k values must be between 1 and 64"),
+        (["--methods", "target,beam"], "unknown method beam"),
+        (["--dtypes", "float32,int3"], "unknown dtype int3"),
+    ],
+)
+def test_bench_bad_input_exits_2(prompts_file, extra, message, capsys, tmp_path):
+    argv = ["bench", "--prompts", str(prompts_file), "--out", str(tmp_path), *extra]
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
