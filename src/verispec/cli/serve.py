@@ -1,0 +1,88 @@
+"""`verispec serve`: an OpenAI-compatible HTTP server (chat and text completions, streaming, /metrics).
+
+Requests may turn speculation on or off and change K per request (`"speculative": {...}`); see docs/server.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+
+from . import CliError
+from .common import DTYPES, add_model_args, apply_runtime
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__)
+    add_model_args(p)
+    g = p.add_argument_group("speculation")
+    g.add_argument("--enable-speculative", action="store_true",
+                   help="speculate by default (requests may still turn it off); without it only requests that "
+                        "ask for speculation use the draft model")
+    g.add_argument("--speculative-threshold", type=float, default=0.0, metavar="F",
+                   help="stop drafting in a round once the drafter's top probability falls below F (0: never)")
+    g.add_argument("--max-speculation-depth", type=int, default=8, metavar="N",
+                   help="upper bound on K with --adaptive (default 8)")
+    g.add_argument("--adaptive", action="store_true", help="choose K per round from measured acceptance")
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--port", type=int, default=52415, help="port to listen on (default 52415; 0 picks a free one)")
+    s.add_argument("--served-model-name", default=None, metavar="NAME",
+                   help="model id to list in /v1/models (default: the model's folder name or name)")
+    s.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    p.set_defaults(run=run)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind before the (slow) model load, so a taken port fails at once."""
+    if not 0 <= port <= 65535:
+        raise CliError(f"--port must be in 0..65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise CliError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from ..config import SpeculativeConfig
+    from ..server import ServerConfig, create_app
+
+    apply_runtime(args)
+    spec = SpeculativeConfig(
+        num_draft_tokens=args.draft_tokens, adaptive=args.adaptive,
+        max_speculation_depth=args.max_speculation_depth, speculative_threshold=args.speculative_threshold,
+    )
+    config = ServerConfig(
+        model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
+        served_model_name=args.served_model_name, max_len=args.max_len, dtype=DTYPES[args.dtype],
+        device=args.device,
+    )
+    sock = _listen(args.host, args.port)
+    app = create_app(config)
+    host, port = sock.getsockname()[:2]
+    speculation = f"on (draft {config.draft_model}, K={spec.num_draft_tokens})" if config.speculates_by_default \
+        else "off unless a request asks for it"
+    print(f"[verispec] serving {config.model_id} on http://{args.host}:{port}/v1; speculation {speculation}",
+          file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a deliberate stop, not a failure
+        pass
+    return 0

@@ -1,0 +1,279 @@
+"""`create_app`: the OpenAI-compatible FastAPI app around one `ServedModel`.
+
+Handlers validate a request, turn it into a `Job` and read the job's events; all model work happens on the
+`EngineWorker` thread, never on the event loop. Endpoints: POST /v1/chat/completions, POST /v1/completions,
+GET /v1/models, GET /health, GET /metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import replace
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..config import SamplingParams, SpeculativeConfig
+from ..drafters.factory import NONE
+from ..stats import GenerationStats
+from .config import ServerConfig
+from .errors import APIError, install_error_handlers, invalid, model_not_found
+from .metrics import ServerMetrics
+from .protocol import (
+    MAX_CHOICES,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Completion,
+    CompletionRequest,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    SpeculativeOptions,
+    _SamplingFields,
+)
+from .responses import DONE, ResponseBuilder, speculative_metrics, sse, usage
+from .runtime import Prompt, ServedModel
+from .worker import ChoiceDone, EngineWorker, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+
+API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
+CLIENT_GONE = 499  # nginx's "client closed request": the status metrics count cancelled requests under
+_API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}  # SamplingParams -> request field
+_ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
+
+
+class Server:
+    """One app's state and the translation of a request into a job and of its events into a response."""
+
+    def __init__(self, config: ServerConfig, served: ServedModel) -> None:
+        self.config = config
+        self.served = served
+        self.metrics = ServerMetrics()
+        self.worker = EngineWorker(served, self.metrics)
+        self.model_id = config.model_id
+        self.model_names = {self.model_id, config.model}  # what a request's `model` may say
+        self.created = int(time.time())
+
+    # -- request -> job ------------------------------------------------------------------------------------------
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.model_names:
+            raise model_not_found(name, hint=f"this server serves `{self.model_id}` (see GET /v1/models)")
+
+    def sampling(self, body: _SamplingFields, max_tokens: int | None) -> SamplingParams:
+        if body.presence_penalty or body.frequency_penalty:
+            param = "presence_penalty" if body.presence_penalty else "frequency_penalty"
+            raise invalid(f"{param} is not supported; use repetition_penalty (1.0 is off).", param=param)
+        if max_tokens is not None and body.min_tokens > max_tokens:
+            raise invalid(f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens}).",
+                          param="min_tokens")
+        stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+        try:
+            return SamplingParams(
+                max_new_tokens=max_tokens or max(1, body.min_tokens),  # the worker fills in the rest of the context
+                min_new_tokens=body.min_tokens, temperature=body.temperature, top_k=max(0, body.top_k),
+                top_p=body.top_p, min_p=body.min_p, repetition_penalty=body.repetition_penalty, seed=body.seed,
+                stop=tuple(stop), stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+            )
+        except ValueError as exc:
+            field = str(exc).split()[0]
+            raise invalid(str(exc), param=_API_NAMES.get(field, field)) from exc
+
+    def speculation(self, option: SpeculativeOptions | bool | None) -> tuple[SpeculativeConfig, str | None]:
+        """-> (speculation config, drafter name or None for the target alone)."""
+        if not isinstance(option, SpeculativeOptions):
+            option = SpeculativeOptions(enabled=option)
+        enabled = option.enabled
+        if enabled is None:
+            enabled = self.config.enable_speculative or option.draft_tokens is not None or option.draft_model is not None
+        spec = self.config.spec
+        if option.draft_tokens is not None:
+            try:
+                spec = replace(spec, num_draft_tokens=option.draft_tokens)
+            except ValueError as exc:
+                raise invalid(str(exc), param="speculative.draft_tokens") from exc
+        drafter = (option.draft_model or self.config.draft_model) if enabled else None
+        return spec, None if drafter == NONE else drafter
+
+    # -- job -> response -----------------------------------------------------------------------------------------
+
+    async def handle(self, request: Request, body: _SamplingFields, chat: bool, prompts: list[Prompt],
+                     prompt_param: str, max_tokens: int | None) -> Response:
+        arrival = request.state.arrival = time.perf_counter()
+        self.check_model(body.model)
+        if len(prompts) * body.n > MAX_CHOICES:
+            raise invalid(f"{len(prompts)} prompts times n={body.n} is more than {MAX_CHOICES} choices.", param="n")
+        params = self.sampling(body, max_tokens)
+        spec, drafter = self.speculation(body.speculative)
+        if not self.worker.alive:
+            raise APIError(503, "The model worker is not running; restart the server.", type="server_error")
+        handle = JobHandle(asyncio.get_running_loop())
+        self.worker.submit(Job(prompts, prompt_param, params, max_tokens, body.n, drafter is not None, spec, drafter,
+                               handle, arrival))
+        try:
+            first = await self._next(handle, request)
+        except BaseException:
+            handle.cancel()
+            raise
+        if isinstance(first, JobFailed):
+            raise first.error
+        assert isinstance(first, Started), first
+        builder = ResponseBuilder(chat, self.model_id)
+        count = len(prompts) * body.n
+        k = spec.num_draft_tokens if drafter is not None else None
+        if body.stream:
+            include_usage = body.stream_options is not None and body.stream_options.include_usage
+            events = self._stream(request, handle, builder, count, first.prompt_tokens, drafter, k, include_usage)
+            return StreamingResponse(events, media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return await self._collect(request, handle, builder, count, first.prompt_tokens, drafter, k)
+        finally:
+            handle.cancel()  # a no-op once the job is done; stops it when this handler was cancelled
+
+    async def _next(self, handle: JobHandle, request: Request):
+        """The job's next event; gives up (and cancels the job) once the client has disconnected."""
+        while True:
+            try:
+                return await asyncio.wait_for(handle.events.get(), timeout=DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await request.is_disconnected():
+                    handle.cancel()
+                    raise APIError(CLIENT_GONE, "The client closed the request.") from None
+
+    async def _collect(self, request: Request, handle: JobHandle, builder: ResponseBuilder, count: int,
+                       prompt_tokens: int, drafter: str | None, k: int | None) -> Response:
+        texts: list[list[str]] = [[] for _ in range(count)]
+        finish_reasons = ["length"] * count
+        total = GenerationStats()
+        while True:
+            event = await self._next(handle, request)
+            if isinstance(event, TextDelta):
+                texts[event.index].append(event.text)
+            elif isinstance(event, ChoiceDone):
+                finish_reasons[event.index] = event.finish_reason
+                total.merge(event.stats)
+            elif isinstance(event, JobFailed):
+                raise event.error
+            elif isinstance(event, JobDone):
+                break
+        body = builder.response(["".join(t) for t in texts], finish_reasons,
+                                usage(prompt_tokens, total.generated_tokens), speculative_metrics(total, drafter, k))
+        self.metrics.count_request(request.url.path, 200, time.perf_counter() - request.state.arrival)
+        return JSONResponse(body.model_dump(mode="json"))
+
+    async def _stream(self, request: Request, handle: JobHandle, builder: ResponseBuilder, count: int,
+                      prompt_tokens: int, drafter: str | None, k: int | None, include_usage: bool) -> AsyncIterator[str]:
+        """SSE: role chunks (chat), a chunk per round that produced text, a finish chunk per choice, the usage
+        chunk when asked for, `[DONE]`. When the client disconnects, Starlette cancels this generator and the
+        `finally` stops the job at its next round."""
+        status = CLIENT_GONE
+        try:
+            if builder.chat:
+                for index in range(count):
+                    yield builder.role_chunk(index)
+            total = GenerationStats()
+            while True:
+                event = await handle.events.get()
+                if isinstance(event, TextDelta):
+                    yield builder.text_chunk(event.index, event.text)
+                elif isinstance(event, ChoiceDone):
+                    total.merge(event.stats)
+                    yield builder.finish_chunk(event.index, event.finish_reason,
+                                               speculative_metrics(event.stats, drafter, k))
+                elif isinstance(event, JobFailed):
+                    status = event.error.status
+                    yield sse(event.error.body())
+                    break
+                elif isinstance(event, JobDone):
+                    status = 200
+                    if include_usage:
+                        yield builder.usage_chunk(usage(prompt_tokens, total.generated_tokens),
+                                                  speculative_metrics(total, drafter, k))
+                    break
+            yield DONE
+        finally:
+            handle.cancel()
+            self.metrics.count_request(request.url.path, status, time.perf_counter() - request.state.arrival)
+
+    def model_card(self) -> ModelCard:
+        return ModelCard(id=self.model_id, created=self.created, max_model_len=self.config.max_len)
+
+
+def _chat_messages(body: ChatCompletionRequest) -> list[dict]:
+    # 'developer' is OpenAI's newer name for 'system'; chat templates know only the latter.
+    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
+
+
+def _completion_prompts(body: CompletionRequest) -> list[Prompt]:
+    prompt = body.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise invalid("prompt must not be empty.", param="prompt")
+    if isinstance(prompt[0], int):
+        return [prompt]
+    return list(prompt)
+
+
+def create_app(config: ServerConfig | None = None, served: ServedModel | None = None) -> FastAPI:
+    """The app for `config` (loading its models), or around an already loaded `served` model."""
+    config = config or ServerConfig()
+    server = Server(config, served or ServedModel.load(config))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.worker.start()
+        try:
+            yield
+        finally:
+            server.worker.stop()
+
+    app = FastAPI(title="verispec", summary="OpenAI-compatible server with speculative decoding", lifespan=lifespan)
+    app.state.server = server
+
+    def count_error(request: Request, status: int) -> None:
+        path = request.url.path
+        arrival = getattr(request.state, "arrival", None)
+        server.metrics.count_request(path if path in API_ENDPOINTS else "other", status,
+                                     None if arrival is None else time.perf_counter() - arrival)
+
+    install_error_handlers(app, on_error=count_error)
+
+    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        if body.logprobs:
+            raise invalid("logprobs are not supported.", param="logprobs")
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        return await server.handle(request, body, True, [_chat_messages(body)], "messages", max_tokens)
+
+    @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        if body.logprobs:
+            raise invalid("logprobs are not supported.", param="logprobs")
+        return await server.handle(request, body, False, _completion_prompts(body), "prompt", body.max_tokens)
+
+    @app.get("/v1/models", response_model=ModelList)
+    async def list_models() -> ModelList:
+        server.metrics.count_request("/v1/models", 200)
+        return ModelList(data=[server.model_card()])
+
+    @app.get("/v1/models/{name:path}", response_model=ModelCard, responses=_ERRORS)
+    async def retrieve_model(name: str) -> ModelCard:
+        server.check_model(name)
+        return server.model_card()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        if not server.worker.alive:
+            raise APIError(503, "The model worker is not running.", type="server_error")
+        return JSONResponse({"status": "ok", "model": server.model_id})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics.render(), media_type=server.metrics.content_type)
+
+    return app

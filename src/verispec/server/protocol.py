@@ -1,0 +1,220 @@
+"""Request and response bodies of the OpenAI-compatible API (pydantic), plus verispec's `speculative` extension.
+
+Requests ignore unknown fields (OpenAI clients send many we have no use for) but check the types of the fields
+they use strictly, as OpenAI does: `"max_tokens": "16"` is a 400, not a silent conversion. Responses carry the
+OpenAI fields and, in addition, `speculative_metrics`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_CHOICES = 64  # most choices (n, times the prompts of a completion request) one request may ask for
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class SpeculativeOptions(_Request):
+    """Per-request speculation (`"speculative": {...}`; `true`/`false` is short for `{"enabled": ...}`)."""
+
+    enabled: bool | None = None
+    """Draft and verify (true) or decode with the target alone (false); default: the server's setting, or true
+    when draft_tokens or draft_model is given."""
+    draft_tokens: int | None = None
+    """K, draft tokens per round (1..64); default: the server's --draft-tokens."""
+    draft_model: str | None = None
+    """Another drafter: a model folder / .gguf / hub id / name, or 'none'; loaded on first use and cached."""
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Request):
+    """Fields shared by chat and completion requests."""
+
+    model: str | None = None
+    """The served model's id (GET /v1/models) or the target given to `verispec serve`; default: that model."""
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0, le=2)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    top_k: int = Field(default=0, ge=-1)  # -1 or 0: off (vLLM uses -1)
+    min_p: float = Field(default=0.0, ge=0, lt=1)
+    repetition_penalty: float = Field(default=1.0, gt=0)
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    speculative: SpeculativeOptions | bool | None = None
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+
+
+# -- responses -------------------------------------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class SpeculativeMetrics(BaseModel):
+    """What speculation did for this response (all choices together); vocabulary as in DEVELOPERS.md."""
+
+    enabled: bool
+    draft_model: str | None
+    num_draft_tokens: int | None  # K asked for (None when speculation was off)
+    rounds: int
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float
+    mean_accepted_length: float
+    acceptance_by_position: list[float]
+    draft_ms: float
+    verify_ms: float
+    fallbacks: int
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChoice]
+    usage: Usage
+    speculative_metrics: SpeculativeMetrics
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChoice]
+    usage: Usage
+    speculative_metrics: SpeculativeMetrics
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+    speculative_metrics: SpeculativeMetrics | None = None
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None = None
+    finish_reason: Literal["stop", "length"] | None = None
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str | None = None
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None = None
+    speculative_metrics: SpeculativeMetrics | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "verispec"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorBody(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorBody

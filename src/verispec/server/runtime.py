@@ -1,0 +1,112 @@
+"""`ServedModel`: the target, its tokenizer and engine, the drafters requests may use, and prompt encoding.
+
+Only the worker thread calls into it once the server runs (tokenizers and the engine are not shared across
+threads); `load` runs before the worker starts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+
+from ..config import SamplingParams
+from ..drafters.base import Drafter
+from ..drafters.factory import NONE, make_drafter
+from ..engine import CACHE_SLACK, SpeculativeEngine
+from ..models import ModelLoadError, load_model, load_tokenizer
+from .config import ServerConfig
+from .errors import APIError, invalid, model_not_found
+
+logger = logging.getLogger("verispec.server")
+
+# A prompt as the worker receives it: text, token ids, or chat messages ({"role", "content"} dicts).
+Prompt = str | list[int] | list[dict]
+
+
+class ServedModel:
+    def __init__(self, config: ServerConfig, target, tokenizer) -> None:
+        self.config = config
+        self.target = target
+        self.tokenizer = tokenizer
+        self.engine = SpeculativeEngine(target, tokenizer, drafter=None, spec=config.spec, max_len=config.max_len)
+        self.vocab_size = len(tokenizer)
+        self._default: tuple[str, Drafter | None] | None = None  # the server's --draft-model, never evicted
+        self._cache: OrderedDict[str, Drafter | None] = OrderedDict()  # request-named drafters, LRU order
+
+    @classmethod
+    def load(cls, config: ServerConfig) -> ServedModel:
+        """Load the target and tokenizer, and the default drafter when speculation is on by default."""
+        target = load_model(config.model, dtype=config.dtype, device=config.device)
+        tokenizer = load_tokenizer(config.model)
+        served = cls(config, target, tokenizer)
+        if config.speculates_by_default:
+            served._default = (config.draft_model, served._make(config.draft_model))
+        return served
+
+    # -- drafters ------------------------------------------------------------------------------------------------
+
+    def drafter(self, name: str | None) -> Drafter | None:
+        """The drafter called `name` ('none' or None: no drafter), loading and caching it on first use.
+
+        Raises APIError: 404 when the model cannot be found or read, 400 when it cannot draft for this target.
+        """
+        if name is None or name == NONE:
+            return None
+        if name == self.config.draft_model:
+            if self._default is None:
+                self._default = (name, self._make(name, param="speculative.draft_model"))
+            return self._default[1]
+        if name in self._cache:
+            self._cache.move_to_end(name)
+            return self._cache[name]
+        drafter = self._make(name, param="speculative.draft_model")
+        if self.config.max_cached_drafters > 0:
+            self._cache[name] = drafter
+            while len(self._cache) > self.config.max_cached_drafters:
+                evicted, _ = self._cache.popitem(last=False)
+                logger.info("dropped drafter %s from the cache", evicted)
+        return drafter
+
+    def _make(self, name: str, param: str = "draft_model") -> Drafter | None:
+        logger.info("loading drafter %s", name)
+        try:
+            return make_drafter(name, self.target, self.tokenizer, self.config.max_len + CACHE_SLACK,
+                                dtype=self.config.dtype, device=self.config.device)
+        except ModelLoadError as exc:
+            raise model_not_found(name, param=param, hint=str(exc).rstrip(".")) from exc
+        except ValueError as exc:  # e.g. a vocabulary that does not match the target's
+            raise invalid(f"draft model {name!r} cannot draft for this target: {exc}", param=param) from exc
+
+    # -- prompts -------------------------------------------------------------------------------------------------
+
+    def encode(self, prompt: Prompt, param: str) -> list[int]:
+        """Text, token ids, or chat messages (through the tokenizer's chat template) -> token ids."""
+        if isinstance(prompt, str):
+            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+        if prompt and isinstance(prompt[0], dict):
+            return self._encode_chat(prompt)
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise invalid(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size}).", param=param)
+        return list(prompt)
+
+    def _encode_chat(self, messages: list[dict]) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise invalid("This model's tokenizer has no chat template: use POST /v1/completions with a prompt.",
+                          param="messages")
+        try:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as exc:  # noqa: BLE001 - jinja raises TemplateError (or anything) for a conversation it refuses
+            raise invalid(f"The chat template rejected these messages: {exc}", param="messages") from exc
+        # The template already wrote any BOS it wants; adding special tokens again would double it.
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def check_request(self, prompt_len: int, params: SamplingParams, param: str) -> None:
+        """The engine's length checks as a 400 (the engine would raise the same ValueError when it starts)."""
+        if prompt_len < 1:
+            raise invalid("The prompt is empty: give at least one token.", param=param)
+        try:
+            self.engine.check_request(prompt_len, params)
+        except ValueError as exc:
+            raise APIError(400, f"{exc} (this model's context is {self.config.max_len} tokens).", param=param,
+                           code="context_length_exceeded") from exc
