@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
+from .adaptive import AdaptivePolicy
 from .config import SamplingParams, SpeculativeConfig
 from .detokenize import StopChecker
 from .drafters.base import Drafter, DraftRequest
+from .fallback import DrafterBackoff
 from .runner import ModelRunner
 from .sampling import TokenSampler, check_finite
 from .stats import GenerationStats
@@ -92,6 +95,10 @@ class SpeculativeEngine:
         self.max_len = max_len
         self.eos_token_ids = model_eos_ids(target, tokenizer)
         self.total = GenerationStats()  # cumulative over calls
+        # Per drafter, kept across requests: adaptive estimates (keyed by max depth) and failure back-off.
+        self._policies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._backoffs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._warned_lossy = False
 
     # -- public --------------------------------------------------------------------------------------------------
 
@@ -137,14 +144,22 @@ class SpeculativeEngine:
         wall_start = time.perf_counter()
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten().clone()  # [n]; ours to keep
         self.check_request(prompt.numel(), params)
-        stats = GenerationStats(prompt_tokens=prompt.numel(), requests=1)
+        stats = GenerationStats(prompt_tokens=prompt.numel(), requests=1, acceptance_mode=acceptance_label(spec),
+                                lossy=not spec.lossless)
+        if not spec.lossless and not self._warned_lossy:
+            self._warned_lossy = True
+            logger.warning("acceptance %s is LOSSY: outputs no longer follow the target's distribution",
+                           acceptance_label(spec))
         sampler = TokenSampler(
             params, self.target.vocab_size, self.eos_token_ids | set(params.stop_token_ids), prompt.tolist(),
             self.target.device,
         )
         stopper = StopChecker(params, self.eos_token_ids, self.tokenizer, params.max_new_tokens)
         drafter = (drafter or self.drafter) if use_drafter else None
-        policy = self.draft_policy(spec) if drafter is not None else FixedK(0)
+        if drafter is not None and not self._backoff(drafter).should_try():
+            logger.info("drafter %s skipped for this request (back-off after failures)", drafter.name)
+            drafter = None
+        policy = self.draft_policy(spec, drafter) if drafter is not None else FixedK(0)
         seq = torch.empty(prompt.numel() + params.max_new_tokens + CACHE_SLACK, dtype=torch.long)  # [capacity]
         seq[: prompt.numel()] = prompt
         length = prompt.numel()
@@ -188,20 +203,29 @@ class SpeculativeEngine:
             # A round cut short by a stop counts only the draft positions in front of the stop.
             proposed = draft.numel() if kept == len(committed) else min(draft.numel(), kept)
             if drafter is not None:
-                drafter.observe(length, num_accepted, draft.numel())
+                drafter = self._safe_observe(drafter, length, num_accepted, draft.numel(), stats)
                 policy.record(draft.numel(), num_accepted, draft_s, verify_s)
             stats.record_round(proposed, min(num_accepted, kept), kept)
             stats.draft_s += draft_s
             stats.verify_s += verify_s
             yield GenerationChunk(committed[:kept], stopper.take_text(), stopper.finish_reason)
 
+        if drafter is not None:
+            self._backoff(drafter).succeeded()  # a whole request with the drafter: forget earlier failures
         stats.wall_s = time.perf_counter() - wall_start
         self.total.merge(stats)
         return stats
 
-    def draft_policy(self, spec: SpeculativeConfig):
-        """The per-request draft-length policy (fixed K unless adaptive speculation is on)."""
-        return FixedK(spec.num_draft_tokens)
+    def draft_policy(self, spec: SpeculativeConfig, drafter: Drafter | None = None):
+        """The draft-length policy for a request: fixed K, or with `spec.adaptive` the drafter's AdaptivePolicy,
+        whose estimates persist across this engine's requests."""
+        drafter = drafter or self.drafter
+        if not spec.adaptive or drafter is None:
+            return FixedK(spec.num_draft_tokens)
+        by_depth = self._policies.setdefault(drafter, {})
+        if spec.max_speculation_depth not in by_depth:
+            by_depth[spec.max_speculation_depth] = AdaptivePolicy(spec.max_speculation_depth, spec.num_draft_tokens)
+        return by_depth[spec.max_speculation_depth]
 
     # -- internals -----------------------------------------------------------------------------------------------
 
@@ -223,6 +247,9 @@ class SpeculativeEngine:
         p = sampler.probs(processed)  # [1, k + 1, vocab]
         return speculative_sample(batch_draft, None if q is None else q.unsqueeze(0), p, sampler.generator, extra)
 
+    def _backoff(self, drafter: Drafter) -> DrafterBackoff:
+        return self._backoffs.setdefault(drafter, DrafterBackoff())
+
     def _safe_begin(self, drafter: Drafter, prompt: torch.Tensor, stats: GenerationStats) -> Drafter | None:
         try:
             drafter.begin(prompt)
@@ -238,7 +265,23 @@ class SpeculativeEngine:
             self._fallback(drafter, exc, stats)
             return None
 
+    def _safe_observe(self, drafter: Drafter, length: int, num_accepted: int, num_proposed: int,
+                      stats: GenerationStats) -> Drafter | None:
+        try:
+            drafter.observe(length, num_accepted, num_proposed)
+            return drafter
+        except Exception as exc:  # noqa: BLE001 - see _safe_begin
+            self._fallback(drafter, exc, stats)
+            return None
+
     def _fallback(self, drafter: Drafter, exc: Exception, stats: GenerationStats) -> None:
+        # The drafter's state may be half-updated; `begin` resets it before it drafts again (Drafter contract).
         stats.fallbacks += 1
-        logger.warning("drafter %s failed (%s: %s); continuing on the target alone", drafter.name,
-                       type(exc).__name__, exc)
+        skip = self._backoff(drafter).failed()
+        logger.warning("drafter %s failed (%s: %s); this request continues on the target alone, the next %d "
+                       "request(s) skip the drafter", drafter.name, type(exc).__name__, exc, skip)
+
+
+def acceptance_label(spec: SpeculativeConfig) -> str:
+    """'exact', or 'top_k:N' for the LOSSY mode (as `--acceptance` spells it)."""
+    return "exact" if spec.lossless else f"{spec.acceptance}:{spec.acceptance_top_k}"

@@ -20,6 +20,8 @@ class GenerationStats:
     wall_s: float = 0.0
     fallbacks: int = 0  # drafter failures that sent the request on to the target alone
     requests: int = 0
+    acceptance_mode: str = "exact"  # verification mode: 'exact' (lossless) or e.g. 'top_k:5' (LOSSY); 'mixed' if both
+    lossy: bool = False  # True when a lossy acceptance mode changed the output distribution
 
     def record_round(self, proposed: int, accepted: int, committed: int) -> None:
         self.rounds += 1
@@ -53,6 +55,11 @@ class GenerationStats:
 
     def merge(self, other: GenerationStats) -> None:
         """Add another call's figures into this (cumulative) record."""
+        if other.requests:
+            self.acceptance_mode = (
+                other.acceptance_mode if not self.requests or self.acceptance_mode == other.acceptance_mode else "mixed"
+            )
+        self.lossy = self.lossy or other.lossy
         for name in ("prompt_tokens", "generated_tokens", "rounds", "draft_tokens", "accepted_tokens", "fallbacks",
                      "requests"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
@@ -86,4 +93,5 @@ class GenerationStats:
             f"acceptance {self.acceptance_rate:.1%} ({self.accepted_tokens}/{self.draft_tokens}), by position [{by_pos}] | "
             f"draft {self.draft_s:.2f}s, verify {self.verify_s:.2f}s, prefill {self.prefill_s:.2f}s"
             + (f" | fallbacks {self.fallbacks}" if self.fallbacks else "")
+            + (f" | LOSSY acceptance {self.acceptance_mode}" if self.lossy else "")
         )

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import sys
 
 import torch
 
@@ -24,12 +26,76 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=DEFAULT_TARGET,
                    help=f"target model: folder, .gguf file, cached hub id, or {DEFAULT_TARGET!r} (default)")
     g.add_argument("--draft-model", default=DEFAULT_DRAFT,
-                   help=f"draft model (same forms), 'none' for the target alone; default {DEFAULT_DRAFT!r}")
-    g.add_argument("--draft-tokens", type=int, default=4, metavar="K", help="draft tokens per round (default 4)")
+                   help=f"draft model (same forms), 'none' for the target alone, 'ngram' (prompt lookup, no model), "
+                        f"'auto' (the registered draft for the target, see `verispec pairs`); default {DEFAULT_DRAFT!r}")
+    g.add_argument("--draft-tokens", type=int, default=4, metavar="K", action=_ExplicitStore,
+                   help="draft tokens per round (default 4, or the pair's K with --draft-model auto); with adaptive "
+                        "speculation, the K of the first rounds")
     g.add_argument("--max-len", type=positive_int, default=2048, help="longest prompt + output in tokens")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default float32)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+class _ExplicitStore(argparse.Action):
+    """Store the value and remember that the user gave it (`args.<dest>_given`), so a default can defer."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        setattr(namespace, f"{self.dest}_given", True)
+
+
+def parse_acceptance(text: str) -> dict:
+    """`exact` or `top_k:N` -> SpeculativeConfig keywords (acceptance, acceptance_top_k)."""
+    if text == "exact":
+        return {"acceptance": "exact"}
+    mode, _, n = text.partition(":")
+    if mode == "top_k" and n.isdigit() and int(n) >= 1:
+        return {"acceptance": "top_k", "acceptance_top_k": int(n)}
+    raise argparse.ArgumentTypeError(f"expected 'exact' or 'top_k:N' with N >= 1, got {text!r}")
+
+
+def add_speculation_args(parser: argparse.ArgumentParser) -> None:
+    """Flags of adaptive speculation and verification; build the config with `SpeculativeConfig(**spec_kwargs(args))`."""
+    g = parser.add_argument_group("speculation")
+    g.add_argument("--adaptive", action=argparse.BooleanOptionalAction, default=True,
+                   help="adaptive speculation (default on): choose K per round in [0, --max-speculation-depth] from "
+                        "measured acceptance and draft/verify costs; K = 0 (plain decoding) when drafting would not pay")
+    g.add_argument("--max-speculation-depth", type=positive_int, default=8, metavar="K_MAX",
+                   help="largest K adaptive speculation may choose (default 8)")
+    g.add_argument("--speculative-threshold", type=float, default=0.8, metavar="P",
+                   help="draft-confidence cut-off (default 0.8; 0 disables): a model drafter stops drafting within a "
+                        "round once its top probability falls below P. Saves wasted draft steps; the output "
+                        "distribution is unchanged")
+    g.add_argument("--acceptance", type=parse_acceptance, default=parse_acceptance("exact"), metavar="MODE",
+                   help="'exact' (default, lossless) or 'top_k:N': LOSSY, also accepts draft tokens among the target's "
+                        "N most likely, which CHANGES THE OUTPUT DISTRIBUTION (faster, no longer the target's output)")
+
+
+def spec_kwargs(args: argparse.Namespace) -> dict:
+    """SpeculativeConfig keywords from the model and speculation flags (the adaptive/threshold ones if present)."""
+    kwargs = dict(num_draft_tokens=args.draft_tokens)
+    if hasattr(args, "adaptive"):
+        kwargs.update(adaptive=args.adaptive, max_speculation_depth=args.max_speculation_depth,
+                      speculative_threshold=args.speculative_threshold, **args.acceptance)
+    return kwargs
+
+
+def warn_if_lossy(args: argparse.Namespace) -> None:
+    acceptance = getattr(args, "acceptance", {"acceptance": "exact"})
+    if acceptance["acceptance"] != "exact":
+        print(f"verispec: warning: --acceptance {acceptance['acceptance']}:{acceptance.get('acceptance_top_k')} is "
+              "LOSSY: the output no longer follows the target model's distribution", file=sys.stderr)
+
+
+def setup_logging() -> None:
+    """Show the library's warnings (drafter fallbacks, memory checks) on stderr, once."""
+    logger = logging.getLogger("verispec")
+    if not logger.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("verispec: %(levelname)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO if logger.level == logging.NOTSET else logger.level)
 
 
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:

@@ -2,5 +2,7 @@
 
 from .base import DraftProposal, Drafter, DraftRequest
 from .model import ModelDrafter
+from .ngram import NgramDrafter
+from .random import RandomDrafter
 
-__all__ = ["DraftProposal", "Drafter", "DraftRequest", "ModelDrafter"]
+__all__ = ["DraftProposal", "Drafter", "DraftRequest", "ModelDrafter", "NgramDrafter", "RandomDrafter"]

@@ -34,7 +34,10 @@ class Drafter(ABC):
     provides_probs: bool = False
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
-        """A new sequence starts (prompt_ids: [n]). Drop any state of the previous one."""
+        """A new sequence starts (prompt_ids: [n]). Drop any state of the previous one.
+
+        Also how a drafter recovers after it raised: the engine stops using it for that request and calls
+        `begin` before it drafts again, so state left half-updated by the failure must not survive `begin`."""
 
     @abstractmethod
     def propose(self, request: DraftRequest) -> DraftProposal:

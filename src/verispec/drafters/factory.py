@@ -1,7 +1,9 @@
 """Turn a user's `--draft-model` value into a Drafter.
 
-Values: 'none' (target alone), a model folder / .gguf / hub id / the embedded default draft's name.
-New drafting methods register a name in `NAMED_DRAFTERS`.
+Values: 'none' (target alone), a model folder / .gguf / hub id / the embedded default draft's name, or a name in
+`NAMED_DRAFTERS`: 'ngram' (prompt lookup, no model), 'random' (uniform random tokens: a deliberately bad drafter
+for tests and benchmarks), 'auto' (the registered draft for the target, see pairs.py). New drafting methods
+register a name there.
 """
 
 from __future__ import annotations
@@ -13,11 +15,28 @@ from transformers import PreTrainedModel
 
 from .base import Drafter
 from .model import ModelDrafter
+from .ngram import NgramDrafter
+from .random import RandomDrafter
 
 NONE = "none"
+AUTO = "auto"
 
 # name -> factory(target_model, tokenizer, max_len) for drafters that need no model of their own.
 NAMED_DRAFTERS: dict[str, Callable[[PreTrainedModel, object, int], Drafter]] = {}
+
+
+def _auto(target: PreTrainedModel, tokenizer, max_len: int) -> Drafter | None:
+    from ..fallback import load_drafter_or_fallback
+
+    weight = next(target.parameters())
+    return load_drafter_or_fallback(AUTO, target, tokenizer, max_len, dtype=weight.dtype, device=weight.device).drafter
+
+
+NAMED_DRAFTERS["ngram"] = lambda target, tokenizer, max_len: NgramDrafter()
+NAMED_DRAFTERS["random"] = lambda target, tokenizer, max_len: RandomDrafter(
+    int(target.get_output_embeddings().weight.shape[0])
+)
+NAMED_DRAFTERS[AUTO] = _auto
 
 
 def check_vocab_match(target: PreTrainedModel, draft: PreTrainedModel) -> None:

@@ -27,8 +27,13 @@ class ModelDrafter(Drafter):
         self.runner = ModelRunner(model, max_len)
         self._fed: list[int] = []  # token ids currently in the draft cache, mirrored for the rollback check
 
+    @torch.inference_mode()
     def begin(self, prompt_ids: torch.Tensor) -> None:
+        # Reset (also what recovers a cache left half-written by a failed round), then prefill the prompt here,
+        # so a round's draft time is the draft steps alone: the adaptive policy divides it by the draft tokens.
         self.runner.reset()
+        if prompt_ids.numel() > 1:
+            self.runner.forward(prompt_ids[:-1].unsqueeze(0), last_only=True)
 
     @torch.inference_mode()
     def propose(self, request: DraftRequest) -> DraftProposal:
@@ -47,9 +52,10 @@ class ModelDrafter(Drafter):
             pending = torch.stack(tokens) if tokens else None
             processed = sampler.process(logits, pending, start=step)  # [1, vocab]
             token, q = sampler.pick(processed)
-            if request.threshold > 0:
+            if request.threshold > 0 and step > 0:
+                # Draft-confidence cut-off (speculative_threshold). One host sync per draft step, only when it is on.
                 top = (q if q is not None else sampler.probs(processed)).max()
-                if step > 0 and top < request.threshold:
+                if top < request.threshold:
                     break  # the drafter is unsure: verifying what we have is cheaper than guessing on
             tokens.append(token[0])
             if q is not None:

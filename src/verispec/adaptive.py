@@ -1,0 +1,205 @@
+"""Adaptive draft length: choose K per round to maximise expected committed tokens per second.
+
+For a round with K draft tokens (terms as in DEVELOPERS.md):
+
+    expected committed tokens   E(K) = 1 + sum_{j=1..K} prod_{i<=j} alpha_i
+    expected round time         T(K) = K * c_draft + c_verify(K + 1)
+
+alpha_i is the conditional acceptance rate at draft position i (accepted, given positions 1..i-1 were), c_draft
+the time of one draft step and c_verify(w) the time of one target pass over w positions. K = 0 is plain decoding
+(E = 1, T = c_verify(1)). The policy picks the K in [0, max_depth] with the highest E(K) / T(K); a K >= 1 must
+beat K = 0 by `min_gain`, so a drafter that does not pay is switched off and speculation costs no more than
+noise. While K = 0 is chosen, a probe round with K >= 1 runs every `probe_every` rounds (the interval doubles up
+to `max_probe_every` while probes keep losing), so the estimates can recover when the text becomes predictable.
+
+Estimates are online and survive across requests (the engine keeps one policy per drafter):
+- alpha_i: decayed counts with a prior, (accepted_i + prior_i * w) / (tried_i + w); each observation first
+  multiplies position i's counts by `decay`, so old rounds fade (an exponential moving average with a prior).
+  prior_1 is `prior_acceptance`; prior_i is the estimate of alpha_{i-1}, so positions a bad drafter never
+  reaches do not keep an optimistic prior (a drafter rejected at position 1 is not assumed good at position 2).
+- c_draft, c_verify(w): moving averages of measured seconds per draft token and per verify width, taken in log
+  space (the first sample of each is dropped: first calls of a shape pay one-off allocation and kernel set-up),
+  with each sample clipped to within a factor `TIME_CLIP` of the estimate, so one stall of a busy machine
+  barely moves them. Unmeasured widths come from a line c_verify(w) = a + b (w - 1) fitted to the measured ones
+  (or, with one width measured, from the prior slope b = verify_slope_prior * a); the curve is made
+  non-decreasing in w, which bounds rate(K) / rate(0) by E(K): with acceptance estimates below min_gain - 1,
+  K = 0 wins whatever the timing noise.
+"""
+
+from __future__ import annotations
+
+import math
+from itertools import accumulate
+
+TIME_CLIP = 4.0
+
+
+class AdaptivePolicy:
+    """Draft-length policy: `choose()` before a round, `record(...)` after it (the engine's two calls)."""
+
+    def __init__(
+        self,
+        max_depth: int,
+        initial_k: int | None = None,
+        *,
+        prior_acceptance: float = 0.6,
+        prior_weight: float = 1.0,
+        decay: float = 0.98,
+        time_decay: float = 0.8,
+        verify_slope_prior: float = 0.05,
+        min_gain: float = 1.03,
+        probe_every: int = 8,
+        max_probe_every: int = 64,
+    ) -> None:
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1, got {max_depth}")
+        if not 0 < decay <= 1 or not 0 < time_decay < 1:
+            raise ValueError(f"decay must be in (0, 1] and time_decay in (0, 1), got {decay}, {time_decay}")
+        self.max_depth = max_depth
+        self.initial_k = max(1, min(initial_k or max_depth, max_depth))
+        self.prior_acceptance = prior_acceptance
+        self.prior_weight = prior_weight
+        self.decay = decay
+        self.time_decay = time_decay
+        self.verify_slope_prior = verify_slope_prior
+        self.min_gain = min_gain
+        self.probe_every = probe_every
+        self.max_probe_every = max_probe_every
+
+        self.accepted = [0.0] * max_depth  # [position]: decayed count of accepted draft tokens
+        self.tried = [0.0] * max_depth  # [position]: decayed count of draft tokens the target examined
+        self.draft_s: float | None = None  # EMA seconds per draft token
+        self.verify_s: dict[int, float] = {}  # width -> EMA seconds of one target pass over that many positions
+        self._warm: set[int] = set()  # timings whose first (warm-up) sample was dropped: widths, and 0 for drafts
+        self.rounds = 0
+        self.chosen: list[int] = [0] * (max_depth + 1)  # [K]: rounds this policy chose K
+        self._probe_interval = probe_every
+        self._since_probe = 0
+
+    # -- estimates -----------------------------------------------------------------------------------------------
+
+    @property
+    def alpha(self) -> list[float]:
+        """[position]: estimated conditional acceptance rate at draft positions 1..max_depth."""
+        w, prior = self.prior_weight, self.prior_acceptance
+        alpha = []
+        for accepted, tried in zip(self.accepted, self.tried):
+            prior = (accepted + prior * w) / (tried + w)
+            alpha.append(prior)
+        return alpha
+
+    def expected_committed(self, k: int) -> float:
+        """E(k) = 1 + sum_{j=1..k} prod_{i<=j} alpha_i."""
+        return 1.0 + sum(accumulate(self.alpha[:k], lambda run, a: run * a))
+
+    def verify_cost(self, width: int) -> float | None:
+        """Estimated seconds of a target pass over `width` positions (None before any measurement)."""
+        curve = self._verify_curve()
+        return None if curve is None else curve[width - 1]
+
+    def expected_cost(self, k: int) -> float | None:
+        """T(k) = k * c_draft + c_verify(k + 1), in seconds (None before any measurement)."""
+        verify = self.verify_cost(k + 1)
+        if verify is None or (k > 0 and self.draft_s is None):
+            return None
+        return k * (self.draft_s or 0.0) + verify
+
+    def rates(self) -> list[float] | None:
+        """[K]: expected committed tokens per second for K = 0..max_depth (None before measurements)."""
+        costs = [self.expected_cost(k) for k in range(self.max_depth + 1)]
+        if any(c is None for c in costs):
+            return None
+        return [self.expected_committed(k) / max(c, 1e-12) for k, c in enumerate(costs)]
+
+    def best_k(self) -> int:
+        """The K the estimates favour, before probing (initial_k until the costs were measured)."""
+        rates = self.rates()
+        if rates is None:
+            return self.initial_k
+        k = max(range(1, self.max_depth + 1), key=rates.__getitem__)
+        return k if rates[k] > self.min_gain * rates[0] else 0
+
+    # -- the engine's two calls ----------------------------------------------------------------------------------
+
+    def choose(self) -> int:
+        # Warm-up: draft with initial_k until a draft step was timed, then one plain round times c_verify(1).
+        if self.draft_s is None:
+            k = self.initial_k
+        elif 1 not in self.verify_s:
+            k = 0
+        else:
+            k = self.best_k()
+            if k > 0:
+                self._probe_interval = self.probe_every
+                self._since_probe = 0
+            else:
+                self._since_probe += 1
+                if self._since_probe >= self._probe_interval:
+                    # Probe with the best K >= 1 so the estimates can recover; back off while probes lose.
+                    rates = self.rates()
+                    k = max(range(1, self.max_depth + 1), key=rates.__getitem__)
+                    self._since_probe = 0
+                    self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
+        self.chosen[k] += 1
+        return k
+
+    def record(self, k: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
+        """One verified round: k draft tokens (verify width k + 1), the leading num_accepted of them accepted."""
+        self.rounds += 1
+        # Positions 1..num_accepted were accepted; position num_accepted + 1 (if drafted) was rejected; later
+        # positions were never examined and say nothing about their conditional rates.
+        for position in range(min(num_accepted + 1, k, self.max_depth)):
+            self.tried[position] = self.decay * self.tried[position] + 1.0
+            self.accepted[position] = self.decay * self.accepted[position] + float(position < num_accepted)
+        if k > 0 and self._warmed(0):
+            self.draft_s = self._ema(self.draft_s, draft_s / k)
+        if self._warmed(k + 1):
+            self.verify_s[k + 1] = self._ema(self.verify_s.get(k + 1), verify_s)
+
+    def snapshot(self) -> dict:
+        """The current estimates, for benchmarks and metrics."""
+        return {
+            "alpha": [round(a, 4) for a in self.alpha],
+            "draft_s_per_token": self.draft_s,
+            "verify_s_by_width": dict(sorted(self.verify_s.items())),
+            "best_k": self.best_k(),
+            "rounds": self.rounds,
+            "chosen_k_counts": list(self.chosen),
+        }
+
+    # -- internals -----------------------------------------------------------------------------------------------
+
+    def _warmed(self, key: int) -> bool:
+        """False the first time `key` is timed (that sample is dropped), True afterwards."""
+        if key in self._warm:
+            return True
+        self._warm.add(key)
+        return False
+
+    def _ema(self, old: float | None, new: float) -> float:
+        new = max(new, 1e-9)
+        if old is None:
+            return new
+        new = min(max(new, old / TIME_CLIP), old * TIME_CLIP)
+        return math.exp(self.time_decay * math.log(old) + (1.0 - self.time_decay) * math.log(new))
+
+    def _verify_curve(self) -> list[float] | None:
+        """[width - 1]: c_verify(width) for widths 1..max_depth + 1, measured where known, else a fitted line."""
+        if not self.verify_s:
+            return None
+        points = sorted(self.verify_s.items())
+        if len(points) == 1:
+            (w0, c0), = points
+            a = c0 / (1.0 + self.verify_slope_prior * (w0 - 1))
+            b = self.verify_slope_prior * a
+        else:  # least squares on x = w - 1
+            xs = [w - 1.0 for w, _ in points]
+            ys = [c for _, c in points]
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            b = max(b, 0.0)
+            a = my - b * mx
+        floor = 0.25 * min(c for _, c in points)
+        curve = [self.verify_s.get(w, max(a + b * (w - 1), floor)) for w in range(1, self.max_depth + 2)]
+        # A wider pass never costs less than a narrower one; timing noise must not make speculation look free.
+        return list(accumulate(curve, max))

@@ -1,0 +1,145 @@
+"""The n-gram (prompt-lookup) drafter: hand-built matches, greedy equality, and exact sampling with probs=None."""
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from verispec.config import SamplingParams, SpeculativeConfig
+from verispec.drafters.base import DraftRequest
+from verispec.drafters.factory import NAMED_DRAFTERS, make_drafter
+from verispec.drafters.ngram import NgramDrafter, continuation, find_match
+from verispec.engine import SpeculativeEngine
+from verispec.sampling import TokenSampler
+from verispec.verify import speculative_sample
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
+    yield
+    torch.set_num_threads(before)
+
+
+def ids(*tokens):
+    return torch.tensor(tokens, dtype=torch.long)
+
+
+def propose(tokens, k, **kwargs):
+    sampler = TokenSampler(SamplingParams(), 100, [], [])
+    return NgramDrafter(**kwargs).propose(DraftRequest(ids(*tokens), k, sampler)).token_ids.tolist()
+
+
+# -- hand-built matches -----------------------------------------------------------------------------------------
+
+
+def test_find_match_longest_then_latest():
+    # suffix [2, 3]: the 2-gram occurs at 1..2 (continuation 9) and 5..6 (continuation 7); latest wins.
+    assert find_match(ids(1, 2, 3, 9, 4, 2, 3, 7, 2, 3), 3) == (2, 7)
+    # suffix [1, 2, 3] occurs at 0..2 (3-gram) and [2, 3] also at 6..7: the longer match wins over the later one.
+    assert find_match(ids(1, 2, 3, 8, 5, 0, 2, 3, 6, 1, 2, 3), 3) == (3, 3)
+    # capped at max_ngram: with max_ngram=2 the later 2-gram wins.
+    assert find_match(ids(1, 2, 3, 8, 5, 0, 2, 3, 6, 1, 2, 3), 2) == (2, 8)
+
+
+def test_find_match_none_and_min_ngram():
+    assert find_match(ids(1, 2, 3, 4), 3) == (0, 0)  # nothing recurs
+    assert find_match(ids(5), 3) == (0, 0)  # too short to hold an earlier occurrence
+    assert find_match(ids(), 3) == (0, 0)
+    # only the 1-gram [4] recurs: found with min_ngram=1, refused with min_ngram=2
+    assert find_match(ids(4, 7, 1, 4), 3, min_ngram=1) == (1, 1)
+    assert find_match(ids(4, 7, 1, 4), 3, min_ngram=2) == (0, 0)
+
+
+def test_find_match_never_matches_the_suffix_itself_or_padding():
+    # the only occurrence of [9, 9] is the suffix itself... and the overlapping one at 0..1, continuation 9
+    assert find_match(ids(9, 9, 9), 3) == (2, 2)
+    # sequences shorter than max_ngram: padding must not pair with padding
+    assert find_match(ids(3, 3), 3) == (1, 1)
+    assert find_match(ids(1, 2), 3) == (0, 0)
+
+
+def test_continuation_and_periodic_extension():
+    seq = ids(1, 2, 3, 9, 4, 2, 3, 7, 2, 3)
+    assert continuation(seq, 7, 2).tolist() == [7, 2]
+    # the continuation runs into the matched suffix: a repetition of period 3 (a b c a b -> c a b c ...)
+    assert continuation(ids(5, 6, 7, 5, 6), 2, 5).tolist() == [7, 5, 6, 7, 5]
+
+
+def test_propose_by_hand():
+    assert propose([1, 2, 3, 9, 4, 2, 3, 7, 2, 3], k=3) == [7, 2, 3]
+    assert propose([1, 2, 3, 9, 4, 2, 3, 7, 2, 3], k=1) == [7]
+    assert propose([1, 2, 3, 4], k=4) == []
+    assert propose([5, 6, 7, 5, 6], k=4) == [7, 5, 6, 7]
+    assert propose([8, 1, 2, 8, 3, 1, 2], k=2, max_ngram=1) == [8, 3]  # only the last token is matched
+    with pytest.raises(ValueError, match="min_ngram"):
+        NgramDrafter(max_ngram=1, min_ngram=2)
+
+
+def test_registered_for_any_target():
+    target = tiny_llama(1)
+    assert "ngram" in NAMED_DRAFTERS
+    drafter = make_drafter("ngram", target, None, 128)
+    assert isinstance(drafter, NgramDrafter) and not drafter.provides_probs
+
+
+# -- end to end -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_greedy_equals_target_alone(tokenizer, adaptive):
+    target = tiny_llama(3)
+    engine = SpeculativeEngine(target, tokenizer, NgramDrafter(), SpeculativeConfig(adaptive=adaptive), max_len=256)
+    for text in ["the cat sat on the mat. the cat sat on the", "one two three one two three one"]:
+        prompt = tokenizer(text)["input_ids"]
+        params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+        spec = engine.generate(prompt, params)
+        alone = engine.generate(prompt, params, use_drafter=False)
+        assert spec.token_ids == alone.token_ids
+    assert engine.total.draft_tokens > 0  # the drafter did propose (untrained models repeat themselves)
+
+
+def test_sampling_uses_point_mass_verification(tokenizer, monkeypatch):
+    """Under sampling, the n-gram drafter's proposals are verified with q = None (a point mass)."""
+    import verispec.engine as engine_module
+
+    seen = []
+
+    def spy(draft, q, p, generator=None, extra=None):
+        seen.append((draft.shape[1], q))
+        return speculative_sample(draft, q, p, generator, extra)
+
+    monkeypatch.setattr(engine_module, "speculative_sample", spy)
+    engine = SpeculativeEngine(tiny_llama(3), tokenizer, NgramDrafter(), SpeculativeConfig(num_draft_tokens=3))
+    prompt = tokenizer("one two one two one two one")["input_ids"]
+    engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0, ignore_eos=True))
+    assert any(k > 0 for k, _ in seen)
+    assert all(q is None for _, q in seen)
+
+
+def test_sampled_first_token_follows_the_target(tokenizer):
+    """Level (b): with a draft proposed every time, the first sampled token still follows the target's p."""
+    from scipy.stats import chisquare
+
+    target = tiny_llama(4)
+    prompt = tokenizer("ab ab ab ab a")["input_ids"]
+    params = SamplingParams(max_new_tokens=2, temperature=1.5, ignore_eos=True)
+    engine = SpeculativeEngine(target, tokenizer, NgramDrafter(), SpeculativeConfig(num_draft_tokens=1))
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt])).logits[0, -1]
+    sampler = TokenSampler(params, logits.shape[-1], engine.eos_token_ids, prompt)
+    p = sampler.probs(sampler.process(logits.unsqueeze(0)))[0]  # [vocab]
+    runs = 400
+    counts = torch.zeros_like(p)
+    for seed in range(runs):
+        params_seeded = SamplingParams(max_new_tokens=2, temperature=1.5, ignore_eos=True, seed=seed)
+        result = engine.generate(prompt, params_seeded)
+        counts[result.token_ids[0]] += 1
+    assert engine.total.draft_tokens == runs  # the drafter proposed "b" in every run
+    # Chi-square over the likely tokens (expected count >= 5), the rest pooled.
+    likely = p * runs >= 5
+    observed = torch.cat([counts[likely], counts[~likely].sum().view(1)])
+    expected = torch.cat([p[likely] * runs, (p[~likely].sum() * runs).view(1)])
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    expected = expected * observed.sum() / expected.sum()
+    assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
