@@ -11,7 +11,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -31,8 +31,9 @@ from .protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    SpeculativeMetrics,
     SpeculativeOptions,
-    _SamplingFields,
+    SamplingFields,
 )
 from .responses import DONE, ResponseBuilder, speculative_metrics, sse, usage
 from .runtime import Prompt, ServedModel
@@ -63,7 +64,7 @@ class Server:
         if name is not None and name not in self.model_names:
             raise model_not_found(name, hint=f"this server serves `{self.model_id}` (see GET /v1/models)")
 
-    def sampling(self, body: _SamplingFields, max_tokens: int | None) -> SamplingParams:
+    def sampling(self, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
         if body.presence_penalty or body.frequency_penalty:
             param = "presence_penalty" if body.presence_penalty else "frequency_penalty"
             raise invalid(f"{param} is not supported; use repetition_penalty (1.0 is off).", param=param)
@@ -88,7 +89,8 @@ class Server:
             option = SpeculativeOptions(enabled=option)
         enabled = option.enabled
         if enabled is None:
-            enabled = self.config.enable_speculative or option.draft_tokens is not None or option.draft_model is not None
+            asked = option.draft_tokens is not None or option.draft_model is not None
+            enabled = self.config.enable_speculative or asked
         spec = self.config.spec
         if option.draft_tokens is not None:
             try:
@@ -100,7 +102,7 @@ class Server:
 
     # -- job -> response -----------------------------------------------------------------------------------------
 
-    async def handle(self, request: Request, body: _SamplingFields, chat: bool, prompts: list[Prompt],
+    async def handle(self, request: Request, body: SamplingFields, chat: bool, prompts: list[Prompt],
                      prompt_param: str, max_tokens: int | None) -> Response:
         arrival = request.state.arrival = time.perf_counter()
         self.check_model(body.model)
@@ -111,8 +113,10 @@ class Server:
         if not self.worker.alive:
             raise APIError(503, "The model worker is not running; restart the server.", type="server_error")
         handle = JobHandle(asyncio.get_running_loop())
-        self.worker.submit(Job(prompts, prompt_param, params, max_tokens, body.n, drafter is not None, spec, drafter,
-                               handle, arrival))
+        self.worker.submit(Job(
+            prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
+            speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, arrival=arrival,
+        ))
         try:
             first = await self._next(handle, request)
         except BaseException:
@@ -121,18 +125,27 @@ class Server:
         if isinstance(first, JobFailed):
             raise first.error
         assert isinstance(first, Started), first
-        builder = ResponseBuilder(chat, self.model_id)
-        count = len(prompts) * body.n
-        k = spec.num_draft_tokens if drafter is not None else None
+        drafter = drafter if first.speculative else None
+        reply = _Reply(
+            handle=handle, builder=ResponseBuilder(chat, self.model_id), count=len(prompts) * body.n,
+            prompt_tokens=first.prompt_tokens, drafter=drafter,
+            num_draft_tokens=spec.num_draft_tokens if drafter is not None else None,
+        )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
-            events = self._stream(request, handle, builder, count, first.prompt_tokens, drafter, k, include_usage)
-            return StreamingResponse(events, media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+            outcome = _Outcome()
+
+            def close() -> None:
+                handle.cancel()
+                self.metrics.count_request(request.url.path, outcome.status, time.perf_counter() - arrival)
+
+            return _JobStream(self._stream(reply, include_usage, outcome), on_close=close)
         try:
-            return await self._collect(request, handle, builder, count, first.prompt_tokens, drafter, k)
+            response = await self._collect(request, reply)
         finally:
-            handle.cancel()  # a no-op once the job is done; stops it when this handler was cancelled
+            handle.cancel()  # a no-op once the job is done; stops it when this handler fails or is cancelled
+        self.metrics.count_request(request.url.path, 200, time.perf_counter() - arrival)
+        return JSONResponse(response.model_dump(mode="json"))
 
     async def _next(self, handle: JobHandle, request: Request):
         """The job's next event; gives up (and cancels the job) once the client has disconnected."""
@@ -144,13 +157,12 @@ class Server:
                     handle.cancel()
                     raise APIError(CLIENT_GONE, "The client closed the request.") from None
 
-    async def _collect(self, request: Request, handle: JobHandle, builder: ResponseBuilder, count: int,
-                       prompt_tokens: int, drafter: str | None, k: int | None) -> Response:
-        texts: list[list[str]] = [[] for _ in range(count)]
-        finish_reasons = ["length"] * count
+    async def _collect(self, request: Request, reply: _Reply) -> ChatCompletion | Completion:
+        texts: list[list[str]] = [[] for _ in range(reply.count)]
+        finish_reasons = ["length"] * reply.count
         total = GenerationStats()
         while True:
-            event = await self._next(handle, request)
+            event = await self._next(reply.handle, request)
             if isinstance(event, TextDelta):
                 texts[event.index].append(event.text)
             elif isinstance(event, ChoiceDone):
@@ -160,47 +172,72 @@ class Server:
                 raise event.error
             elif isinstance(event, JobDone):
                 break
-        body = builder.response(["".join(t) for t in texts], finish_reasons,
-                                usage(prompt_tokens, total.generated_tokens), speculative_metrics(total, drafter, k))
-        self.metrics.count_request(request.url.path, 200, time.perf_counter() - request.state.arrival)
-        return JSONResponse(body.model_dump(mode="json"))
+        return reply.builder.response(["".join(t) for t in texts], finish_reasons,
+                                      usage(reply.prompt_tokens, total.generated_tokens), reply.metrics(total))
 
-    async def _stream(self, request: Request, handle: JobHandle, builder: ResponseBuilder, count: int,
-                      prompt_tokens: int, drafter: str | None, k: int | None, include_usage: bool) -> AsyncIterator[str]:
+    async def _stream(self, reply: _Reply, include_usage: bool, outcome: _Outcome) -> AsyncIterator[str]:
         """SSE: role chunks (chat), a chunk per round that produced text, a finish chunk per choice, the usage
-        chunk when asked for, `[DONE]`. When the client disconnects, Starlette cancels this generator and the
-        `finally` stops the job at its next round."""
-        status = CLIENT_GONE
-        try:
-            if builder.chat:
-                for index in range(count):
-                    yield builder.role_chunk(index)
-            total = GenerationStats()
-            while True:
-                event = await handle.events.get()
-                if isinstance(event, TextDelta):
-                    yield builder.text_chunk(event.index, event.text)
-                elif isinstance(event, ChoiceDone):
-                    total.merge(event.stats)
-                    yield builder.finish_chunk(event.index, event.finish_reason,
-                                               speculative_metrics(event.stats, drafter, k))
-                elif isinstance(event, JobFailed):
-                    status = event.error.status
-                    yield sse(event.error.body())
-                    break
-                elif isinstance(event, JobDone):
-                    status = 200
-                    if include_usage:
-                        yield builder.usage_chunk(usage(prompt_tokens, total.generated_tokens),
-                                                  speculative_metrics(total, drafter, k))
-                    break
-            yield DONE
-        finally:
-            handle.cancel()
-            self.metrics.count_request(request.url.path, status, time.perf_counter() - request.state.arrival)
+        chunk when asked for, `[DONE]`."""
+        builder = reply.builder
+        if builder.chat:
+            for index in range(reply.count):
+                yield builder.role_chunk(index)
+        total = GenerationStats()
+        while True:
+            event = await reply.handle.events.get()
+            if isinstance(event, TextDelta):
+                yield builder.text_chunk(event.index, event.text)
+            elif isinstance(event, ChoiceDone):
+                total.merge(event.stats)
+                yield builder.finish_chunk(event.index, event.finish_reason, reply.metrics(event.stats))
+            elif isinstance(event, JobFailed):
+                outcome.status = event.error.status
+                yield sse(event.error.body())
+                break
+            elif isinstance(event, JobDone):
+                outcome.status = 200
+                if include_usage:
+                    yield builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens), reply.metrics(total))
+                break
+        yield DONE
 
     def model_card(self) -> ModelCard:
         return ModelCard(id=self.model_id, created=self.created, max_model_len=self.config.max_len)
+
+
+@dataclass
+class _Reply:
+    """What turning one job's events into a response needs."""
+
+    handle: JobHandle
+    builder: ResponseBuilder
+    count: int  # choices: prompts times n
+    prompt_tokens: int
+    drafter: str | None  # None: the target alone
+    num_draft_tokens: int | None
+
+    def metrics(self, stats: GenerationStats) -> SpeculativeMetrics:
+        return speculative_metrics(stats, self.drafter, self.num_draft_tokens)
+
+
+class _Outcome:
+    status = CLIENT_GONE  # until the stream's last event says otherwise
+
+
+class _JobStream(StreamingResponse):
+    """A job's event stream. However it ends (last event, client disconnect, shutdown, or before it began),
+    `on_close` runs: it stops the job at its next round and counts the request."""
+
+    def __init__(self, events: AsyncIterator[str], on_close) -> None:
+        super().__init__(events, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 def _chat_messages(body: ChatCompletionRequest) -> list[dict]:

@@ -34,7 +34,7 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _SamplingFields(_Request):
+class SamplingFields(_Request):
     """Fields shared by chat and completion requests."""
 
     model: str | None = None
@@ -47,7 +47,7 @@ class _SamplingFields(_Request):
     repetition_penalty: float = Field(default=1.0, gt=0)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI; choice i uses seed + i
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     min_tokens: int = Field(default=0, ge=0)
@@ -76,13 +76,13 @@ class ChatMessage(_Request):
         return "".join(part.text for part in self.content)
 
 
-class ChatCompletionRequest(_SamplingFields):
+class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
 
 
-class CompletionRequest(_SamplingFields):
+class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = None
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions

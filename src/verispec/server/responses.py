@@ -25,7 +25,8 @@ from .protocol import (
 DONE = "data: [DONE]\n\n"
 
 
-def speculative_metrics(stats: GenerationStats, draft_model: str | None, num_draft_tokens: int | None) -> SpeculativeMetrics:
+def speculative_metrics(stats: GenerationStats, draft_model: str | None,
+                        num_draft_tokens: int | None) -> SpeculativeMetrics:
     """`stats` of one choice or of all (merged); `draft_model` None when the request ran on the target alone."""
     return SpeculativeMetrics(
         enabled=draft_model is not None,

@@ -96,7 +96,7 @@ class ServedModel:
                           param="messages")
         try:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        except Exception as exc:  # noqa: BLE001 - jinja raises TemplateError (or anything) for a conversation it refuses
+        except Exception as exc:  # noqa: BLE001 - a template may raise anything (jinja's TemplateError, ...)
             raise invalid(f"The chat template rejected these messages: {exc}", param="messages") from exc
         # The template already wrote any BOS it wants; adding special tokens again would double it.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])

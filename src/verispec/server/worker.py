@@ -33,6 +33,7 @@ class Started:
     """The request passed every check that needs the tokenizer; generation begins."""
 
     prompt_tokens: int  # all prompts of the request, each counted once
+    speculative: bool  # a drafter was found for the request (a named drafter may also resolve to none)
 
 
 @dataclass
@@ -187,7 +188,7 @@ class EngineWorker:
             served.check_request(len(ids), params, job.prompt_param)
             plans.append((ids, params))
         drafter = served.drafter(job.drafter_name) if job.speculative else None
-        job.handle.put(Started(sum(len(ids) for ids in prompts)))
+        job.handle.put(Started(sum(len(ids) for ids in prompts), drafter is not None))
         for index, (ids, params) in enumerate(plans):
             if not self._generate(job, index, ids, params, drafter):
                 return
