@@ -88,11 +88,22 @@ def warn_if_lossy(args: argparse.Namespace) -> None:
               "LOSSY: the output no longer follows the target model's distribution", file=sys.stderr)
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time of the record (as logging's last-resort handler does)."""
+
+    def __init__(self) -> None:
+        logging.Handler.__init__(self)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+
 def setup_logging() -> None:
     """Show the library's warnings (drafter fallbacks, memory checks) on stderr, once."""
     logger = logging.getLogger("verispec")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("verispec: %(levelname)s: %(message)s"))
         logger.addHandler(handler)
         logger.setLevel(logging.INFO if logger.level == logging.NOTSET else logger.level)

@@ -1,0 +1,236 @@
+"""Adaptive draft length: the estimates, the K = 0 / K = max decisions, probing, and the engine wiring."""
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from verispec.adaptive import AdaptivePolicy
+from verispec.config import SamplingParams, SpeculativeConfig
+from verispec.drafters.base import DraftRequest
+from verispec.drafters.factory import make_drafter
+from verispec.drafters.model import ModelDrafter
+from verispec.drafters.random import RandomDrafter
+from verispec.engine import FixedK, SpeculativeEngine
+from verispec.sampling import TokenSampler
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
+    yield
+    torch.set_num_threads(before)
+
+
+class FixedAlpha(AdaptivePolicy):
+    """A policy whose acceptance estimates are given by hand."""
+
+    def __init__(self, alpha, **kwargs):
+        super().__init__(len(alpha), **kwargs)
+        self._alpha = list(alpha)
+
+    @property
+    def alpha(self):
+        return self._alpha
+
+
+def feed(policy, rounds, k, accepted, draft_s_per_token, verify_s):
+    """Hand-fed rounds; `verify_s(width)` gives the verify time of each width."""
+    for _ in range(rounds):
+        policy.record(k, accepted, k * draft_s_per_token, verify_s(k + 1))
+
+
+def flat(width):
+    return 0.010  # a memory-bound target: every width costs the same
+
+
+def linear(width):
+    return 0.010 * (1 + 0.1 * (width - 1))
+
+
+# -- the model --------------------------------------------------------------------------------------------------
+
+
+def test_expected_committed_by_hand():
+    policy = FixedAlpha([0.5, 0.5, 0.8])
+    assert policy.expected_committed(0) == 1.0
+    assert policy.expected_committed(1) == pytest.approx(1.5)
+    assert policy.expected_committed(2) == pytest.approx(1.75)
+    assert policy.expected_committed(3) == pytest.approx(1.75 + 0.25 * 0.8)
+
+
+def test_expected_cost_and_rates():
+    policy = FixedAlpha([0.5, 0.5])
+    assert policy.rates() is None and policy.expected_cost(1) is None  # nothing measured yet
+    for k in (0, 1, 2):  # the first sample of every timing is a dropped warm-up
+        feed(policy, 2, k, 0, 0.002, linear)
+    assert policy.verify_cost(3) == pytest.approx(linear(3))
+    assert policy.expected_cost(2) == pytest.approx(2 * 0.002 + linear(3))
+    assert policy.rates()[1] == pytest.approx(1.5 / (0.002 + linear(2)))
+
+
+def test_alpha_counts_only_examined_positions_with_chained_prior():
+    policy = AdaptivePolicy(4, prior_acceptance=0.6, prior_weight=1.0, decay=1.0)
+    policy.record(4, 1, 0.0, 0.01)  # position 1 accepted, position 2 rejected, 3 and 4 never examined
+    alpha = policy.alpha
+    assert alpha[0] == pytest.approx((1 + 0.6) / 2)
+    assert alpha[1] == pytest.approx((0 + alpha[0]) / 2)
+    assert alpha[2] == pytest.approx(alpha[1])  # no data: the prior is the estimate one position earlier
+    assert alpha[3] == pytest.approx(alpha[1])
+
+
+def test_verify_curve_is_fitted_and_never_decreasing():
+    policy = AdaptivePolicy(8)
+    for width, cost in ((1, 0.010), (3, 0.008), (5, 0.014)):  # width 3 measured cheaper than width 1: noise
+        for _ in range(2):
+            policy.record(width - 1, 0, 0.0, cost)
+    curve = [policy.verify_cost(w) for w in range(1, 10)]
+    assert curve[0] == pytest.approx(0.010)
+    assert curve == sorted(curve)
+    assert curve[8] > curve[4]  # extrapolated from the fitted slope
+
+
+def test_one_outlier_barely_moves_a_timing():
+    policy = AdaptivePolicy(4)
+    feed(policy, 10, 0, 0, 0.0, flat)
+    policy.record(0, 0, 0.0, 5.0)  # one stall of a busy machine: 500 times the usual
+    assert policy.verify_cost(1) < 2 * flat(1)
+
+
+# -- decisions --------------------------------------------------------------------------------------------------
+
+
+def test_always_rejecting_expensive_drafter_chooses_k0():
+    policy = AdaptivePolicy(8, initial_k=4)
+    feed(policy, 30, 4, 0, 0.004, linear)  # every draft rejected at position 1; a draft step costs 40% of verify
+    feed(policy, 5, 0, 0, 0.0, linear)
+    assert policy.best_k() == 0
+    assert policy.expected_committed(8) < 1.05
+
+
+def test_always_rejecting_cheap_drafter_chooses_k0_even_when_verify_looks_free():
+    # A free drafter and a flat verify cost: the only thing that could favour K >= 1 is noise in the timings.
+    policy = AdaptivePolicy(8, initial_k=4)
+    feed(policy, 60, 4, 0, 1e-6, lambda w: 0.010 if w > 1 else 0.011)  # width 1 measured *slower*
+    feed(policy, 5, 0, 0, 0.0, lambda w: 0.011)
+    assert policy.best_k() == 0
+
+
+def test_perfect_cheap_drafter_chooses_max():
+    policy = AdaptivePolicy(8, initial_k=4)
+    feed(policy, 40, 8, 8, 1e-5, linear)  # everything accepted; draft steps cost 0.1% of a verify pass
+    feed(policy, 5, 0, 0, 0.0, linear)
+    assert policy.best_k() == 8
+    assert policy.choose() == 8
+
+
+def test_good_drafter_with_slow_steps_picks_a_middle_k():
+    policy = FixedAlpha([0.8] * 8)
+    for k in range(9):
+        feed(policy, 2, k, 0, 0.003, linear)  # a draft step costs 30% of a verify pass
+    assert 1 <= policy.best_k() < 8
+
+
+def test_warm_up_then_decisions():
+    policy = AdaptivePolicy(8, initial_k=3)
+    assert policy.choose() == 3
+    policy.record(3, 3, 0.003, 0.012)  # warm-up samples are dropped
+    assert policy.choose() == 3
+    policy.record(3, 3, 0.003, 0.012)
+    assert policy.choose() == 0  # one plain round to time c_verify(1) (its first sample dropped, so twice)
+    policy.record(0, 0, 0.0, 0.010)
+    assert policy.choose() == 0
+    policy.record(0, 0, 0.0, 0.010)
+    assert policy.rates() is not None
+
+
+def test_probes_while_k0_with_back_off_and_recovery():
+    policy = AdaptivePolicy(4, initial_k=4, probe_every=4, max_probe_every=16)
+    feed(policy, 40, 4, 0, 0.004, linear)
+    feed(policy, 3, 0, 0, 0.0, linear)
+    choices = []
+    for _ in range(60):
+        k = policy.choose()
+        choices.append(k)
+        policy.record(k, 0, k * 0.004, linear(k + 1))
+    probes = [i for i, k in enumerate(choices) if k > 0]
+    assert probes[:4] == [3, 11, 27, 43]  # after 4, then 8, then 16 (capped) plain rounds
+    # The text becomes predictable: probes are accepted in full, and the policy switches speculation back on.
+    for _ in range(400):
+        k = policy.choose()
+        policy.record(k, k, k * 0.0005, linear(k + 1))
+        if k > 0 and policy.best_k() > 0:
+            break
+    assert policy.best_k() > 0
+
+
+# -- engine wiring ----------------------------------------------------------------------------------------------
+
+
+def test_engine_keeps_one_policy_per_drafter(tokenizer):
+    target = tiny_llama(1)
+    drafter = RandomDrafter(target.config.vocab_size)
+    engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(adaptive=True, max_speculation_depth=6))
+    policy = engine.draft_policy(engine.spec)
+    assert isinstance(policy, AdaptivePolicy) and policy.max_depth == 6
+    assert engine.draft_policy(engine.spec) is policy
+    other = RandomDrafter(target.config.vocab_size)
+    assert engine.draft_policy(engine.spec, other) is not policy
+    assert isinstance(engine.draft_policy(SpeculativeConfig(adaptive=False)), FixedK)
+    engine.generate(tokenizer("the cat")["input_ids"], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    assert policy.rounds > 0  # the engine recorded its rounds into the shared policy
+
+
+def test_random_drafter_is_switched_off_and_output_unchanged(tokenizer):
+    target = tiny_llama(2)
+    drafter = make_drafter("random", target, tokenizer, 512)
+    assert isinstance(drafter, RandomDrafter)
+    engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(adaptive=True), max_len=256)
+    params = SamplingParams(max_new_tokens=50, ignore_eos=True)
+    prompt = tokenizer("Paris is the capital of")["input_ids"]
+    alone = engine.generate(prompt, params, use_drafter=False).token_ids
+    policy = engine.draft_policy(engine.spec)
+    for _ in range(3):
+        before = list(policy.chosen)
+        assert engine.generate(prompt, params).token_ids == alone
+    last = [after - b for after, b in zip(policy.chosen, before)]
+    assert last[0] >= 0.75 * sum(last)  # by the third request, plain rounds except for the occasional probe
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_model_drafter_greedy_equality(tokenizer, adaptive):
+    target, draft = tiny_llama(5), tiny_llama(6, layers=1)
+    spec = SpeculativeConfig(adaptive=adaptive, speculative_threshold=0.5)
+    engine = SpeculativeEngine(target, tokenizer, ModelDrafter(draft, 400), spec, max_len=256)
+    prompt = tokenizer("one two three")["input_ids"]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    alone = engine.generate(prompt, params, use_drafter=False).token_ids
+    for _ in range(2):
+        assert engine.generate(prompt, params).token_ids == alone
+
+
+def test_threshold_stops_drafting_early(tokenizer):
+    draft = tiny_llama(6, layers=1)  # untrained: its top probability is far below 0.99
+    drafter = ModelDrafter(draft, 128)
+    prompt = torch.tensor(tokenizer("the cat sat")["input_ids"])
+    drafter.begin(prompt)
+    sampler = TokenSampler(SamplingParams(), draft.config.vocab_size, [], prompt.tolist())
+    assert drafter.propose(DraftRequest(prompt, 5, sampler, threshold=0.99)).token_ids.numel() == 1
+    drafter.begin(prompt)
+    assert drafter.propose(DraftRequest(prompt, 5, sampler, threshold=0.0)).token_ids.numel() == 5
+
+
+def test_cli_flags_build_the_config():
+    import argparse
+
+    from verispec.cli.common import add_model_args, add_speculation_args, spec_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_model_args(parser)
+    add_speculation_args(parser)
+    defaults = SpeculativeConfig(**spec_kwargs(parser.parse_args([])))
+    assert defaults.adaptive and defaults.speculative_threshold == 0.8 and defaults.lossless
+    assert SpeculativeConfig().speculative_threshold == 0.0  # off at the library level
+    args = parser.parse_args(["--no-adaptive", "--max-speculation-depth", "5", "--speculative-threshold", "0"])
+    config = SpeculativeConfig(**spec_kwargs(args))
+    assert not config.adaptive and config.max_speculation_depth == 5 and config.speculative_threshold == 0.0

@@ -1,0 +1,79 @@
+"""The draft memory check: sizes from headers and configs (nothing loaded), free memory, and the verdict."""
+
+import sys
+
+import pytest
+import torch
+
+from conftest import tiny_gpt2, tiny_llama
+from verispec import memory
+from verispec.memory import check_draft_memory, free_memory_bytes, kv_cache_bytes, weights_bytes
+
+
+def unique_param_bytes(model, bytes_per_element=4):
+    return bytes_per_element * sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("memory-models")
+    models = {"llama": tiny_llama(40), "gpt2": tiny_gpt2(41)}  # gpt2 ties its input and output embeddings
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+    return root, models
+
+
+def test_kv_cache_bytes_by_hand():
+    llama = tiny_llama(1).config  # 2 layers, 4 heads, 2 kv heads, hidden 32 -> head_dim 8
+    assert kv_cache_bytes(llama, 100) == 2 * 2 * 2 * 8 * 100 * 4
+    assert kv_cache_bytes(llama, 100, torch.bfloat16) == 2 * 2 * 2 * 8 * 100 * 2
+    gpt2 = tiny_gpt2(1).config  # no kv heads: every head keeps keys and values
+    assert kv_cache_bytes(gpt2, 10) == 2 * 2 * 4 * 8 * 10 * 4
+
+
+def test_weights_bytes_from_safetensors_headers(saved):
+    root, models = saved
+    for name, model in models.items():
+        assert weights_bytes(root / name) == unique_param_bytes(model)
+        assert weights_bytes(root / name, torch.bfloat16) == unique_param_bytes(model, 2)
+    assert weights_bytes(root / "missing") is None
+    (root / "no_weights").mkdir(exist_ok=True)
+    assert weights_bytes(root / "no_weights") is None
+
+
+def test_free_memory_host_psutil_and_proc_meminfo(monkeypatch):
+    measured = free_memory_bytes("cpu")
+    assert isinstance(measured, int) and measured > 0
+    monkeypatch.setitem(sys.modules, "psutil", None)  # `import psutil` now raises ImportError
+    from_proc = free_memory_bytes("cpu")
+    assert isinstance(from_proc, int) and from_proc > 0
+
+
+def test_free_memory_gpu_uses_mem_get_info(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (3 * 2**30, 80 * 2**30))
+    assert free_memory_bytes("cuda") == 3 * 2**30
+    assert free_memory_bytes("cuda:0") == 3 * 2**30
+
+
+def test_check_draft_memory_verdicts(saved, monkeypatch):
+    root, models = saved
+    draft, target = models["gpt2"].config, models["llama"].config
+    need = unique_param_bytes(models["gpt2"]) + kv_cache_bytes(draft, 512) + kv_cache_bytes(target, 512)
+    fits = check_draft_memory(root / "gpt2", draft, target, 512, free_bytes=2 * need)
+    assert fits.fits and fits.needed_bytes == need
+    short = check_draft_memory(root / "gpt2", draft, target, 512, free_bytes=need)  # no headroom left
+    assert not short.fits and "needs" in str(short) and "host memory is free" in str(short)
+    # the target not loaded yet: its weights count too
+    both = check_draft_memory(root / "gpt2", draft, target, 512, free_bytes=2 * need, target_path=root / "llama")
+    assert both.needed_bytes == need + unique_param_bytes(models["llama"])
+    # measured free memory, mocked: a GPU with 1 KiB free
+    monkeypatch.setattr(memory, "free_memory_bytes", lambda device: 1024)
+    gpu = check_draft_memory(root / "gpt2", draft, target, 512, device="cuda")
+    assert not gpu.fits and "GPU memory" in gpu.detail
+
+
+def test_unknown_sizes_do_not_block(saved):
+    root, models = saved
+    config = models["llama"].config
+    unknown = check_draft_memory(root / "no_weights_here", config, config, 512, free_bytes=1)
+    assert unknown.fits and "skipped" in unknown.detail
