@@ -1,0 +1,128 @@
+"""`verispec distill`: train a small draft model for a target by distillation on the target's own answers."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from pathlib import Path
+
+from . import CliError
+
+
+def _defaults():
+    from ..distill.recipe import DistillRecipe
+
+    return {f.name: f.default if not callable(f.default_factory) else f.default_factory()
+            for f in fields(DistillRecipe)}
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def add_parser(subparsers) -> None:
+    from ..models import DEFAULT_TARGET
+
+    d = _defaults()
+    p = subparsers.add_parser(
+        "distill", help="train a draft model for a target by knowledge distillation",
+        description="Train a small draft model (a Llama sharing the target's tokenizer) on the target's own greedy "
+                    "answers to offline-built prompts, and write it as a Hugging Face folder.")
+    p.add_argument("--target", default=DEFAULT_TARGET,
+                   help=f"target model: folder, .gguf file, cached hub id, or {DEFAULT_TARGET!r} (default)")
+    p.add_argument("--out", required=True, type=Path, help="folder to write the draft model to")
+    p.add_argument("--work-dir", type=Path, default=None,
+                   help="folder for teacher data and checkpoints (default: OUT.work beside OUT)")
+    p.add_argument("--resume", action="store_true", help="continue the run in the work folder")
+    g = p.add_argument_group("teacher data")
+    g.add_argument("--corpus", nargs="+", default=d["corpus"], metavar="SOURCE",
+                   help="prompt sources: 'builtin' (templated prompts in the Spec-Bench domains) and/or .txt files "
+                        "(one prompt per line) / .jsonl files (text, prompt or turns) (default: builtin)")
+    g.add_argument("--tokens", type=_positive_int, default=d["tokens"],
+                   help=f"target answer tokens to generate (default {d['tokens']})")
+    g.add_argument("--max-new-tokens", type=_positive_int, default=d["max_new_tokens"],
+                   help=f"longest target answer (default {d['max_new_tokens']})")
+    g.add_argument("--documents", type=_non_negative_int, default=d["documents"],
+                   help=f"documents the target writes as material for summarisation/retrieval prompts "
+                        f"(default {d['documents']})")
+    g.add_argument("--gen-batch-size", type=_positive_int, default=d["gen_batch_size"],
+                   help=f"prompts per generation batch (default {d['gen_batch_size']})")
+    g = p.add_argument_group("draft model")
+    g.add_argument("--hidden-size", type=_positive_int, default=d["hidden_size"])
+    g.add_argument("--layers", type=_positive_int, default=d["num_layers"])
+    g.add_argument("--intermediate-size", type=_positive_int, default=d["intermediate_size"])
+    g.add_argument("--heads", type=_positive_int, default=d["num_heads"])
+    g.add_argument("--kv-heads", type=_positive_int, default=d["num_kv_heads"])
+    g.add_argument("--storage-dtype", choices=["float16", "bfloat16", "float32"], default=d["storage_dtype"],
+                   help=f"dtype of the written weights (default {d['storage_dtype']})")
+    g = p.add_argument_group("training")
+    g.add_argument("--steps", type=_positive_int, default=d["steps"], help=f"optimiser steps (default {d['steps']})")
+    g.add_argument("--lr", type=float, default=d["lr"], help=f"peak learning rate (default {d['lr']})")
+    g.add_argument("--batch-tokens", type=_positive_int, default=d["batch_tokens"],
+                   help=f"padded tokens per batch (default {d['batch_tokens']})")
+    g.add_argument("--max-length", type=_positive_int, default=d["max_length"],
+                   help=f"longest training sequence (default {d['max_length']})")
+    g.add_argument("--kd-weight", type=float, default=d["kd_weight"],
+                   help=f"weight of the soft top-k loss against the greedy-token loss (default {d['kd_weight']})")
+    g.add_argument("--seed", type=int, default=d["seed"])
+    g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    g = p.add_argument_group("evaluation")
+    g.add_argument("--eval-data", type=Path, default=None,
+                   help="Spec-Bench style JSONL for the final evaluation (default: shared/data/spec_bench_dev.jsonl "
+                        "if found)")
+    g.add_argument("--eval-prompts", type=_non_negative_int, default=d["eval_prompts"],
+                   help=f"first turns to evaluate on, 0 to skip (default {d['eval_prompts']})")
+    g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ..distill.pipeline import DistillError, run_distill
+    from ..distill.recipe import DistillRecipe
+    from ..models import ModelLoadError, resolve_model_path
+
+    try:
+        recipe = DistillRecipe(
+            target=str(args.target), corpus=[str(c) for c in args.corpus], seed=args.seed, tokens=args.tokens,
+            max_new_tokens=args.max_new_tokens, documents=args.documents, gen_batch_size=args.gen_batch_size,
+            hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size,
+            num_heads=args.heads, num_kv_heads=args.kv_heads, steps=args.steps, lr=args.lr,
+            batch_tokens=args.batch_tokens, max_length=args.max_length, kd_weight=args.kd_weight,
+            storage_dtype=args.storage_dtype, eval_prompts=args.eval_prompts)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    for source in recipe.corpus:
+        if source != "builtin" and not Path(source).is_file():
+            raise CliError(f"corpus file {source} does not exist: pass 'builtin' or a .txt/.jsonl prompt file")
+    try:
+        resolve_model_path(recipe.target)
+    except ModelLoadError as exc:
+        raise CliError(str(exc)) from None
+    eval_data = args.eval_data
+    if eval_data is None and recipe.eval_prompts:
+        from ..bench.prompts import default_prompts_path
+
+        eval_data = default_prompts_path()
+    elif eval_data is not None and not eval_data.is_file():
+        raise CliError(f"evaluation prompts file {eval_data} does not exist")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    work_dir = args.work_dir or args.out.with_name(args.out.name + ".work")
+    try:
+        run_distill(recipe, args.out, work_dir, resume=args.resume, eval_data=eval_data,
+                    progress=not args.no_progress)
+    except (DistillError, ModelLoadError) as exc:
+        raise CliError(str(exc)) from None
+    return 0

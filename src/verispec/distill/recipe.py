@@ -1,0 +1,73 @@
+"""`DistillRecipe`: every setting of a `verispec distill` run, validated; written to `distill_recipe.json`."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+STORAGE_DTYPES = ("float16", "bfloat16", "float32")
+
+
+@dataclass
+class DistillRecipe:
+    """Settings of one distillation run (data, draft shape, training, evaluation)."""
+
+    target: str  # target model: folder, .gguf file, cached hub id, or the default target's name
+    corpus: list[str] = field(default_factory=lambda: ["builtin"])  # "builtin" and/or prompt files (.txt/.jsonl)
+    seed: int = 0  # seeds prompts, documents, initialisation and batch order
+    # --- teacher data
+    tokens: int = 300_000  # budget of target answer tokens to generate (greedy)
+    max_new_tokens: int = 160  # longest target answer per prompt
+    documents: int = 160  # articles/passages the target writes (sampled) as material to summarise and retrieve
+    document_tokens: int = 320  # longest such document
+    document_temperature: float = 0.8
+    topk: int = 8  # target log-probs kept per answer token, for the soft loss
+    gen_batch_size: int = 48  # prompts per generation batch
+    gen_batch_tokens: int = 16_384  # padded prompt tokens per generation batch
+    # --- draft shape (a Llama with the target's vocabulary and tied embeddings)
+    hidden_size: int = 128
+    num_layers: int = 4
+    intermediate_size: int = 512
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    max_positions: int = 8192
+    # --- training
+    steps: int = 3000
+    lr: float = 2e-3
+    batch_tokens: int = 8192  # padded tokens per training batch
+    max_length: int = 1024  # longest training sequence (prompt end + answer)
+    kd_weight: float = 0.5  # weight of the soft top-k term against the hard greedy-token term
+    weight_decay: float = 0.01
+    train_bf16: bool = True  # bf16 autocast for training matmuls (fp32 master weights)
+    storage_dtype: str = "float16"  # dtype of the written safetensors
+    # --- evaluation
+    eval_prompts: int = 40  # benchmark first turns to evaluate on (0 = skip)
+    eval_max_new_tokens: int = 128
+    eval_k: int = 4
+
+    def __post_init__(self):
+        positive = ["tokens", "max_new_tokens", "document_tokens", "topk", "gen_batch_size", "gen_batch_tokens",
+                    "hidden_size", "num_layers", "intermediate_size", "num_heads", "num_kv_heads", "max_positions",
+                    "steps", "batch_tokens", "max_length", "eval_max_new_tokens", "eval_k"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        for name in ("documents", "eval_prompts"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden-size {self.hidden_size} must be divisible by num-heads {self.num_heads}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num-heads {self.num_heads} must be divisible by num-kv-heads {self.num_kv_heads}")
+        if not 0.0 <= self.kd_weight <= 1.0:
+            raise ValueError(f"kd-weight must be in [0, 1], got {self.kd_weight}")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.storage_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"storage dtype must be one of {STORAGE_DTYPES}, got {self.storage_dtype!r}")
+        if self.max_length <= self.max_new_tokens:
+            raise ValueError(f"max-length {self.max_length} must exceed max-new-tokens {self.max_new_tokens}")
+        if not self.corpus:
+            raise ValueError("corpus must name at least one source ('builtin' or a prompt file)")
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,145 @@
+"""`verispec distill` end to end on a tiny target, its errors, and the exact offline acceptance evaluator."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_tokenizer, tiny_llama
+
+from verispec.cli import main
+from verispec.distill.evaluate import RoundStats, draft_matches, evaluate_draft, greedy_rounds
+from verispec.models import load_model
+
+# --- the evaluator: hand-built cases ----------------------------------------------------------------------------
+
+
+def test_identical_draft_commits_k_plus_one_per_round():
+    stats = greedy_rounds([True] * 20, k=4)
+    assert stats.rounds == 4
+    assert stats.mean_accepted_length == 5.0
+    assert stats.position_agreement == [1.0, 1.0, 1.0, 1.0]
+
+
+def test_useless_draft_commits_one_per_round():
+    stats = greedy_rounds([False] * 7, k=4)
+    assert (stats.rounds, stats.committed) == (7, 7)
+    assert stats.mean_accepted_length == 1.0
+    assert stats.reached == [7, 0, 0, 0]
+    assert stats.acceptance_rate == 0.0
+
+
+def test_mixed_rounds_by_hand():
+    # round 1 at 0: T T F -> accepts 2, commits 3 (position 2 is the recovered token)
+    # round 2 at 3: F -> commits 1
+    # round 3 at 4: T T T T -> accepts 4, commits 5 (bonus at position 8)
+    # round 4 at 9: T, end of continuation -> commits the 1 token left
+    match = [True, True, False, False, True, True, True, True, False, True]
+    stats = greedy_rounds(match, k=4)
+    assert stats.rounds == 4
+    assert stats.committed == len(match)
+    assert stats.mean_accepted_length == pytest.approx(10 / 4)
+    assert stats.reached == [4, 2, 2, 1]
+    assert stats.accepted == [3, 2, 1, 1]
+    assert stats.position_agreement == pytest.approx([0.75, 1.0, 0.5, 1.0])
+
+
+def test_merge_adds_counts():
+    a, b = greedy_rounds([True] * 5, k=2), greedy_rounds([False] * 2, k=2)
+    a.merge(b)
+    assert isinstance(a, RoundStats)
+    assert (a.rounds, a.committed) == (4, 7)
+
+
+def test_draft_equal_to_target_matches_its_greedy_continuation():
+    target = tiny_llama(seed=1)
+    prompt = [5, 9, 11, 3]
+    with torch.no_grad():
+        out = target.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, eos_token_id=None)
+    continuation = out[0, len(prompt):].tolist()
+    assert bool(draft_matches(target, prompt, continuation).all())
+    result = evaluate_draft(target, [(prompt, continuation)], ["demo"], k=4)
+    assert result["overall"].mean_accepted_length == pytest.approx(12 / 3)  # rounds of 5, 5, then the last 2
+    assert result["_agreement"] == 1.0
+    other = tiny_llama(seed=2)
+    assert evaluate_draft(other, [(prompt, continuation)], ["demo"], k=4)["overall"].mean_accepted_length < 4
+
+
+# --- the CLI on a tiny target -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny_setup(tmp_path):
+    target_dir = tmp_path / "target"
+    tiny_llama(seed=0).save_pretrained(target_dir)
+    make_tokenizer().save_pretrained(target_dir)
+    corpus = tmp_path / "prompts.txt"
+    corpus.write_text("the cat sat on\nname a capital city\none two three\nParis is the capital of\n")
+    eval_data = tmp_path / "eval.jsonl"
+    eval_data.write_text("".join(json.dumps({"category": c, "turns": [t]}) + "\n"
+                                 for c, t in [("qa", "what is a dog"), ("writing", "write a line")]))
+    return tmp_path, target_dir, corpus, eval_data
+
+
+def _argv(tmp_path, target_dir, corpus, eval_data, steps):
+    return ["distill", "--target", str(target_dir), "--out", str(tmp_path / "draft"), "--corpus", str(corpus),
+            "--tokens", "40", "--max-new-tokens", "6", "--steps", str(steps), "--hidden-size", "16",
+            "--layers", "1", "--intermediate-size", "32", "--heads", "2", "--kv-heads", "1", "--max-length", "64",
+            "--batch-tokens", "128", "--eval-data", str(eval_data), "--eval-prompts", "2", "--no-progress"]
+
+
+def test_cli_distills_a_loadable_draft_and_resumes(tiny_setup, capsys):
+    tmp_path, target_dir, corpus, eval_data = tiny_setup
+    assert main(_argv(tmp_path, target_dir, corpus, eval_data, steps=3)) == 0
+    out = tmp_path / "draft"
+    for name in ("config.json", "model.safetensors", "generation_config.json", "tokenizer.json",
+                 "distill_recipe.json"):
+        assert (out / name).is_file(), name
+    draft = load_model(out)
+    assert draft.config.vocab_size == tiny_llama(seed=0).config.vocab_size
+    assert draft.config.hidden_size == 16
+    report = json.loads((out / "distill_recipe.json").read_text())
+    assert report["settings"]["steps"] == 3
+    assert report["settings"]["storage_dtype"] == "float16"
+    assert "overall" in report["evaluation"]
+    assert "mean accepted length" in capsys.readouterr().out
+    work = tmp_path / "draft.work"
+    assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 3
+    answers = sorted((work / "answers").iterdir())
+    stamps = [p.stat().st_mtime_ns for p in answers]
+
+    # Resuming with more steps continues from the checkpoint and reuses the teacher data.
+    assert main(_argv(tmp_path, target_dir, corpus, eval_data, steps=5) + ["--resume"]) == 0
+    assert torch.load(work / "checkpoint.pt", weights_only=False)["step"] == 5
+    assert [p.stat().st_mtime_ns for p in sorted((work / "answers").iterdir())] == stamps
+    assert json.loads((out / "distill_recipe.json").read_text())["settings"]["steps"] == 5
+
+    # Without --resume an existing run is refused.
+    with pytest.raises(SystemExit) as exc:
+        main(_argv(tmp_path, target_dir, corpus, eval_data, steps=5))
+    assert exc.value.code == 2
+    assert "--resume" in capsys.readouterr().err
+
+
+def test_cli_missing_target_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["distill", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"), "--no-progress"])
+    assert exc.value.code == 2
+    assert "nowhere" in capsys.readouterr().err
+
+
+def test_cli_zero_steps_exits_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["distill", "--out", str(tmp_path / "d"), "--steps", "0"])
+    assert exc.value.code == 2
+    assert "--steps" in capsys.readouterr().err
+
+
+def test_cli_bad_shape_exits_2(tiny_setup, capsys):
+    tmp_path, target_dir, corpus, eval_data = tiny_setup
+    with pytest.raises(SystemExit) as exc:
+        main(["distill", "--target", str(target_dir), "--out", str(tmp_path / "d"), "--hidden-size", "30",
+              "--heads", "4"])
+    assert exc.value.code == 2
+    assert "divisible" in capsys.readouterr().err
