@@ -16,9 +16,6 @@ from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_pro
 from .report import write_reports
 from .suite import BenchSettings, run_suite
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
 @dataclass
 class BenchConfig:
     target: str
@@ -43,9 +40,9 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
     """-> (BenchModels, prompts encoded with the target's tokenizer)."""
     from ..models import load_model, load_tokenizer
 
-    target = load_model(config.target, dtype=DTYPES[dtype], device=config.device)
-    draft = None if config.draft in (None, "none") else load_model(config.draft, dtype=DTYPES[dtype],
-                                                                     device=config.device)
+    torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
+    target = load_model(config.target, dtype=torch_dtype, device=config.device)
+    draft = None if config.draft is None else load_model(config.draft, dtype=torch_dtype, device=config.device)
     tokenizer = load_tokenizer(config.target)
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8

@@ -33,10 +33,12 @@ def describe_machine(device: torch.device | str) -> dict:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
     return info
 
 
 def machine_line(info: dict) -> str:
     where = info["gpu"] or f"{info['cpu']} ({info['logical_cpus']} logical CPUs, {info['torch_threads']} torch threads)"
-    return f"{where} | torch {info['torch']} | transformers {info['transformers']} | Python {info['python']}"
+    load = "" if info.get("load_average_1m") is None else f" | load average {info['load_average_1m']} at start"
+    return f"{where} | torch {info['torch']} | transformers {info['transformers']} | Python {info['python']}{load}"

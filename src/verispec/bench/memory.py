@@ -76,22 +76,10 @@ class PeakMemory:
             self.peak_bytes = max(0, peak * 1024 - self._before)
 
 
-def tensor_bytes(tensors) -> int:
-    """Bytes of distinct tensors (shared storage counted once)."""
-    seen: set[int] = set()
-    total = 0
-    for tensor in tensors:
-        if tensor is None or tensor.data_ptr() in seen:
-            continue
-        seen.add(tensor.data_ptr())
-        total += tensor.numel() * tensor.element_size()
-    return total
-
-
 def persistent_bytes(runner) -> int:
     """Bytes of a ModelRunner's preallocated KV buffers (kept across calls, so resident before each call)."""
-    tensors = []
-    for layer in runner.cache.layers:
-        if getattr(layer, "is_initialized", False):
-            tensors += [layer.keys, layer.values]
-    return tensor_bytes(tensors)
+    return sum(
+        layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
+        for layer in runner.cache.layers
+        if getattr(layer, "is_initialized", False)
+    )

@@ -127,13 +127,8 @@ class HFMethod(Method):
         # A fresh config, so model-card defaults (temperature, repetition penalty...) never differ from ours.
         eos = sorted(self.models.engine.eos_token_ids)
         pad = self.models.tokenizer.pad_token_id
-        config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                                  eos_token_id=eos, pad_token_id=eos[0] if pad is None else pad)
-        if self.uses_draft:
-            config.num_assistant_tokens = self.k
-            config.num_assistant_tokens_schedule = "constant"
-            config.assistant_confidence_threshold = 0.0
-        return config
+        return GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+                                eos_token_id=eos, pad_token_id=eos[0] if pad is None else pad)
 
     def generate(self, prompt_ids, max_new_tokens, seed):
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.models.device)  # [1, n]

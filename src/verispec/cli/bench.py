@@ -14,9 +14,9 @@ import torch
 
 from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
 from . import CliError
-from .common import positive_int
+from .common import DTYPES, positive_int
 
-DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_NAMES = tuple(DTYPES)
 DEFAULT_KS = "1,2,3,4,6,8"
 DEFAULT_METHODS = "target,verispec,adaptive,hf-assisted,hf-target"
 
