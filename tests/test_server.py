@@ -149,6 +149,7 @@ def test_chat_completion(client):
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     metrics = spec_metrics(r)
     assert metrics["enabled"] and metrics["num_draft_tokens"] == 4 and metrics["draft_tokens"] > 0
+    assert not metrics["adaptive"] and metrics["acceptance_mode"] == "exact" and not metrics["lossy"]
     assert set(metrics) >= {"draft_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "draft_ms",
                             "verify_ms", "rounds", "acceptance_by_position"}
 
@@ -197,6 +198,35 @@ def test_other_drafter_per_request(client, model_dirs, base_url):
     assert r.choices[0].text == complete(client, max_tokens=16, ignore_eos=True, **SPEC_OFF).choices[0].text
     none = complete(client, max_tokens=4, speculative={"enabled": True, "draft_model": "none"})
     assert not spec_metrics(none)["enabled"] and spec_metrics(none)["draft_tokens"] == 0
+
+
+def test_which_requests_speculate_and_how():
+    """Server.speculation alone: the server's defaults, what a request may change, and fixed K where it matters."""
+    from types import SimpleNamespace
+
+    from verispec.config import SamplingParams
+    from verispec.server.app import Server
+    from verispec.server.protocol import SpeculativeOptions
+
+    def decide(enable: bool, option=None, **sampling):
+        config = ServerConfig(model="t", draft_model="d", enable_speculative=enable)
+        server = Server(config, SimpleNamespace(spec=SpeculativeConfig(num_draft_tokens=4, adaptive=True)))
+        if isinstance(option, dict):
+            option = SpeculativeOptions(**option)
+        spec, drafter = server.speculation(option, SamplingParams(**sampling))
+        return drafter, spec.adaptive, spec.num_draft_tokens
+
+    assert decide(True) == ("d", True, 4)
+    assert decide(False) == (None, True, 4)
+    assert decide(True, False) == (None, True, 4)
+    assert decide(False, True) == ("d", True, 4)
+    assert decide(False, {"draft_tokens": 2}) == ("d", False, 2)  # asking for a K turns speculation on, K fixed
+    assert decide(True, {"draft_model": "none"})[0] is None
+    assert decide(False, {"draft_model": "ngram"})[0] == "ngram"
+    assert decide(True, temperature=0.7, seed=1) == ("d", False, 4)  # seeded sampling: reproducible, fixed K
+    assert decide(True, temperature=0.7) == ("d", True, 4)
+    assert decide(True, seed=1) == ("d", True, 4)  # greedy: K never changes the output
+    assert decide(True, {"adaptive": True}, temperature=0.7, seed=1) == ("d", True, 4)
 
 
 # -- sampling, stop strings, streaming ------------------------------------------------------------------------------

@@ -10,7 +10,15 @@ import socket
 import sys
 
 from . import CliError
-from .common import DTYPES, add_model_args, apply_runtime
+from .common import (
+    DTYPES,
+    add_model_args,
+    add_speculation_args,
+    apply_runtime,
+    setup_logging,
+    spec_kwargs,
+    warn_if_lossy,
+)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -18,16 +26,11 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__)
     add_model_args(p)
-    g = p.add_argument_group("speculation")
-    g.add_argument("--enable-speculative", action="store_true",
-                   help="speculate by default (requests may still turn it off); without it only requests that "
-                        "ask for speculation use the draft model")
-    g.add_argument("--speculative-threshold", type=float, default=0.0, metavar="F",
-                   help="stop drafting in a round once the drafter's top probability falls below F (0: never)")
-    g.add_argument("--max-speculation-depth", type=int, default=8, metavar="N",
-                   help="upper bound on K with --adaptive (default 8)")
-    g.add_argument("--adaptive", action="store_true", help="choose K per round from measured acceptance")
+    add_speculation_args(p)
     s = p.add_argument_group("server")
+    s.add_argument("--enable-speculative", action="store_true",
+                   help="speculate by default (requests may still turn it off); without it only requests that ask "
+                        "for speculation use the draft model")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     s.add_argument("--port", type=int, default=52415, help="port to listen on (default 52415; 0 picks a free one)")
     s.add_argument("--served-model-name", default=None, metavar="NAME",
@@ -64,19 +67,20 @@ def run(args: argparse.Namespace) -> int:
     from ..server import ServerConfig, create_app
 
     apply_runtime(args)
-    spec = SpeculativeConfig(
-        num_draft_tokens=args.draft_tokens, adaptive=args.adaptive,
-        max_speculation_depth=args.max_speculation_depth, speculative_threshold=args.speculative_threshold,
-    )
+    setup_logging()
+    spec = SpeculativeConfig(**spec_kwargs(args))
+    warn_if_lossy(args)
     config = ServerConfig(
         model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
-        served_model_name=args.served_model_name, max_len=args.max_len, dtype=DTYPES[args.dtype],
+        draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=DTYPES[args.dtype],
         device=args.device,
     )
     sock = _listen(args.host, args.port)
     app = create_app(config)
-    host, port = sock.getsockname()[:2]
-    speculation = f"on (draft {config.draft_model}, K={spec.num_draft_tokens})" if config.speculates_by_default \
+    port = sock.getsockname()[1]
+    spec = app.state.server.served.spec  # K may come from the pair 'auto' picked
+    k = f"adaptive K <= {spec.max_speculation_depth}" if spec.adaptive else f"K={spec.num_draft_tokens}"
+    speculation = f"on (draft {config.draft_model}, {k})" if config.speculates_by_default \
         else "off unless a request asks for it"
     print(f"[verispec] serving {config.model_id} on http://{args.host}:{port}/v1; speculation {speculation}",
           file=sys.stderr, flush=True)

@@ -83,20 +83,31 @@ class Server:
             field = str(exc).split()[0]
             raise invalid(str(exc), param=_API_NAMES.get(field, field)) from exc
 
-    def speculation(self, option: SpeculativeOptions | bool | None) -> tuple[SpeculativeConfig, str | None]:
-        """-> (speculation config, drafter name or None for the target alone)."""
+    def speculation(self, option: SpeculativeOptions | bool | None,
+                    params: SamplingParams) -> tuple[SpeculativeConfig, str | None]:
+        """-> (speculation config, drafter name or None for the target alone).
+
+        A request that fixes K (`draft_tokens`), and a seeded sampling request, run with a fixed K unless they ask
+        for adaptive K: adaptive K follows measured timings and earlier requests, and under sampling a different
+        K draws different random numbers, so the same seed would not give the same output twice.
+        """
         if not isinstance(option, SpeculativeOptions):
             option = SpeculativeOptions(enabled=option)
         enabled = option.enabled
         if enabled is None:
             asked = option.draft_tokens is not None or option.draft_model is not None
             enabled = self.config.enable_speculative or asked
-        spec = self.config.spec
+        adaptive = option.adaptive
+        if adaptive is None:
+            seeded_sampling = params.seed is not None and not params.greedy
+            adaptive = self.served.spec.adaptive and option.draft_tokens is None and not seeded_sampling
+        changes = {"adaptive": adaptive}
         if option.draft_tokens is not None:
-            try:
-                spec = replace(spec, num_draft_tokens=option.draft_tokens)
-            except ValueError as exc:
-                raise invalid(str(exc), param="speculative.draft_tokens") from exc
+            changes["num_draft_tokens"] = option.draft_tokens
+        try:
+            spec = replace(self.served.spec, **changes)
+        except ValueError as exc:
+            raise invalid(str(exc), param="speculative.draft_tokens") from exc
         drafter = (option.draft_model or self.config.draft_model) if enabled else None
         return spec, None if drafter == NONE else drafter
 
@@ -109,7 +120,7 @@ class Server:
         if len(prompts) * body.n > MAX_CHOICES:
             raise invalid(f"{len(prompts)} prompts times n={body.n} is more than {MAX_CHOICES} choices.", param="n")
         params = self.sampling(body, max_tokens)
-        spec, drafter = self.speculation(body.speculative)
+        spec, drafter = self.speculation(body.speculative, params)
         if not self.worker.alive:
             raise APIError(503, "The model worker is not running; restart the server.", type="server_error")
         handle = JobHandle(asyncio.get_running_loop())
@@ -128,8 +139,7 @@ class Server:
         drafter = drafter if first.speculative else None
         reply = _Reply(
             handle=handle, builder=ResponseBuilder(chat, self.model_id), count=len(prompts) * body.n,
-            prompt_tokens=first.prompt_tokens, drafter=drafter,
-            num_draft_tokens=spec.num_draft_tokens if drafter is not None else None,
+            prompt_tokens=first.prompt_tokens, drafter=drafter, spec=spec,
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -214,10 +224,10 @@ class _Reply:
     count: int  # choices: prompts times n
     prompt_tokens: int
     drafter: str | None  # None: the target alone
-    num_draft_tokens: int | None
+    spec: SpeculativeConfig
 
     def metrics(self, stats: GenerationStats) -> SpeculativeMetrics:
-        return speculative_metrics(stats, self.drafter, self.num_draft_tokens)
+        return speculative_metrics(stats, self.drafter, self.spec)
 
 
 class _Outcome:

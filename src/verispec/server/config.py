@@ -22,6 +22,9 @@ class ServerConfig:
     """Speculate unless a request says otherwise; when False, only requests that ask for it speculate."""
     spec: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     """Default speculation (K, threshold, adaptive depth); a request may change K."""
+    draft_tokens_from_pair: bool = False
+    """With draft_model 'auto': take K from the registered pair the server picks (as `verispec generate` does
+    when --draft-tokens is not given) instead of spec.num_draft_tokens."""
     served_model_name: str | None = None
     """The id /v1/models lists and requests name; default: the model's folder name (or the name given)."""
     max_len: int = 2048

@@ -25,7 +25,10 @@ class SpeculativeOptions(_Request):
     """Draft and verify (true) or decode with the target alone (false); default: the server's setting, or true
     when draft_tokens or draft_model is given."""
     draft_tokens: int | None = None
-    """K, draft tokens per round (1..64); default: the server's --draft-tokens."""
+    """K, draft tokens per round (1..64), fixed for this request; default: the server's --draft-tokens."""
+    adaptive: bool | None = None
+    """Choose K per round (up to the server's --max-speculation-depth); default: the server's setting, except
+    that a request with draft_tokens, or a seeded sampling request, runs with a fixed K."""
     draft_model: str | None = None
     """Another drafter: a model folder / .gguf / hub id / name, or 'none'; loaded on first use and cached."""
 
@@ -102,7 +105,10 @@ class SpeculativeMetrics(BaseModel):
 
     enabled: bool
     draft_model: str | None
-    num_draft_tokens: int | None  # K asked for (None when speculation was off)
+    adaptive: bool  # K chosen per round (then num_draft_tokens is None)
+    num_draft_tokens: int | None  # the fixed K (None when speculation was off or adaptive)
+    acceptance_mode: str  # 'exact' (lossless) or e.g. 'top_k:5' (LOSSY)
+    lossy: bool  # True when a lossy acceptance mode changed the output distribution
     rounds: int
     draft_tokens: int
     accepted_tokens: int

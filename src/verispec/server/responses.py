@@ -6,6 +6,7 @@ import json
 import time
 import uuid
 
+from ..config import SpeculativeConfig
 from ..stats import GenerationStats
 from .protocol import (
     AssistantMessage,
@@ -25,13 +26,16 @@ from .protocol import (
 DONE = "data: [DONE]\n\n"
 
 
-def speculative_metrics(stats: GenerationStats, draft_model: str | None,
-                        num_draft_tokens: int | None) -> SpeculativeMetrics:
+def speculative_metrics(stats: GenerationStats, draft_model: str | None, spec: SpeculativeConfig) -> SpeculativeMetrics:
     """`stats` of one choice or of all (merged); `draft_model` None when the request ran on the target alone."""
+    enabled = draft_model is not None
     return SpeculativeMetrics(
-        enabled=draft_model is not None,
+        enabled=enabled,
         draft_model=draft_model,
-        num_draft_tokens=num_draft_tokens,
+        adaptive=enabled and spec.adaptive,
+        num_draft_tokens=spec.num_draft_tokens if enabled and not spec.adaptive else None,
+        acceptance_mode=stats.acceptance_mode,
+        lossy=stats.lossy,
         rounds=stats.rounds,
         draft_tokens=stats.draft_tokens,
         accepted_tokens=stats.accepted_tokens,

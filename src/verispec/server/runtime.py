@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from dataclasses import replace
 
 from ..config import SamplingParams
 from ..drafters.base import Drafter
 from ..drafters.factory import NONE, make_drafter
 from ..engine import CACHE_SLACK, SpeculativeEngine
+from ..fallback import load_drafter_or_fallback
 from ..models import ModelLoadError, load_model, load_tokenizer
 from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found
@@ -29,18 +31,21 @@ class ServedModel:
         self.target = target
         self.tokenizer = tokenizer
         self.engine = SpeculativeEngine(target, tokenizer, drafter=None, spec=config.spec, max_len=config.max_len)
+        self.spec = config.spec  # the default speculation of requests (K may come from an 'auto' pair once loaded)
         self.vocab_size = len(tokenizer)
         self._default: tuple[str, Drafter | None] | None = None  # the server's --draft-model, never evicted
         self._cache: OrderedDict[str, Drafter | None] = OrderedDict()  # request-named drafters, LRU order
 
     @classmethod
     def load(cls, config: ServerConfig) -> ServedModel:
-        """Load the target and tokenizer, and the default drafter when speculation is on by default."""
+        """Load the target and tokenizer, and the default drafter when speculation is on by default.
+
+        Raises ValueError (ModelLoadError) for a model that cannot be found or read."""
         target = load_model(config.model, dtype=config.dtype, device=config.device)
         tokenizer = load_tokenizer(config.model)
         served = cls(config, target, tokenizer)
         if config.speculates_by_default:
-            served._default = (config.draft_model, served._make(config.draft_model))
+            served._default = (config.draft_model, served._load_drafter(config.draft_model))
         return served
 
     # -- drafters ------------------------------------------------------------------------------------------------
@@ -52,30 +57,41 @@ class ServedModel:
         """
         if name is None or name == NONE:
             return None
-        if name == self.config.draft_model:
-            if self._default is None:
-                self._default = (name, self._make(name, param="speculative.draft_model"))
+        if self._default is not None and name == self._default[0]:
             return self._default[1]
         if name in self._cache:
             self._cache.move_to_end(name)
             return self._cache[name]
-        drafter = self._make(name, param="speculative.draft_model")
-        if self.config.max_cached_drafters > 0:
+        try:
+            drafter = self._load_drafter(name)
+        except ModelLoadError as exc:
+            raise model_not_found(name, param="speculative.draft_model", hint=str(exc).rstrip(".")) from exc
+        except ValueError as exc:  # e.g. a vocabulary that does not match the target's
+            raise invalid(f"draft model {name!r} cannot draft for this target: {exc}",
+                          param="speculative.draft_model") from exc
+        if name == self.config.draft_model:
+            self._default = (name, drafter)
+        elif self.config.max_cached_drafters > 0:
             self._cache[name] = drafter
             while len(self._cache) > self.config.max_cached_drafters:
                 evicted, _ = self._cache.popitem(last=False)
                 logger.info("dropped drafter %s from the cache", evicted)
         return drafter
 
-    def _make(self, name: str, param: str = "draft_model") -> Drafter | None:
+    def _load_drafter(self, name: str) -> Drafter | None:
+        """The server's --draft-model loads as for `verispec generate`: a valid draft that does not fit in memory
+        or fails to load leaves the target alone (with a warning), 'auto' picks the registered draft. Drafters
+        that requests name are built as asked (make_drafter), so a request learns why one cannot be used."""
         logger.info("loading drafter %s", name)
-        try:
-            return make_drafter(name, self.target, self.tokenizer, self.config.max_len + CACHE_SLACK,
-                                dtype=self.config.dtype, device=self.config.device)
-        except ModelLoadError as exc:
-            raise model_not_found(name, param=param, hint=str(exc).rstrip(".")) from exc
-        except ValueError as exc:  # e.g. a vocabulary that does not match the target's
-            raise invalid(f"draft model {name!r} cannot draft for this target: {exc}", param=param) from exc
+        max_len = self.config.max_len + CACHE_SLACK
+        if name == self.config.draft_model:
+            loaded = load_drafter_or_fallback(name, self.target, self.tokenizer, max_len, dtype=self.config.dtype,
+                                              device=self.config.device, target_name=self.config.model)
+            if loaded.num_draft_tokens and self.config.draft_tokens_from_pair:
+                self.spec = replace(self.spec, num_draft_tokens=loaded.num_draft_tokens)
+            return loaded.drafter
+        return make_drafter(name, self.target, self.tokenizer, max_len, dtype=self.config.dtype,
+                            device=self.config.device)
 
     # -- prompts -------------------------------------------------------------------------------------------------
 
