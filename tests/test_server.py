@@ -57,7 +57,7 @@ class ServerThread:
         assert not self.thread.is_alive(), "uvicorn did not shut down"
 
 
-@pytest.fixture(scope="module", autouse=True)
+@pytest.fixture(scope="module")
 def one_torch_thread(model_dirs):
     # Two cores shared with other jobs: several OpenMP threads per tiny matmul only wait on each other.
     # (After model_dirs: the shared fixtures are built the same way whichever module asks first.)
@@ -68,7 +68,7 @@ def one_torch_thread(model_dirs):
 
 
 @pytest.fixture(scope="module")
-def base_url(model_dirs):
+def base_url(model_dirs, one_torch_thread):
     config = ServerConfig(
         model=str(model_dirs["target"]), draft_model=str(model_dirs["draft"]), enable_speculative=True,
         spec=SpeculativeConfig(num_draft_tokens=4), max_len=MAX_LEN,
@@ -493,3 +493,25 @@ def test_verispec_serve_subprocess(model_dirs):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.slow
+def test_real_default_pair_speculation_is_lossless():
+    """The embedded SmolLM2 target (and the shipped draft, or the n-gram drafter while it is not built)."""
+    from verispec.models import DEFAULT_DRAFT, ModelLoadError, resolve_model_path
+
+    try:
+        resolve_model_path(DEFAULT_DRAFT)
+        draft = DEFAULT_DRAFT
+    except ModelLoadError:
+        draft = "ngram"
+    config = ServerConfig(draft_model=draft, enable_speculative=True, max_len=1024,
+                          spec=SpeculativeConfig(num_draft_tokens=4))
+    with ServerThread(create_app(config)) as running:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=300)
+        messages = [{"role": "user", "content": "List the first five prime numbers, separated by commas."}]
+        replies = [client.chat.completions.create(model=config.model_id, messages=messages, max_tokens=32,
+                                                  temperature=0, extra_body=spec) for spec in (SPEC_ON, SPEC_OFF)]
+    on, off = replies
+    assert on.choices[0].message.content == off.choices[0].message.content
+    assert spec_metrics(on)["draft_tokens"] > 0 and spec_metrics(off)["draft_tokens"] == 0
