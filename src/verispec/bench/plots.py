@@ -55,6 +55,7 @@ def acceptance_by_position(run: dict, path: Path) -> Path | None:
         ax.plot(range(1, len(values) + 1), values, marker="o", label=name)
     ax.set(title=f"acceptance by draft position ({run['dtype']})", xlabel="draft position",
            ylabel="share of rounds accepted", ylim=(0, 1.02))
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

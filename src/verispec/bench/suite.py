@@ -56,11 +56,11 @@ def _median_prompt(prompts: Sequence[BenchPrompt]) -> BenchPrompt:
 
 
 def run_probes(models: BenchModels, prompts: Sequence[BenchPrompt], max_width: int, repeats: int,
-               categories: Sequence[str]) -> dict[str, CostProbe]:
+               categories: Sequence[str], progress: bool = True) -> dict[str, CostProbe]:
     """One probe per category (at its median prompt length) and one overall; equal lengths share a probe."""
     by_length: dict[int, CostProbe] = {}
     probes = {}
-    for group in [OVERALL, *categories]:
+    for group in tqdm([OVERALL, *categories], desc="cost probe", leave=False, disable=not progress):
         members = [p for p in prompts if group == OVERALL or p.category == group]
         prompt = _median_prompt(members)
         if len(prompt.token_ids) not in by_length:
@@ -102,7 +102,8 @@ def run_suite(models: BenchModels, prompts: Sequence[BenchPrompt], settings: Ben
     probes: dict[str, CostProbe] = {}
     fixed_ks = [m.k for m in methods if m.family == "verispec"]
     if fixed_ks and settings.probe_repeats > 0:
-        probes = run_probes(models, prompts, max(fixed_ks) + 1, settings.probe_repeats, categories)
+        probes = run_probes(models, prompts, max(fixed_ks) + 1, settings.probe_repeats, categories,
+                            settings.progress)
     section = {
         "notes": notes,
         "methods": [
