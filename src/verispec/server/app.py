@@ -311,6 +311,7 @@ def create_app(config: ServerConfig | None = None, served: ServedModel | None = 
     @app.get("/v1/models/{name:path}", response_model=ModelCard, responses=_ERRORS)
     async def retrieve_model(name: str) -> ModelCard:
         server.check_model(name)
+        server.metrics.count_request("/v1/models", 200)
         return server.model_card()
 
     @app.get("/health")
