@@ -31,9 +31,9 @@ from .protocol import (
     ErrorResponse,
     ModelCard,
     ModelList,
+    SamplingFields,
     SpeculativeMetrics,
     SpeculativeOptions,
-    SamplingFields,
 )
 from .responses import DONE, ResponseBuilder, speculative_metrics, sse, usage
 from .runtime import Prompt, ServedModel
@@ -41,7 +41,7 @@ from .worker import ChoiceDone, EngineWorker, Job, JobDone, JobFailed, JobHandle
 
 API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
-CLIENT_GONE = 499  # nginx's "client closed request": the status metrics count cancelled requests under
+CLIENT_GONE = 499  # nginx's "client closed request": the status metrics give requests whose client went away
 _API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}  # SamplingParams -> request field
 _ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
 
