@@ -1,0 +1,51 @@
+"""The real embedded pair (SmolLM2-135M-Instruct + the distilled default draft). Slow: `make test-slow`."""
+
+import json
+
+import pytest
+import torch
+
+from verispec.cli import main
+from verispec.generator import SpeculativeGenerator
+from verispec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+
+pytestmark = pytest.mark.slow
+
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Translate to German: The weather is nice today.",
+]
+
+
+@pytest.fixture(scope="module")
+def real_gen():
+    target = load_model(DEFAULT_TARGET)
+    draft = load_model(DEFAULT_DRAFT)
+    return SpeculativeGenerator(target, draft, load_tokenizer(DEFAULT_TARGET), K=4, max_len=1024)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_real_pair_greedy_equals_target_alone_and_hf(real_gen, prompt):
+    ids = real_gen.encode(prompt, chat=True)
+    spec = real_gen.generate(ids, max_new_tokens=48, return_dict=True)
+    alone = real_gen.generate(ids, max_new_tokens=48, speculative=False)
+    assert spec.token_ids == alone
+    target = real_gen.engine.target.model
+    hf = target.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids) :].tolist()
+    assert spec.token_ids == hf
+    assert spec.stats.mean_accepted_length > 1.3  # the distilled draft really helps
+
+
+def test_real_default_answers_sensibly(real_gen):
+    assert "Paris" in real_gen.generate(PROMPTS[0], chat=True, max_new_tokens=20)
+
+
+def test_cli_json_real_pair_equals_draft_none(capsys):
+    args = ["generate", "--prompt", PROMPTS[1], "--chat", "--max-new-tokens", "40", "--json"]
+    assert main(args) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert main(args + ["--draft-model", "none"]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert spec["token_ids"] == alone["token_ids"]
+    assert spec["stats"]["accepted_tokens"] > 0
