@@ -218,3 +218,14 @@ def test_cli_corrupt_draft_falls_back_bad_path_exits_2(folders, capsys, tmp_path
     assert "does not exist" in capsys.readouterr().err
     code, ngram, _ = cli_json(capsys, folders, "ngram", "--no-adaptive")
     assert code == 0 and ngram["token_ids"] == baseline["token_ids"] and ngram["stats"]["fallbacks"] == 0
+
+
+def test_cli_missing_default_draft_uses_ngram(folders, capsys, monkeypatch, tmp_path):
+    import verispec.models as models
+
+    monkeypatch.setattr(models, "_DEFAULT_DRAFT_DIR", tmp_path / "not-shipped")
+    code = main(["generate", "--model", str(folders["target"]), "--prompt", "the cat", "--max-new-tokens", "8",
+                 "--json", "--device", "cpu"])
+    out = capsys.readouterr()
+    assert code == 0 and json.loads(out.out)["draft_model"] == "ngram"
+    assert "default draft unavailable" in out.err

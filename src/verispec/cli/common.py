@@ -25,7 +25,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models")
     g.add_argument("--model", default=DEFAULT_TARGET,
                    help=f"target model: folder, .gguf file, cached hub id, or {DEFAULT_TARGET!r} (default)")
-    g.add_argument("--draft-model", default=DEFAULT_DRAFT,
+    g.add_argument("--draft-model", default=DEFAULT_DRAFT, action=_ExplicitStore,
                    help=f"draft model (same forms), 'none' for the target alone, 'ngram' (prompt lookup, no model), "
                         f"'auto' (the registered draft for the target, see `verispec pairs`); default {DEFAULT_DRAFT!r}")
     g.add_argument("--draft-tokens", type=int, default=4, metavar="K", action=_ExplicitStore,

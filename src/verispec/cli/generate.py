@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
-
 
 from .common import (
     DTYPES,
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from ..engine import CACHE_SLACK
     from ..fallback import load_drafter_or_fallback
     from ..generator import SpeculativeGenerator
-    from ..models import load_model, load_tokenizer
+    from ..models import ModelLoadError, load_model, load_tokenizer
 
     apply_runtime(args)
     setup_logging()
@@ -48,8 +48,15 @@ def run(args: argparse.Namespace) -> int:
     target = load_model(args.model, dtype=dtype, device=args.device)
     tokenizer = load_tokenizer(args.model)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.
-    loaded = load_drafter_or_fallback(args.draft_model, target, tokenizer, args.max_len + CACHE_SLACK, dtype=dtype,
-                                      device=args.device, target_name=args.model)
+    try:
+        loaded = load_drafter_or_fallback(args.draft_model, target, tokenizer, args.max_len + CACHE_SLACK,
+                                          dtype=dtype, device=args.device, target_name=args.model)
+    except ModelLoadError as exc:
+        if getattr(args, "draft_model_given", False):
+            raise
+        # The default draft is missing (not the user's path): n-gram drafting needs no model.
+        logging.getLogger("verispec").warning("default draft unavailable (%s); using --draft-model ngram", exc)
+        loaded = load_drafter_or_fallback("ngram", target, tokenizer, args.max_len + CACHE_SLACK)
     if loaded.num_draft_tokens and not getattr(args, "draft_tokens_given", False):
         args.draft_tokens = loaded.num_draft_tokens  # the auto-selected pair's K
     spec = SpeculativeConfig(**spec_kwargs(args))
