@@ -75,6 +75,7 @@ class AdaptivePolicy:
         self.chosen: list[int] = [0] * (max_depth + 1)  # [K]: rounds this policy chose K
         self._probe_interval = probe_every
         self._since_probe = 0
+        self._rates: list[float] | None = None  # cache of rates(), dropped by record()
 
     # -- estimates -----------------------------------------------------------------------------------------------
 
@@ -105,11 +106,16 @@ class AdaptivePolicy:
         return k * (self.draft_s or 0.0) + verify
 
     def rates(self) -> list[float] | None:
-        """[K]: expected committed tokens per second for K = 0..max_depth (None before measurements)."""
-        costs = [self.expected_cost(k) for k in range(self.max_depth + 1)]
-        if any(c is None for c in costs):
-            return None
-        return [self.expected_committed(k) / max(c, 1e-12) for k, c in enumerate(costs)]
+        """[K]: expected committed tokens per second for K = 0..max_depth (None before measurements).
+
+        Computed once per recorded round: `choose` runs every round and must stay cheap next to a forward pass."""
+        if self._rates is None:
+            curve = self._verify_curve()
+            if curve is None or self.draft_s is None:
+                return None
+            committed = [1.0] + [1.0 + e for e in accumulate(accumulate(self.alpha, lambda run, a: run * a))]
+            self._rates = [committed[k] / max(k * self.draft_s + curve[k], 1e-12) for k in range(self.max_depth + 1)]
+        return self._rates
 
     def best_k(self) -> int:
         """The K the estimates favour, before probing (initial_k until the costs were measured)."""
@@ -146,6 +152,7 @@ class AdaptivePolicy:
     def record(self, k: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
         """One verified round: k draft tokens (verify width k + 1), the leading num_accepted of them accepted."""
         self.rounds += 1
+        self._rates = None
         # Positions 1..num_accepted were accepted; position num_accepted + 1 (if drafted) was rejected; later
         # positions were never examined and say nothing about their conditional rates.
         for position in range(min(num_accepted + 1, k, self.max_depth)):
