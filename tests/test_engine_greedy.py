@@ -114,3 +114,15 @@ def test_too_long_request_names_the_limits(tokenizer):
     engine = SpeculativeEngine(BUILDERS["llama"](1), tokenizer, None, max_len=32)
     with pytest.raises(ValueError, match="max_len"):
         engine.generate(list(range(5, 25)), SamplingParams(max_new_tokens=20))
+
+
+def test_closing_the_generator_early_keeps_its_stats(trained_pair, tokenizer):
+    """A client that disconnects closes the generator: what it produced still counts, in last and total."""
+    target, draft = trained_pair
+    engine = SpeculativeEngine(target, tokenizer, SpeculativeGenerator(target, draft, tokenizer).engine.drafter,
+                               SpeculativeConfig(num_draft_tokens=3), max_len=128)
+    chunks = engine.generate_iter(tokenizer("the dog")["input_ids"], SamplingParams(max_new_tokens=40))
+    produced = len(next(chunks).token_ids) + len(next(chunks).token_ids)
+    chunks.close()
+    assert engine.last_stats.generated_tokens == produced == engine.total.generated_tokens
+    assert engine.last_stats.rounds == 2 and engine.last_stats.draft_tokens == 6

@@ -95,6 +95,7 @@ class SpeculativeEngine:
         self.max_len = max_len
         self.eos_token_ids = model_eos_ids(target, tokenizer)
         self.total = GenerationStats()  # cumulative over calls
+        self.last_stats = GenerationStats()  # the latest call's, also when it was closed early
         # Per drafter, kept across requests: adaptive estimates (keyed by max depth) and failure back-off.
         self._policies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._backoffs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -172,48 +173,51 @@ class SpeculativeEngine:
             self.target.forward(prompt[:-1].unsqueeze(0), last_only=True)
             stats.prefill_s = time.perf_counter() - start
 
-        while stopper.finish_reason is None:
-            remaining = params.max_new_tokens - len(stopper.token_ids)
-            k = min(policy.choose(), remaining - 1) if drafter is not None else 0
-            draft, q, draft_s = seq.new_empty(0), None, 0.0
-            if k > 0:
-                request = DraftRequest(seq[:length], k, sampler, spec.speculative_threshold)
-                proposal = self._safe_propose(drafter, request, stats)
-                if proposal is None:
-                    drafter = None  # the rest of this request runs on the target alone
-                else:
-                    draft, q, draft_s = proposal.token_ids, proposal.probs, proposal.seconds
-            verify_start = time.perf_counter()
-            result = self._verify(seq[length - 1 : length], draft, q, sampler, spec)
-            num_accepted = int(result.num_accepted[0])  # the one host sync per round: the loop branches on it
-            committed = draft[:num_accepted].tolist() + [int(result.next_token[0])]
-            verify_s = time.perf_counter() - verify_start
+        try:
+            while stopper.finish_reason is None:
+                remaining = params.max_new_tokens - len(stopper.token_ids)
+                k = min(policy.choose(), remaining - 1) if drafter is not None else 0
+                draft, q, draft_s = seq.new_empty(0), None, 0.0
+                if k > 0:
+                    request = DraftRequest(seq[:length], k, sampler, spec.speculative_threshold)
+                    proposal = self._safe_propose(drafter, request, stats)
+                    if proposal is None:
+                        drafter = None  # the rest of this request runs on the target alone
+                    else:
+                        draft, q, draft_s = proposal.token_ids, proposal.probs, proposal.seconds
+                verify_start = time.perf_counter()
+                result = self._verify(seq[length - 1 : length], draft, q, sampler, spec)
+                num_accepted = int(result.num_accepted[0])  # the one host sync per round: the loop branches on it
+                committed = draft[:num_accepted].tolist() + [int(result.next_token[0])]
+                verify_s = time.perf_counter() - verify_start
 
-            # Stop checks run token by token; tokens after a stop are dropped and never counted.
-            kept = 0
-            for token in committed:
-                kept += 1
-                if stopper.push(token) is not None:
-                    break
-            seq[length : length + kept] = torch.tensor(committed[:kept])
-            length += kept
-            sampler.commit(committed[:kept])
-            # Rollback is bookkeeping: the target keeps seq[:length-1] (the last committed token is fed next round).
-            self.target.truncate(length - 1)
-            # A round cut short by a stop counts only the draft positions in front of the stop.
-            proposed = draft.numel() if kept == len(committed) else min(draft.numel(), kept)
+                # Stop checks run token by token; tokens after a stop are dropped and never counted.
+                kept = 0
+                for token in committed:
+                    kept += 1
+                    if stopper.push(token) is not None:
+                        break
+                seq[length : length + kept] = torch.tensor(committed[:kept])
+                length += kept
+                sampler.commit(committed[:kept])
+                # Rollback is bookkeeping: the target keeps seq[:length-1] (the last committed token is fed next round).
+                self.target.truncate(length - 1)
+                # A round cut short by a stop counts only the draft positions in front of the stop.
+                proposed = draft.numel() if kept == len(committed) else min(draft.numel(), kept)
+                if drafter is not None:
+                    drafter = self._safe_observe(drafter, length, num_accepted, draft.numel(), stats)
+                    policy.record(draft.numel(), num_accepted, draft_s, verify_s)
+                stats.record_round(proposed, min(num_accepted, kept), kept)
+                stats.draft_s += draft_s
+                stats.verify_s += verify_s
+                yield GenerationChunk(committed[:kept], stopper.take_text(), stopper.finish_reason)
             if drafter is not None:
-                drafter = self._safe_observe(drafter, length, num_accepted, draft.numel(), stats)
-                policy.record(draft.numel(), num_accepted, draft_s, verify_s)
-            stats.record_round(proposed, min(num_accepted, kept), kept)
-            stats.draft_s += draft_s
-            stats.verify_s += verify_s
-            yield GenerationChunk(committed[:kept], stopper.take_text(), stopper.finish_reason)
-
-        if drafter is not None:
-            self._backoff(drafter).succeeded()  # a whole request with the drafter: forget earlier failures
-        stats.wall_s = time.perf_counter() - wall_start
-        self.total.merge(stats)
+                self._backoff(drafter).succeeded()  # a whole request with the drafter: forget earlier failures
+        finally:
+            # Also when the caller closes the generator early (a client disconnect): its figures still count.
+            stats.wall_s = time.perf_counter() - wall_start
+            self.total.merge(stats)
+            self.last_stats = stats
         return stats
 
     def draft_policy(self, spec: SpeculativeConfig, drafter: Drafter | None = None):
