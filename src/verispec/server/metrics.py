@@ -65,7 +65,7 @@ class ServerMetrics:
         self.generated_tokens.inc(committed)
 
     def observe_generation(self, stats: GenerationStats | None, speculative: bool, outcome: str) -> None:
-        """At the end of a generation (stats: None when it was cancelled before the engine returned them)."""
+        """At the end of a generation (stats: None when it was cancelled before its first round)."""
         self.generations.labels(outcome, str(speculative).lower()).inc()
         if stats is None:
             return

@@ -204,12 +204,14 @@ class EngineWorker:
         num_tokens = 0
         finish = "length"
         outcome = "error"
+        started = False
         try:
             while True:
                 if job.handle.cancelled:
                     outcome = "cancelled"
                     return False
                 try:
+                    started = True
                     chunk = next(chunks)
                 except StopIteration as done:
                     stats: GenerationStats = done.value
@@ -229,7 +231,9 @@ class EngineWorker:
             outcome = "ok"
         finally:
             chunks.close()  # a cancelled generation stops here, between two rounds
-            self.metrics.observe_generation(stats if outcome == "ok" else None, speculative, outcome)
+            if outcome != "ok":  # the engine still finalised what the closed generation did
+                stats = self.served.engine.last_stats if started else None
+            self.metrics.observe_generation(stats, speculative, outcome)
         if num_tokens > 1:
             self.metrics.time_per_output_token.observe((last - first) / (num_tokens - 1))
         job.handle.put(ChoiceDone(index, finish, stats))
