@@ -85,7 +85,7 @@ def tiny_setup(tmp_path):
 def _argv(tmp_path, target_dir, corpus, eval_data, steps):
     return ["distill", "--target", str(target_dir), "--out", str(tmp_path / "draft"), "--corpus", str(corpus),
             "--tokens", "40", "--max-new-tokens", "6", "--steps", str(steps), "--hidden-size", "16",
-            "--layers", "1", "--intermediate-size", "32", "--heads", "2", "--kv-heads", "1", "--max-length", "64",
+            "--layers", "1", "--intermediate-size", "32", "--heads", "2", "--kv-heads", "1", "--max-length", "64", "--train-length", "48",
             "--batch-tokens", "128", "--eval-data", str(eval_data), "--eval-prompts", "2", "--no-progress"]
 
 
@@ -143,3 +143,28 @@ def test_cli_bad_shape_exits_2(tiny_setup, capsys):
               "--heads", "4"])
     assert exc.value.code == 2
     assert "divisible" in capsys.readouterr().err
+
+
+# --- sampled softmax ------------------------------------------------------------------------------------------
+
+
+def test_sampled_softmax_with_every_negative_equals_the_full_softmax():
+    from verispec.distill.teacher import Sample
+    from verispec.distill.train import OutputVocab, collate, draft_loss
+
+    draft = tiny_llama(seed=3)
+    vocab = draft.config.vocab_size
+    torch.manual_seed(0)
+    samples = [Sample("x", torch.randint(0, vocab, (6,), dtype=torch.int32), torch.randint(0, 20, (5,), dtype=torch.int32),
+                      torch.randint(0, 20, (5, 3), dtype=torch.int32), torch.randn(5, 3).half()) for _ in range(3)]
+    batch = collate(samples, max_length=32, pad_id=2)
+    full, n, _ = draft_loss(draft, *batch, kd_weight=0.5)
+    every = OutputVocab(samples, vocab, negatives=vocab)  # all inactive tokens drawn: correction log(1) = 0
+    assert len(every.active) <= 20
+    sampled, n2, _ = draft_loss(draft, *batch, kd_weight=0.5, step_vocab=every.draw(torch.Generator().manual_seed(0)))
+    assert n == n2
+    torch.testing.assert_close(sampled, full)
+    some = OutputVocab(samples, vocab, negatives=8)
+    ids, correction, index = some.draw(torch.Generator().manual_seed(1))
+    assert len(ids) == len(some.active) + 8 and bool((index[ids] == torch.arange(len(ids))).all())
+    assert torch.isfinite(draft_loss(draft, *batch, kd_weight=0.5, step_vocab=(ids, correction, index))[0])

@@ -55,6 +55,8 @@ def add_parser(subparsers) -> None:
     g.add_argument("--documents", type=_non_negative_int, default=d["documents"],
                    help=f"documents the target writes as material for summarisation/retrieval prompts "
                         f"(default {d['documents']})")
+    g.add_argument("--document-tokens", type=_positive_int, default=d["document_tokens"],
+                   help=f"longest such document (default {d['document_tokens']})")
     g.add_argument("--gen-batch-size", type=_positive_int, default=d["gen_batch_size"],
                    help=f"prompts per generation batch (default {d['gen_batch_size']})")
     g = p.add_argument_group("draft model")
@@ -71,9 +73,15 @@ def add_parser(subparsers) -> None:
     g.add_argument("--batch-tokens", type=_positive_int, default=d["batch_tokens"],
                    help=f"padded tokens per batch (default {d['batch_tokens']})")
     g.add_argument("--max-length", type=_positive_int, default=d["max_length"],
-                   help=f"longest training sequence (default {d['max_length']})")
+                   help=f"longest prompt + answer the target answers; longer prompts are skipped "
+                        f"(default {d['max_length']})")
+    g.add_argument("--train-length", type=_positive_int, default=d["train_length"],
+                   help=f"longest training sequence; the prompt's start is trimmed (default {d['train_length']})")
     g.add_argument("--kd-weight", type=float, default=d["kd_weight"],
                    help=f"weight of the soft top-k loss against the greedy-token loss (default {d['kd_weight']})")
+    g.add_argument("--negatives", type=_non_negative_int, default=d["negatives"],
+                   help=f"sampled-softmax negatives per step beyond the target's top-k tokens, 0 for the full "
+                        f"softmax (default {d['negatives']})")
     g.add_argument("--seed", type=int, default=d["seed"])
     g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     g = p.add_argument_group("evaluation")
@@ -96,10 +104,12 @@ def run(args: argparse.Namespace) -> int:
     try:
         recipe = DistillRecipe(
             target=str(args.target), corpus=[str(c) for c in args.corpus], seed=args.seed, tokens=args.tokens,
-            max_new_tokens=args.max_new_tokens, documents=args.documents, gen_batch_size=args.gen_batch_size,
+            max_new_tokens=args.max_new_tokens, documents=args.documents,
+            document_tokens=args.document_tokens, gen_batch_size=args.gen_batch_size,
             hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size,
             num_heads=args.heads, num_kv_heads=args.kv_heads, steps=args.steps, lr=args.lr,
-            batch_tokens=args.batch_tokens, max_length=args.max_length, kd_weight=args.kd_weight,
+            batch_tokens=args.batch_tokens, max_length=args.max_length, train_length=args.train_length, kd_weight=args.kd_weight,
+            negatives=args.negatives,
             storage_dtype=args.storage_dtype, eval_prompts=args.eval_prompts)
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -34,8 +34,9 @@ from verispec.distill.train import TrainSettings, train
 from verispec.models import load_model, load_tokenizer
 
 CHUNK_PROMPTS = 192  # prompts per answers file: the unit of resumption while generating
-# Settings that change the teacher data; a resumed run must keep them.
-DATA_FIELDS = ("target", "corpus", "seed", "tokens", "max_new_tokens", "documents", "document_tokens",
+# Settings that change the teacher data; a resumed run must keep them. (`tokens` may change: answers are generated
+# chunk by chunk in a fixed prompt order, so a larger budget extends the data and a smaller one uses a prefix.)
+DATA_FIELDS = ("target", "corpus", "seed", "max_new_tokens", "documents", "document_tokens",
                "document_temperature", "topk", "max_length")
 
 
@@ -72,11 +73,14 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     log(f"draft: {n_params / 1e6:.2f}M parameters, hidden {recipe.hidden_size}, {recipe.num_layers} layers; "
         f"training {recipe.steps} steps on {len(samples)} samples")
     settings = TrainSettings(steps=recipe.steps, lr=recipe.lr, batch_tokens=recipe.batch_tokens,
-                             max_length=recipe.max_length, kd_weight=recipe.kd_weight,
+                             max_length=recipe.train_length, kd_weight=recipe.kd_weight,
                              weight_decay=recipe.weight_decay, seed=recipe.seed, checkpoint_every=100,
-                             bf16=recipe.train_bf16)
-    train_stats = train(draft, samples, settings, pad_id, work_dir / "checkpoint.pt", resume=True,
-                        progress=progress)
+                             bf16=recipe.train_bf16, negatives=recipe.negatives)
+    try:
+        train_stats = train(draft, samples, settings, pad_id, work_dir / "checkpoint.pt", resume=True,
+                            progress=progress)
+    except ValueError as exc:
+        raise DistillError(str(exc)) from None
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
 
     report = {

@@ -15,10 +15,10 @@ class DistillRecipe:
     corpus: list[str] = field(default_factory=lambda: ["builtin"])  # "builtin" and/or prompt files (.txt/.jsonl)
     seed: int = 0  # seeds prompts, documents, initialisation and batch order
     # --- teacher data
-    tokens: int = 300_000  # budget of target answer tokens to generate (greedy)
-    max_new_tokens: int = 160  # longest target answer per prompt
-    documents: int = 160  # articles/passages the target writes (sampled) as material to summarise and retrieve
-    document_tokens: int = 320  # longest such document
+    tokens: int = 240_000  # budget of target answer tokens to generate (greedy)
+    max_new_tokens: int = 128  # longest target answer per prompt
+    documents: int = 96  # articles/passages the target writes (sampled) as material to summarise and retrieve
+    document_tokens: int = 256  # longest such document
     document_temperature: float = 0.8
     topk: int = 8  # target log-probs kept per answer token, for the soft loss
     gen_batch_size: int = 48  # prompts per generation batch
@@ -32,11 +32,13 @@ class DistillRecipe:
     max_positions: int = 8192
     # --- training
     steps: int = 3000
-    lr: float = 2e-3
-    batch_tokens: int = 8192  # padded tokens per training batch
-    max_length: int = 1024  # longest training sequence (prompt end + answer)
+    lr: float = 3e-3
+    batch_tokens: int = 4096  # padded tokens per training batch
+    max_length: int = 1024  # longest prompt + answer the teacher answers (longer prompts are skipped)
+    train_length: int = 768  # longest training sequence: the prompt's start is trimmed to fit
     kd_weight: float = 0.5  # weight of the soft top-k term against the hard greedy-token term
     weight_decay: float = 0.01
+    negatives: int = 2048  # sampled-softmax negatives per step beyond the target's top-k tokens (0 = full softmax)
     train_bf16: bool = True  # bf16 autocast for training matmuls (fp32 master weights)
     storage_dtype: str = "float16"  # dtype of the written safetensors
     # --- evaluation
@@ -47,11 +49,11 @@ class DistillRecipe:
     def __post_init__(self):
         positive = ["tokens", "max_new_tokens", "document_tokens", "topk", "gen_batch_size", "gen_batch_tokens",
                     "hidden_size", "num_layers", "intermediate_size", "num_heads", "num_kv_heads", "max_positions",
-                    "steps", "batch_tokens", "max_length", "eval_max_new_tokens", "eval_k"]
+                    "steps", "batch_tokens", "max_length", "train_length", "eval_max_new_tokens", "eval_k"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("documents", "eval_prompts"):
+        for name in ("documents", "eval_prompts", "negatives"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
@@ -66,6 +68,8 @@ class DistillRecipe:
             raise ValueError(f"storage dtype must be one of {STORAGE_DTYPES}, got {self.storage_dtype!r}")
         if self.max_length <= self.max_new_tokens:
             raise ValueError(f"max-length {self.max_length} must exceed max-new-tokens {self.max_new_tokens}")
+        if self.train_length <= self.max_new_tokens:
+            raise ValueError(f"train-length {self.train_length} must exceed max-new-tokens {self.max_new_tokens}")
         if not self.corpus:
             raise ValueError("corpus must name at least one source ('builtin' or a prompt file)")
 

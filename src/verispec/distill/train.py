@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -32,6 +32,39 @@ class TrainSettings:
     seed: int
     checkpoint_every: int  # steps between checkpoints
     bf16: bool  # bf16 autocast for matmuls (fp32 master weights and softmax)
+    negatives: int = 0  # sampled-softmax negatives per step outside the active vocabulary (0 = full softmax)
+
+
+class OutputVocab:
+    """The output vocabulary of one training step: sampled softmax (Jean et al., 2015) around an active set.
+
+    The active tokens are every token the target ranked in its top-k anywhere in the teacher data; they are
+    always scored. Tokens the target never proposes only need to stay unlikely, so each step scores `negatives`
+    of them drawn uniformly, with their logits raised by log(inactive / negatives) so that the sample stands in
+    for all of them in the softmax normaliser. The output head then costs |active| + negatives, not the whole
+    vocabulary, per answer token.
+    """
+
+    def __init__(self, samples: list[Sample], vocab_size: int, negatives: int):
+        seen = torch.zeros(vocab_size, dtype=torch.bool)
+        for s in samples:
+            seen[s.topk_ids.long().flatten()] = True
+            seen[s.response_ids.long()] = True
+        self.vocab_size = vocab_size
+        self.active = seen.nonzero().squeeze(1)  # [A]
+        self.inactive = (~seen).nonzero().squeeze(1)  # [V - A]
+        self.negatives = min(negatives, len(self.inactive))
+
+    def draw(self, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Token ids scored this step [M], their logit corrections [M], and the full-to-step index map [V]."""
+        pick = torch.randperm(len(self.inactive), generator=generator)[: self.negatives]
+        ids = torch.cat([self.active, self.inactive[pick]])  # [M]
+        correction = torch.zeros(len(ids))  # [M]
+        if self.negatives:
+            correction[len(self.active):] = math.log(len(self.inactive) / self.negatives)
+        index = torch.full((self.vocab_size,), -1, dtype=torch.long)  # [V]
+        index[ids] = torch.arange(len(ids))
+        return ids, correction, index
 
 
 def make_batches(samples: list[Sample], batch_tokens: int, max_length: int, rng: random.Random) -> list[list[int]]:
@@ -75,10 +108,19 @@ def collate(samples: list[Sample], max_length: int, pad_id: int):
     return ids, mask, labels, topk_ids, topk_p
 
 
-def draft_loss(draft, ids, mask, labels, topk_ids, topk_p, kd_weight: float):
-    """Returns (loss, number of answer tokens, number whose draft argmax equals the label)."""
+def draft_loss(draft, ids, mask, labels, topk_ids, topk_p, kd_weight: float, step_vocab=None):
+    """Returns (loss, number of answer tokens, number whose draft argmax equals the label).
+
+    `step_vocab` (from `OutputVocab.draw`) restricts the softmax to the scored tokens; None scores all of them.
+    """
     hidden = draft.model(input_ids=ids).last_hidden_state  # [B, T, hidden]
-    logits = draft.lm_head(hidden[mask])  # [N, vocab]
+    if step_vocab is None:
+        logits = draft.lm_head(hidden[mask])  # [N, vocab]
+    else:
+        vocab_ids, correction, index = step_vocab
+        weight = draft.lm_head.weight[vocab_ids]  # [M, hidden]
+        logits = hidden[mask] @ weight.T + correction.to(hidden.dtype)  # [N, M]
+        labels, topk_ids = index[labels], index[topk_ids]
     logq = torch.log_softmax(logits.float(), dim=-1)  # [N, vocab]
     hard = torch.nn.functional.nll_loss(logq, labels)
     loss = hard
@@ -108,9 +150,14 @@ def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, ch
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": settings.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=settings.lr, betas=(0.9, 0.98), eps=1e-8)
+    vocab = OutputVocab(samples, draft.config.vocab_size, settings.negatives) if settings.negatives else None
     step = 0
     if resume and checkpoint.is_file():
         state = torch.load(checkpoint, map_location="cpu", weights_only=False)
+        saved = {k: v for k, v in state.get("settings", {}).items() if k != "steps"}
+        if saved != {k: v for k, v in asdict(settings).items() if k != "steps"}:
+            raise ValueError(f"checkpoint {checkpoint} was trained with other settings ({saved}); delete it to "
+                             f"start training afresh, or resume with the same settings")
         draft.load_state_dict(state["draft"])
         optimizer.load_state_dict(state["optimizer"])
         step = state["step"]
@@ -128,7 +175,9 @@ def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, ch
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, settings)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            loss, n, correct = draft_loss(draft, ids, mask, labels, topk_ids, topk_p, settings.kd_weight)
+            # Seeded per step, so a resumed run draws the same negatives.
+            step_vocab = None if vocab is None else vocab.draw(_step_generator(settings.seed, step))
+            loss, n, correct = draft_loss(draft, ids, mask, labels, topk_ids, topk_p, settings.kd_weight, step_vocab)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
@@ -140,7 +189,7 @@ def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, ch
         bar.update(1)
         bar.set_postfix(loss=f"{ema_loss:.3f}", agree=f"{ema_acc:.3f}", epoch=epoch)
         if step % settings.checkpoint_every == 0 or step == settings.steps:
-            save_checkpoint(checkpoint, draft, optimizer, step)
+            save_checkpoint(checkpoint, draft, optimizer, step, settings)
     bar.close()
     draft.eval()
     if ema_loss is not None:
@@ -159,8 +208,13 @@ def _epoch_of(step: int, samples: list[Sample], settings: TrainSettings) -> tupl
         epoch += 1
 
 
-def save_checkpoint(path: Path, draft, optimizer, step: int) -> None:
+def _step_generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def save_checkpoint(path: Path, draft, optimizer, step: int, settings: TrainSettings) -> None:
     """Atomic write: a crash mid-save leaves the previous checkpoint intact."""
     tmp = path.with_suffix(".tmp")
-    torch.save({"draft": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step}, tmp)
+    torch.save({"draft": draft.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "settings": asdict(settings)}, tmp)
     os.replace(tmp, path)
