@@ -108,7 +108,8 @@ def run(args: argparse.Namespace) -> int:
             document_tokens=args.document_tokens, gen_batch_size=args.gen_batch_size,
             hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size,
             num_heads=args.heads, num_kv_heads=args.kv_heads, steps=args.steps, lr=args.lr,
-            batch_tokens=args.batch_tokens, max_length=args.max_length, train_length=args.train_length, kd_weight=args.kd_weight,
+            batch_tokens=args.batch_tokens, max_length=args.max_length, train_length=args.train_length,
+            kd_weight=args.kd_weight,
             negatives=args.negatives,
             storage_dtype=args.storage_dtype, eval_prompts=args.eval_prompts)
     except ValueError as exc:

@@ -104,12 +104,13 @@ def reference_continuations(target, tokenizer, prompts: list[str], max_new_token
         if path.is_file():
             return [tuple(pair) for pair in json.loads(path.read_text())]
     eos = _eos_ids(target, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     out = []
     for text in tqdm(prompts, desc="reference", unit="prompt", disable=not progress, dynamic_ncols=True):
         prompt_ids = chat_ids(tokenizer, text)
-        generated = target.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-                                    max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=sorted(eos),
-                                    pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sorted(eos)[0])
+        ids = torch.tensor([prompt_ids])  # [1, P]
+        generated = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                    do_sample=False, eos_token_id=sorted(eos), pad_token_id=pad_id)
         out.append((prompt_ids, generated[0, len(prompt_ids):].tolist()))
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -168,7 +168,8 @@ def _prompts_stage(recipe, work_dir, documents, log) -> list[Prompt]:
         builtin = build_prompts(max(64, recipe.tokens // 30), recipe.seed, documents)
         prompts = _interleave(prompts, builtin, recipe.seed)
     _write_jsonl(path, [asdict(p) for p in prompts])
-    log(f"prompts: {len(prompts)} ({', '.join(f'{k} {v}' for k, v in Counter(p.category for p in prompts).most_common())})")
+    counts = Counter(p.category for p in prompts).most_common()
+    log(f"prompts: {len(prompts)} ({', '.join(f'{k} {v}' for k, v in counts)})")
     return prompts
 
 
@@ -191,7 +192,8 @@ def _answers_stage(recipe, work_dir, prompts, teacher, tokenizer, eos, pad_id, p
             encoded = [ev.chat_ids(tokenizer, p.text) for p in items]
             keep = [i for i, e in enumerate(encoded) if len(e) + recipe.max_new_tokens <= recipe.max_length]
             skipped += len(items) - len(keep)
-            for batch in length_batches([len(encoded[i]) for i in keep], recipe.gen_batch_size, recipe.gen_batch_tokens):
+            lengths = [len(encoded[i]) for i in keep]
+            for batch in length_batches(lengths, recipe.gen_batch_size, recipe.gen_batch_tokens):
                 batch = [keep[j] for j in batch]
                 results = generate_batch(teacher, [encoded[i] for i in batch], recipe.max_new_tokens, eos, pad_id,
                                          topk=recipe.topk)
@@ -236,7 +238,8 @@ def read_prompt_file(path: Path) -> list[Prompt]:
                 row = json.loads(line)
                 text = row.get("text") or row.get("prompt") or row["turns"][0]
             except (json.JSONDecodeError, KeyError, IndexError, TypeError, AttributeError):
-                raise DistillError(f"{path}:{number}: expected a JSON object with 'text', 'prompt' or 'turns'") from None
+                raise DistillError(
+                    f"{path}:{number}: expected a JSON object with 'text', 'prompt' or 'turns'") from None
             out.append(Prompt(str(row.get("category", path.stem)), str(text)))
         return out
     return [Prompt(path.stem, line.strip()) for line in lines]

@@ -220,19 +220,29 @@ def _math_reasoning(rng: random.Random) -> str:
     a, b, c = rng.randint(2, 12), rng.randint(2, 9), rng.randint(10, 90)
     price = round(price * rng.choice([1, 2, 3, 5]), 2)
     return rng.choice([
-        f"{name} buys {a} {items} for ${price} each and pays with a ${c + int(a * price)} bill. How much change does {name} get?",
-        f"{name} has {c} {items}. {name} gives {a} to {other} and then buys {b} more. How many {items} does {name} have now?",
-        f"A store sells {items} at ${price} each. On Monday it sold {c} {items} and on Tuesday it sold {a} times as many. How much money did the store make in total?",
-        f"{name} reads {a} pages every weekday and {b * 3} pages each day on the weekend. How many pages does {name} read in {b} weeks?",
-        f"There are {c} students in a class. {a * 5}% of them walk to school and the rest take the bus. How many students take the bus?",
-        f"{name} is {a + 10} years old. {other} is {b} years older than twice {name}'s age. How old will {other} be in {a} years?",
-        f"A train travels at {c} miles per hour for {a} hours and then at {c - 5} miles per hour for {b} hours. How far does it travel in total?",
+        f"{name} buys {a} {items} for ${price} each and pays with a ${c + int(a * price)} bill. How much change "
+        f"does {name} get?",
+        f"{name} has {c} {items}. {name} gives {a} to {other} and then buys {b} more. How many {items} does {name} "
+        "have now?",
+        f"A store sells {items} at ${price} each. On Monday it sold {c} {items} and on Tuesday it sold {a} times as "
+        "many. How much money did the store make in total?",
+        f"{name} reads {a} pages every weekday and {b * 3} pages each day on the weekend. How many pages does "
+        f"{name} read in {b} weeks?",
+        f"There are {c} students in a class. {a * 5}% of them walk to school and the rest take the bus. How many "
+        "students take the bus?",
+        f"{name} is {a + 10} years old. {other} is {b} years older than twice {name}'s age. How old will {other} be "
+        f"in {a} years?",
+        f"A train travels at {c} miles per hour for {a} hours and then at {c - 5} miles per hour for {b} hours. How "
+        "far does it travel in total?",
         f"{name} saves ${c} each month. After {a} months, {name} spends ${a * 7} on a {item}. How much money is left?",
         f"A recipe needs {b} cups of flour for {a} {items}. How many cups of flour are needed for {a * c} {items}?",
-        f"{name} ordered {c * 10} kilos of sand. The sand is delivered in {a * 5} kg bags costing ${b + 10} per bag. How much does the order cost?",
-        f"{name} runs {a} miles on Monday, twice as far on Tuesday, and {b} miles less than Tuesday on Wednesday. How many miles does {name} run in total?",
+        f"{name} ordered {c * 10} kilos of sand. The sand is delivered in {a * 5} kg bags costing ${b + 10} per "
+        "bag. How much does the order cost?",
+        f"{name} runs {a} miles on Monday, twice as far on Tuesday, and {b} miles less than Tuesday on Wednesday. "
+        f"How many miles does {name} run in total?",
         f"A farmer has {c} chickens and {a} cows. How many legs do the animals have altogether?",
-        f"{name} works {a} hours a day, {b % 5 + 3} days a week, and earns ${c / 5:.2f} per hour. How much does {name} earn in {b} weeks?",
+        f"{name} works {a} hours a day, {b % 5 + 3} days a week, and earns ${c / 5:.2f} per hour. How much does "
+        f"{name} earn in {b} weeks?",
         f"The price of a {item} went up by {a * 5}% from ${c}. What is the new price?",
         f"{name} and {other} share {c * 2} {items} in the ratio {a}:{b}. How many {items} does {other} get?",
     ])
@@ -273,8 +283,10 @@ def _reasoning(rng: random.Random) -> str:
         f"A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?",
         f"{a} has {n} sisters and each sister has one brother. How many brothers does {a} have?",
         f"Which word does not belong with the others: apple, banana, carrot, grape? Explain why.",
-        f"If all {rng.choice(['bloops', 'zips', 'glorks'])} are razzies and some razzies are lazzies, are all bloops lazzies? Explain.",
-        f"{a} leaves home at 8 am and walks {n} km per hour. {b} leaves one hour later and cycles {n * 3} km per hour. When does {b} catch up?",
+        f"If all {rng.choice(['bloops', 'zips', 'glorks'])} are razzies and some razzies are lazzies, are all "
+        "bloops lazzies? Explain.",
+        f"{a} leaves home at 8 am and walks {n} km per hour. {b} leaves one hour later and cycles {n * 3} km per "
+        f"hour. When does {b} catch up?",
         f"Why might someone who is very healthy still need to visit a hospital every day? Give possible reasons.",
     ])
 

@@ -169,7 +169,7 @@ def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, ch
     while step < settings.steps:
         while not batches:
             epoch += 1
-            batches = make_batches(samples, settings.batch_tokens, settings.max_length, random.Random(settings.seed * 1000 + epoch))
+            batches = _batches_of(epoch, samples, settings)
         batch = batches.pop(0)
         ids, mask, labels, topk_ids, topk_p = collate([samples[i] for i in batch], settings.max_length, pad_id)
         for group in optimizer.param_groups:
@@ -201,11 +201,15 @@ def _epoch_of(step: int, samples: list[Sample], settings: TrainSettings) -> tupl
     """The epoch and remaining batches at `step` (replaying the deterministic batch order)."""
     epoch, done = 0, 0
     while True:
-        batches = make_batches(samples, settings.batch_tokens, settings.max_length, random.Random(settings.seed * 1000 + epoch))
+        batches = _batches_of(epoch, samples, settings)
         if done + len(batches) > step:
             return epoch, batches[step - done:]
         done += len(batches)
         epoch += 1
+
+
+def _batches_of(epoch: int, samples: list[Sample], settings: TrainSettings) -> list[list[int]]:
+    return make_batches(samples, settings.batch_tokens, settings.max_length, random.Random(settings.seed * 1000 + epoch))
 
 
 def _step_generator(seed: int, step: int) -> torch.Generator:
