@@ -122,6 +122,19 @@ def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
         assert plot in run["plots"]
 
 
+def test_bench_with_a_model_free_drafter(model_dirs, prompts_file, tmp_path):
+    """`--draft-model ngram`: our methods run with the n-gram drafter; HF assisted (needs a model) is skipped."""
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(model_dirs["target"]), "--draft-model", "ngram", "--prompts",
+               str(prompts_file), "--limit", "1", "--max-new-tokens", "12", "--k", "2", "--methods",
+               "target,verispec,hf-assisted,hf-target", "--probe-repeats", "1", "--out", str(out), *FAST])
+    assert rc == 0
+    run = json.loads((out / "report.json").read_text())["runs"][0]
+    assert [m["name"] for m in run["methods"]] == ["target", "verispec-k2", "hf-target"]
+    assert any(note.startswith("hf-assisted: skipped") for note in run["notes"])
+    assert run["results"]["overall"]["verispec-k2"]["equal_to_target"] == 3
+
+
 def test_bench_demo_basic_prints_side_by_side(model_dirs, tmp_path, capsys):
     rc = main(["bench", "--demo", "basic", "--model", str(model_dirs["target"]), "--draft-model",
                str(model_dirs["draft"]), "--max-new-tokens", "8", "--k", "2", "--out", str(tmp_path), *FAST])

@@ -36,17 +36,24 @@ def selected_prompts(config: BenchConfig) -> tuple[list[BenchPrompt], str]:
     return select_prompts(prompts, config.categories, config.limit), str(path)
 
 
+from ..drafters.factory import NAMED_DRAFTERS, make_drafter
+from ..engine import CACHE_SLACK
+
+
 def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt]):
     """-> (BenchModels, prompts encoded with the target's tokenizer)."""
     from ..models import load_model, load_tokenizer
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
     target = load_model(config.target, dtype=torch_dtype, device=config.device)
-    draft = None if config.draft is None else load_model(config.draft, dtype=torch_dtype, device=config.device)
+    named = config.draft in NAMED_DRAFTERS  # a model-free drafter (ngram, random): our methods only, no HF assisted
+    draft = None if config.draft is None or named else load_model(config.draft, dtype=torch_dtype,
+                                                                  device=config.device)
     tokenizer = load_tokenizer(config.target)
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
-    return BenchModels.build(target, draft, tokenizer, max_len), encoded
+    drafter = make_drafter(config.draft, target, tokenizer, max_len + CACHE_SLACK) if named else None
+    return BenchModels.build(target, draft, tokenizer, max_len, drafter), encoded
 
 
 def new_report(config: BenchConfig, prompts_file: str) -> dict:

@@ -39,8 +39,10 @@ class BenchModels:
     device: torch.device
 
     @classmethod
-    def build(cls, target, draft, tokenizer, max_len: int) -> BenchModels:
-        drafter = model_drafter(target, draft, max_len + CACHE_SLACK) if draft is not None else None
+    def build(cls, target, draft, tokenizer, max_len: int, drafter=None) -> BenchModels:
+        """`draft` is a draft model; `drafter` a model-free Drafter (ngram, random) used instead of one."""
+        if draft is not None:
+            drafter = model_drafter(target, draft, max_len + CACHE_SLACK)
         engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len)
         return cls(target, draft, tokenizer, engine, engine.target.device)
 
@@ -72,7 +74,7 @@ class Method(ABC):
         """Greedy generation of exactly max_new_tokens tokens -> (generated ids, engine stats or None)."""
 
     def weight_bytes(self) -> int:
-        models = [self.models.target] + ([self.models.draft] if self.uses_draft else [])
+        models = [self.models.target] + ([self.models.draft] if self.uses_draft and self.models.draft else [])
         return sum(model_weight_bytes(m) for m in models)
 
     def persistent_bytes(self) -> int:
@@ -179,8 +181,10 @@ def build_methods(families: list[str], ks: list[int], models: BenchModels) -> tu
     methods: list[Method] = []
     notes: list[str] = []
     for family in families:
-        if family != "target" and family != "hf-target" and models.draft is None:
-            notes.append(f"{family}: skipped, no draft model")
+        if family == "hf-assisted" and models.draft is None:
+            notes.append(f"{family}: skipped, HF assisted generation needs a draft model")
+        elif family not in ("target", "hf-target") and models.engine.drafter is None:
+            notes.append(f"{family}: skipped, no drafter")
         elif family == "adaptive" and not adaptive_supported(models.engine):
             notes.append("adaptive: skipped, this engine does not implement SpeculativeConfig(adaptive=True) yet")
         elif family in PER_K:
