@@ -24,7 +24,7 @@ exec .venv/bin/verispec distill \
     --seed 0 \
     --tokens 240000 --max-new-tokens 128 --documents 96 --document-tokens 256 \
     --hidden-size 128 --layers 4 --intermediate-size 512 --heads 4 --kv-heads 2 --storage-dtype float16 \
-    --steps 3000 --lr 3e-3 --batch-tokens 4096 --max-length 1024 --train-length 768 --kd-weight 0.5 --negatives 2048 \
+    --steps 3000 --lr 3e-3 --batch-tokens 4096 --max-length 1024 --train-length 768 --kd-weight 0.5 --copy-weight 0.5 --negatives 2048 \
     --eval-prompts 40 \
     --threads 2 \
     "$@"

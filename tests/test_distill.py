@@ -155,7 +155,7 @@ def test_sampled_softmax_with_every_negative_equals_the_full_softmax():
     draft = tiny_llama(seed=3)
     vocab = draft.config.vocab_size
     torch.manual_seed(0)
-    samples = [Sample("x", torch.randint(0, vocab, (6,), dtype=torch.int32), torch.randint(0, 20, (5,), dtype=torch.int32),
+    samples = [Sample("x", torch.randint(0, 20, (6,), dtype=torch.int32), torch.randint(0, 20, (5,), dtype=torch.int32),
                       torch.randint(0, 20, (5, 3), dtype=torch.int32), torch.randn(5, 3).half()) for _ in range(3)]
     batch = collate(samples, max_length=32, pad_id=2)
     full, n, _ = draft_loss(draft, *batch, kd_weight=0.5)
@@ -168,3 +168,21 @@ def test_sampled_softmax_with_every_negative_equals_the_full_softmax():
     ids, correction, index = some.draw(torch.Generator().manual_seed(1))
     assert len(ids) == len(some.active) + 8 and bool((index[ids] == torch.arange(len(ids))).all())
     assert torch.isfinite(draft_loss(draft, *batch, kd_weight=0.5, step_vocab=(ids, correction, index))[0])
+
+
+def test_copy_batch_labels_repeat_the_span():
+    from verispec.distill.copying import copy_batch
+    from verispec.distill.teacher import Sample
+
+    torch.manual_seed(0)
+    samples = [Sample("x", torch.arange(100, 160, dtype=torch.int32), torch.arange(200, 240, dtype=torch.int32),
+                      torch.zeros(40, 2, dtype=torch.int32), torch.zeros(40, 2).half()) for _ in range(2)]
+    ids, mask, labels = copy_batch(samples, rows=4, generator=torch.Generator().manual_seed(0), pad_id=2)
+    assert ids.shape[0] == 4 and len(labels) == int(mask.sum())
+    for row in range(4):
+        predicting = mask[row].nonzero().squeeze(1)
+        start = int(predicting[0])  # the second span starts here; its first token is not predicted
+        span = ids[row, start: int(predicting[-1]) + 2]
+        seq = ids[row].tolist()
+        first = [i for i in range(start) if seq[i: i + len(span)] == span.tolist()]
+        assert first, "the second span repeats an earlier one"

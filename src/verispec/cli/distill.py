@@ -79,6 +79,9 @@ def add_parser(subparsers) -> None:
                    help=f"longest training sequence; the prompt's start is trimmed (default {d['train_length']})")
     g.add_argument("--kd-weight", type=float, default=d["kd_weight"],
                    help=f"weight of the soft top-k loss against the greedy-token loss (default {d['kd_weight']})")
+    g.add_argument("--copy-weight", type=float, default=d["copy_weight"],
+                   help=f"weight of the auxiliary copy loss that teaches the draft to repeat earlier text "
+                        f"(default {d['copy_weight']})")
     g.add_argument("--negatives", type=_non_negative_int, default=d["negatives"],
                    help=f"sampled-softmax negatives per step beyond the target's top-k tokens, 0 for the full "
                         f"softmax (default {d['negatives']})")
@@ -110,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             num_heads=args.heads, num_kv_heads=args.kv_heads, steps=args.steps, lr=args.lr,
             batch_tokens=args.batch_tokens, max_length=args.max_length, train_length=args.train_length,
             kd_weight=args.kd_weight,
-            negatives=args.negatives,
+            negatives=args.negatives, copy_weight=args.copy_weight,
             storage_dtype=args.storage_dtype, eval_prompts=args.eval_prompts)
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -75,7 +75,8 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     settings = TrainSettings(steps=recipe.steps, lr=recipe.lr, batch_tokens=recipe.batch_tokens,
                              max_length=recipe.train_length, kd_weight=recipe.kd_weight,
                              weight_decay=recipe.weight_decay, seed=recipe.seed, checkpoint_every=100,
-                             bf16=recipe.train_bf16, negatives=recipe.negatives)
+                             bf16=recipe.train_bf16, negatives=recipe.negatives,
+                             copy_weight=recipe.copy_weight)
     try:
         train_stats = train(draft, samples, settings, pad_id, work_dir / "checkpoint.pt", resume=True,
                             progress=progress)

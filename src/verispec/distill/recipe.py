@@ -38,6 +38,7 @@ class DistillRecipe:
     train_length: int = 768  # longest training sequence: the prompt's start is trimmed to fit
     kd_weight: float = 0.5  # weight of the soft top-k term against the hard greedy-token term
     weight_decay: float = 0.01
+    copy_weight: float = 0.5  # weight of the auxiliary copy loss (repeat spans seen earlier); 0 = off
     negatives: int = 2048  # sampled-softmax negatives per step beyond the target's top-k tokens (0 = full softmax)
     train_bf16: bool = True  # bf16 autocast for training matmuls (fp32 master weights)
     storage_dtype: str = "float16"  # dtype of the written safetensors
@@ -62,6 +63,8 @@ class DistillRecipe:
             raise ValueError(f"num-heads {self.num_heads} must be divisible by num-kv-heads {self.num_kv_heads}")
         if not 0.0 <= self.kd_weight <= 1.0:
             raise ValueError(f"kd-weight must be in [0, 1], got {self.kd_weight}")
+        if self.copy_weight < 0:
+            raise ValueError(f"copy-weight must be >= 0, got {self.copy_weight}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.storage_dtype not in STORAGE_DTYPES:

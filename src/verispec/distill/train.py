@@ -1,7 +1,8 @@
 """Training the draft on teacher samples: cross-entropy on the target's greedy tokens plus a soft term on its top-k.
 
 Loss at every answer position (never on prompt tokens), with `p~` the target's top-k probabilities renormalised:
-    loss = (1 - kd_weight) * CE(target token) + kd_weight * (-sum_j p~_j log q_j)
+    loss = (1 - kd_weight) * CE(target token) + kd_weight * (-sum_j p~_j log q_j) + copy_weight * copy loss
+(the copy loss, `copying.py`, teaches the draft to repeat spans it has seen).
 The output head runs only on answer positions: with a 49k vocabulary it is most of the cost.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from verispec.distill.copying import copy_batch, copy_loss
 from verispec.distill.teacher import Sample
 
 
@@ -33,13 +35,15 @@ class TrainSettings:
     checkpoint_every: int  # steps between checkpoints
     bf16: bool  # bf16 autocast for matmuls (fp32 master weights and softmax)
     negatives: int = 0  # sampled-softmax negatives per step outside the active vocabulary (0 = full softmax)
+    copy_weight: float = 0.0  # weight of the auxiliary copy loss (`copying.py`); 0 = off
+    copy_rows: int = 8  # copy sequences per step
 
 
 class OutputVocab:
     """The output vocabulary of one training step: sampled softmax (Jean et al., 2015) around an active set.
 
-    The active tokens are every token the target ranked in its top-k anywhere in the teacher data; they are
-    always scored. Tokens the target never proposes only need to stay unlikely, so each step scores `negatives`
+    The active tokens are every token the target ranked in its top-k anywhere in the teacher data, and every
+    prompt token (the copy objective predicts those); they are always scored. Tokens the target never proposes only need to stay unlikely, so each step scores `negatives`
     of them drawn uniformly, with their logits raised by log(inactive / negatives) so that the sample stands in
     for all of them in the softmax normaliser. The output head then costs |active| + negatives, not the whole
     vocabulary, per answer token.
@@ -50,6 +54,7 @@ class OutputVocab:
         for s in samples:
             seen[s.topk_ids.long().flatten()] = True
             seen[s.response_ids.long()] = True
+            seen[s.prompt_ids.long()] = True
         self.vocab_size = vocab_size
         self.active = seen.nonzero().squeeze(1)  # [A]
         self.inactive = (~seen).nonzero().squeeze(1)  # [V - A]
@@ -176,8 +181,12 @@ def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, ch
             group["lr"] = lr_at(step, settings)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
             # Seeded per step, so a resumed run draws the same negatives.
-            step_vocab = None if vocab is None else vocab.draw(_step_generator(settings.seed, step))
+            generator = _step_generator(settings.seed, step)
+            step_vocab = None if vocab is None else vocab.draw(generator)
             loss, n, correct = draft_loss(draft, ids, mask, labels, topk_ids, topk_p, settings.kd_weight, step_vocab)
+            if settings.copy_weight > 0:
+                copy = copy_batch(samples, settings.copy_rows, generator, pad_id)
+                loss = loss + settings.copy_weight * copy_loss(draft, *copy, step_vocab)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
