@@ -79,12 +79,24 @@ def load_drafter_or_fallback(
     measured free memory (tests). Raises `ModelLoadError` (a ValueError) for a path that does not exist and
     ValueError for a draft whose vocabulary differs from the target's: those are the user's to fix.
     """
-    from .drafters.factory import AUTO, NAMED_DRAFTERS, NONE
+    from .drafters.cascade import SEPARATOR, CascadeDrafter
+    from .drafters.factory import AUTO, NAMED_DRAFTERS, NONE, cascade_parts
     from .drafters.ngram import NgramDrafter
 
     requested = NONE if name is None else str(name)
     if requested == NONE:
         return DrafterLoad(None, NONE, requested)
+    parts = cascade_parts(requested)
+    if len(parts) > 1:  # 'ngram+MODEL': each part loads (or falls back) on its own; the survivors cascade
+        loads = [load_drafter_or_fallback(part, target, tokenizer, max_len, dtype, device, target_name=target_name,
+                                          check_memory=check_memory, free_bytes=free_bytes, search_dirs=search_dirs)
+                 for part in parts]
+        kept = [load for load in loads if load.drafter is not None]
+        stages = [load.drafter for load in kept]
+        drafter = CascadeDrafter(stages) if len(stages) > 1 else (stages[0] if stages else None)
+        return DrafterLoad(drafter, SEPARATOR.join(load.name for load in kept) or NONE, requested,
+                           next((load.num_draft_tokens for load in loads if load.num_draft_tokens), None),
+                           "; ".join(load.warning for load in loads if load.warning) or None)
     if requested == AUTO:
         from .pairs import select_draft
 

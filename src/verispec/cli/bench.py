@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
 from .common import DTYPES, positive_int
 
@@ -26,8 +26,8 @@ def add_parser(sub) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("models")
     g.add_argument("--model", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET!r})")
-    g.add_argument("--draft-model", default=DEFAULT_DRAFT,
-                   help=f"draft model (default {DEFAULT_DRAFT!r}); 'none' runs the target-only methods")
+    g.add_argument("--draft-model", default=DEFAULT_DRAFTER,
+                   help=f"draft model (default {DEFAULT_DRAFTER!r}); 'none' runs the target-only methods")
     g.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="weights dtype (default float32)")
     g.add_argument("--dtypes", default=None, metavar="LIST",
                    help="several dtypes in one invocation, e.g. float32,bfloat16 (overrides --dtype)")

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -25,9 +25,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("models")
     g.add_argument("--model", default=DEFAULT_TARGET,
                    help=f"target model: folder, .gguf file, cached hub id, or {DEFAULT_TARGET!r} (default)")
-    g.add_argument("--draft-model", default=DEFAULT_DRAFT, action=_ExplicitStore,
+    g.add_argument("--draft-model", default=DEFAULT_DRAFTER, action=_ExplicitStore,
                    help=f"draft model (same forms), 'none' for the target alone, 'ngram' (prompt lookup, no model), "
-                        f"'auto' (the registered draft for the target, see `verispec pairs`); default {DEFAULT_DRAFT!r}")
+                        f"'auto' (the registered draft for the target, see `verispec pairs`); default {DEFAULT_DRAFTER!r}")
     g.add_argument("--draft-tokens", type=int, default=4, metavar="K", action=_ExplicitStore,
                    help="draft tokens per round (default 4, or the pair's K with --draft-model auto); with adaptive "
                         "speculation, the K of the first rounds")

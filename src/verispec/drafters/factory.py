@@ -3,7 +3,8 @@
 Values: 'none' (target alone), a model folder / .gguf / hub id / the embedded default draft's name, or a name in
 `NAMED_DRAFTERS`: 'ngram' (prompt lookup, no model), 'random' (uniform random tokens: a deliberately bad drafter
 for tests and benchmarks), 'auto' (the registered draft for the target, see pairs.py). New drafting methods
-register a name there.
+register a name there. Several values joined by '+' make a cascade (cascade.py): 'ngram+MODEL' drafts by prompt
+lookup where the sequence repeats itself and with MODEL elsewhere.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .base import Drafter
+from .cascade import CascadeDrafter, split_spec
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .random import RandomDrafter
@@ -55,6 +57,29 @@ def model_drafter(target: PreTrainedModel, draft: PreTrainedModel, max_len: int)
     return ModelDrafter(draft.eval(), max_len)
 
 
+def cascade_parts(name: str | None) -> list[str]:
+    """The drafter values a '+' list names ([name] when it is one value; a path that exists is never split)."""
+    if name is None:
+        return [NONE]
+    from pathlib import Path
+
+    if Path(str(name)).expanduser().exists():
+        return [str(name)]
+    parts = split_spec(str(name))
+    if len(parts) > 1 and NONE in parts:
+        raise ValueError(f"--draft-model {name!r}: 'none' cannot be part of a '+' list; pass 'none' alone")
+    models = [part for part in parts if part not in NAMED_DRAFTERS]
+    if len(models) > 1:
+        raise ValueError(f"--draft-model {name!r}: a '+' list takes at most one draft model, got {', '.join(models)}")
+    return parts
+
+
+def model_part(name: str | None) -> str | None:
+    """The draft model a drafter value names, if any ('ngram+MODEL' -> 'MODEL'; 'ngram' -> None)."""
+    models = [part for part in cascade_parts(name) if part != NONE and part not in NAMED_DRAFTERS]
+    return models[0] if models else None
+
+
 def make_drafter(
     name: str | None,
     target: PreTrainedModel,
@@ -62,12 +87,22 @@ def make_drafter(
     max_len: int,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    draft_model: PreTrainedModel | None = None,
 ) -> Drafter | None:
-    """Build the drafter named by `name` for `target` (None or 'none': no drafter)."""
-    if name is None or name == NONE:
+    """Build the drafter named by `name` for `target` (None or 'none': no drafter).
+
+    `draft_model`, when given, is the already loaded model that `name` (or its model part) names."""
+    parts = cascade_parts(name)
+    if len(parts) > 1:
+        return CascadeDrafter([make_drafter(part, target, tokenizer, max_len, dtype, device, draft_model)
+                               for part in parts])
+    name = parts[0]
+    if name == NONE:
         return None
     if name in NAMED_DRAFTERS:
         return NAMED_DRAFTERS[name](target, tokenizer, max_len)
-    from ..models import load_model
+    if draft_model is None:
+        from ..models import load_model
 
-    return model_drafter(target, load_model(name, dtype=dtype, device=device), max_len)
+        draft_model = load_model(name, dtype=dtype, device=device)
+    return model_drafter(target, draft_model, max_len)

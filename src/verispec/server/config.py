@@ -9,14 +9,14 @@ import torch
 
 from ..config import SpeculativeConfig
 from ..drafters.factory import NONE
-from ..models import DEFAULT_DRAFT, DEFAULT_TARGET
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     model: str = DEFAULT_TARGET
     """Target: model folder, .gguf file, cached hub id, or the embedded default's name."""
-    draft_model: str = DEFAULT_DRAFT
+    draft_model: str = DEFAULT_DRAFTER
     """Default drafter for requests that speculate: a model (same forms) or 'none' (the target alone)."""
     enable_speculative: bool = False
     """Speculate unless a request says otherwise; when False, only requests that ask for it speculate."""

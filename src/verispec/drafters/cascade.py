@@ -1,0 +1,70 @@
+"""Several drafters in order of preference: each round, the first that proposes anything drafts.
+
+`--draft-model ngram+MODEL` puts prompt lookup in front of a draft model: a round whose last tokens recur earlier
+in the prompt or output (summaries, quotes, code, translations, the target's own repetitions) copies what followed
+them at no model cost; any other round asks the draft model. Verification is unchanged: each round's proposal is
+verified against its own q (a point mass for the n-gram drafter, the draft model's processed probabilities
+otherwise), so greedy output equals the target alone and sampling stays exact.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .base import DraftProposal, Drafter, DraftRequest
+
+SEPARATOR = "+"
+
+
+class CascadeDrafter(Drafter):
+    """The first stage whose proposal is non-empty drafts the round; every stage sees begin/observe.
+
+    Stages keep their own state in step with the committed sequence: a stage that did not draft a round (a
+    ModelDrafter) catches up from the committed tokens the next time it is asked, so nothing is re-encoded.
+    """
+
+    def __init__(self, stages: Sequence[Drafter]) -> None:
+        if len(stages) < 2:
+            raise ValueError("a cascade needs at least two drafters, e.g. --draft-model ngram+MODEL")
+        self.stages = list(stages)
+        self.name = SEPARATOR.join(stage.name for stage in self.stages)
+        self.provides_probs = any(stage.provides_probs for stage in self.stages)
+        self.last_stage: Drafter | None = None  # the stage that drafted the latest round (stats, tests)
+
+    def begin(self, prompt_ids: torch.Tensor) -> None:
+        for stage in self.stages:
+            stage.begin(prompt_ids)
+
+    def propose(self, request: DraftRequest) -> DraftProposal:
+        seconds = 0.0
+        proposal = None
+        for stage in self.stages:
+            proposal = stage.propose(request)
+            seconds += proposal.seconds
+            if proposal.token_ids.numel() > 0:
+                self.last_stage = stage
+                break
+        proposal.seconds = seconds  # the stages asked and passed over cost time too
+        return proposal
+
+    def observe(self, committed_length: int, num_accepted: int, num_proposed: int) -> None:
+        for stage in self.stages:
+            stage.observe(committed_length, num_accepted, num_proposed)
+
+    @property
+    def runner(self):
+        """The KV-cache runner of the stage that has one (the draft model), for memory accounting."""
+        for stage in self.stages:
+            if hasattr(stage, "runner"):
+                return stage.runner
+        raise AttributeError("no stage of this cascade has a KV cache")
+
+
+def split_spec(name: str) -> list[str]:
+    """'ngram+path/to/draft' -> ['ngram', 'path/to/draft']; a name without '+' -> [name]."""
+    parts = [part.strip() for part in name.split(SEPARATOR)]
+    if len(parts) > 1 and not all(parts):
+        raise ValueError(f"--draft-model {name!r}: empty drafter in a '+' list; write e.g. ngram+MODEL")
+    return parts

@@ -1,0 +1,242 @@
+"""Cascaded drafters (`--draft-model ngram+MODEL`): routing by hand, the '+' syntax, greedy equality with both
+stages drafting, exact sampling over mixed rounds, load-time fallback, and the benchmark's use of the model part."""
+
+import json
+import logging
+
+import pytest
+import torch
+
+from conftest import tiny_llama
+from verispec.cli import main
+from verispec.config import SamplingParams, SpeculativeConfig
+from verispec.drafters.base import DraftProposal, Drafter, DraftRequest
+from verispec.drafters.cascade import CascadeDrafter, split_spec
+from verispec.drafters.factory import cascade_parts, make_drafter, model_part
+from verispec.drafters.model import ModelDrafter
+from verispec.drafters.ngram import NgramDrafter
+from verispec.engine import CACHE_SLACK, SpeculativeEngine
+from verispec.fallback import load_drafter_or_fallback
+from verispec.models import ModelLoadError, load_model
+from verispec.sampling import TokenSampler
+from verispec.verify import speculative_sample
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
+    yield
+    torch.set_num_threads(before)
+
+
+class Scripted(Drafter):
+    """Proposes `tokens` (or nothing), takes `seconds`, and records what it was told."""
+
+    def __init__(self, name, tokens, seconds=0.5):
+        self.name, self.tokens, self.seconds = name, tokens, seconds
+        self.calls = []
+
+    def begin(self, prompt_ids):
+        self.calls.append(("begin", prompt_ids.numel()))
+
+    def propose(self, request):
+        self.calls.append(("propose", request.k))
+        return DraftProposal(torch.tensor(self.tokens, dtype=torch.long), None, self.seconds)
+
+    def observe(self, committed_length, num_accepted, num_proposed):
+        self.calls.append(("observe", committed_length))
+
+
+def request(k=3):
+    return DraftRequest(torch.arange(6), k, TokenSampler(SamplingParams(), 50, [], []))
+
+
+# -- routing by hand ----------------------------------------------------------------------------------------------
+
+
+def test_first_non_empty_stage_drafts_and_time_adds_up():
+    empty, model, last = Scripted("ngram", []), Scripted("model", [7, 8]), Scripted("never", [1])
+    cascade = CascadeDrafter([empty, model, last])
+    assert cascade.name == "ngram+model+never"
+    proposal = cascade.propose(request())
+    assert proposal.token_ids.tolist() == [7, 8] and cascade.last_stage is model
+    assert proposal.seconds == pytest.approx(1.0)  # the empty stage's lookup counts too
+    assert last.calls == []  # never asked once an earlier stage proposed
+    cascade.begin(torch.arange(4))
+    cascade.observe(9, 1, 2)
+    for stage in (empty, model, last):  # every stage keeps its state in step, drafting or not
+        assert ("begin", 4) in stage.calls and ("observe", 9) in stage.calls
+
+
+def test_all_stages_empty_is_a_plain_round():
+    cascade = CascadeDrafter([Scripted("a", []), Scripted("b", [])])
+    assert cascade.propose(request()).token_ids.numel() == 0
+
+
+def test_cascade_needs_two_stages():
+    with pytest.raises(ValueError, match="at least two"):
+        CascadeDrafter([NgramDrafter()])
+
+
+# -- the '+' syntax -----------------------------------------------------------------------------------------------
+
+
+def test_spec_parsing(tmp_path):
+    assert split_spec("ngram+some/draft") == ["ngram", "some/draft"]
+    assert cascade_parts("ngram+some/draft") == ["ngram", "some/draft"]
+    assert cascade_parts("ngram") == ["ngram"] and cascade_parts(None) == ["none"]
+    assert model_part("ngram+some/draft") == "some/draft"
+    assert model_part("ngram") is None and model_part("none") is None and model_part("a/b") == "a/b"
+    odd = tmp_path / "draft+v2"  # a folder whose name holds '+' is a path, not a cascade
+    odd.mkdir()
+    assert cascade_parts(str(odd)) == [str(odd)]
+    with pytest.raises(ValueError, match="empty drafter"):
+        cascade_parts("ngram+")
+    with pytest.raises(ValueError, match="'none' cannot be part"):
+        cascade_parts("ngram+none")
+    with pytest.raises(ValueError, match="at most one draft model"):
+        cascade_parts("a/b+c/d")
+
+
+def test_make_drafter_builds_the_cascade(model_dirs, tokenizer):
+    target = load_model(model_dirs["target"])
+    drafter = make_drafter(f"ngram+{model_dirs['draft']}", target, tokenizer, 128)
+    assert isinstance(drafter, CascadeDrafter) and drafter.provides_probs
+    assert [type(s) for s in drafter.stages] == [NgramDrafter, ModelDrafter]
+    assert drafter.runner is drafter.stages[1].runner
+    with pytest.raises(ValueError, match="vocabulary size"):
+        make_drafter(f"ngram+{model_dirs['odd_vocab']}", target, tokenizer, 128)
+
+
+# -- end to end ---------------------------------------------------------------------------------------------------
+
+
+def counting(cascade):
+    """Count the rounds each stage drafted."""
+    counts = {stage.name: 0 for stage in cascade.stages}
+    propose = cascade.propose
+
+    def spy(req):
+        proposal = propose(req)
+        if proposal.token_ids.numel():
+            counts[cascade.last_stage.name] += 1
+        return proposal
+
+    cascade.propose = spy
+    return counts
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_greedy_equals_target_alone_with_both_stages_drafting(trained_pair, tokenizer, adaptive):
+    target, draft = trained_pair
+    cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 256 + CACHE_SLACK)])
+    counts = counting(cascade)
+    engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=3, adaptive=adaptive),
+                               max_len=256)
+    for text in ["the cat sat on the mat. the cat sat on the", "a quick brown fox", "one two three one two"]:
+        prompt = tokenizer(text)["input_ids"]
+        params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+        assert engine.generate(prompt, params).token_ids == engine.generate(prompt, params, use_drafter=False).token_ids
+    assert counts["ngram"] > 0 and counts["model"] > 0  # both stages drafted rounds of the same requests
+
+
+def test_sampling_mixes_point_mass_and_model_rounds(trained_pair, tokenizer, monkeypatch):
+    import verispec.engine as engine_module
+
+    seen = []
+
+    def spy(draft, q, p, generator=None, extra=None):
+        seen.append(q is None)
+        return speculative_sample(draft, q, p, generator, extra)
+
+    monkeypatch.setattr(engine_module, "speculative_sample", spy)
+    target, draft = trained_pair
+    cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 256 + CACHE_SLACK)])
+    engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=3), max_len=256)
+    prompt = tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
+    engine.generate(prompt, SamplingParams(max_new_tokens=40, temperature=1.0, seed=0, ignore_eos=True))
+    assert True in seen and False in seen  # n-gram rounds verify against a point mass, model rounds against q
+
+
+@pytest.mark.parametrize("text", ["ab ab ab ab a", "xyz"])
+def test_sampled_first_token_follows_the_target(trained_pair, tokenizer, text):
+    """Level (b): whichever stage drafts (n-gram on a repeating prompt, the model otherwise), the first sampled
+    token follows the target's processed distribution p."""
+    from scipy.stats import chisquare
+
+    target, draft = trained_pair
+    prompt = tokenizer(text)["input_ids"]
+    cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 64 + CACHE_SLACK)])
+    counts_by_stage = counting(cascade)
+    engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=2), max_len=64)
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt])).logits[0, -1]
+    params = SamplingParams(max_new_tokens=1, temperature=1.5, ignore_eos=True)
+    sampler = TokenSampler(params, logits.shape[-1], engine.eos_token_ids, prompt)
+    p = sampler.probs(sampler.process(logits.unsqueeze(0)))[0]  # [vocab]
+    runs = 400
+    counts = torch.zeros_like(p)
+    for seed in range(runs):
+        seeded = SamplingParams(max_new_tokens=2, temperature=1.5, ignore_eos=True, seed=seed)
+        counts[engine.generate(prompt, seeded).token_ids[0]] += 1
+    expected_stage = "ngram" if text.startswith("ab") else "model"
+    assert counts_by_stage[expected_stage] >= runs  # that stage drafted the first round of every run
+    likely = p * runs >= 5
+    observed = torch.cat([counts[likely], counts[~likely].sum().view(1)])
+    expected = torch.cat([p[likely] * runs, (p[~likely].sum() * runs).view(1)])
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    expected = expected * observed.sum() / expected.sum()
+    assert chisquare(observed.numpy(), expected.numpy()).pvalue > 1e-3
+
+
+# -- loading, CLI, benchmark --------------------------------------------------------------------------------------
+
+
+def test_load_falls_back_stage_by_stage(model_dirs, tokenizer, tmp_path, caplog):
+    target = load_model(model_dirs["target"])
+
+    def load(name, **kwargs):
+        return load_drafter_or_fallback(name, target, tokenizer, 128 + CACHE_SLACK, **kwargs)
+
+    loaded = load(f"ngram+{model_dirs['draft']}")
+    assert isinstance(loaded.drafter, CascadeDrafter) and loaded.warning is None
+    assert loaded.name == f"ngram+{model_dirs['draft']}"
+    with caplog.at_level(logging.WARNING, logger="verispec"):
+        tight = load(f"ngram+{model_dirs['draft']}", free_bytes=10_000)  # the model does not fit: n-gram alone
+    assert isinstance(tight.drafter, NgramDrafter) and tight.name == "ngram" and "not enough memory" in tight.warning
+    with pytest.raises(ModelLoadError, match="does not exist"):  # a typo stays the user's error
+        load(f"ngram+{tmp_path / 'missing'}")
+
+
+def test_cli_generate_with_a_cascade_equals_target_alone(model_dirs, capsys):
+    def run(draft):
+        code = main(["generate", "--model", str(model_dirs["target"]), "--draft-model", draft, "--prompt",
+                     "the cat sat on the mat. the cat", "--max-new-tokens", "24", "--min-new-tokens", "24", "--json",
+                     "--no-adaptive"])
+        assert code == 0
+        return json.loads(capsys.readouterr().out)
+
+    cascade, alone = run(f"ngram+{model_dirs['draft']}"), run("none")
+    assert cascade["token_ids"] == alone["token_ids"] and cascade["draft_model"].startswith("ngram+")
+    assert cascade["stats"]["draft_tokens"] > 0
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", str(model_dirs["target"]), "--draft-model", "ngram+none", "--prompt", "x"])
+    assert exit_info.value.code == 2
+    assert "'none' cannot be part" in capsys.readouterr().err
+
+
+def test_bench_drafts_with_the_cascade_and_anchors_on_its_model(model_dirs, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"question_id": "q1", "category": "animals",
+                                   "turns": ["the cat sat on the mat. the cat sat on the"]}) + "\n")
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(model_dirs["target"]), "--draft-model", f"ngram+{model_dirs['draft']}",
+               "--prompts", str(prompts), "--max-new-tokens", "12", "--k", "2", "--methods",
+               "target,verispec,hf-assisted", "--probe-repeats", "1", "--warmup-tokens", "0", "--no-progress",
+               "--out", str(out)])
+    assert rc == 0
+    run = json.loads((out / "report.json").read_text())["runs"][0]
+    assert [m["name"] for m in run["methods"]] == ["target", "verispec-k2", "hf-assisted-k2"]
+    assert any("ngram+" in note and "hf-assisted" in note for note in run["notes"])
+    assert run["results"]["overall"]["verispec-k2"]["equal_to_target"] == 1
