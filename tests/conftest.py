@@ -91,6 +91,20 @@ def train_on_corpus(model, tokenizer, steps: int, lr: float = 3e-3, seed: int = 
     return model.eval()
 
 
+def chisquare_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
+    """Chi-square goodness of fit of sampled token `counts` [vocab] to probabilities `p` [vocab]: tokens expected
+    >= 5 times are tested one by one, the rest pooled into one cell."""
+    from scipy.stats import chisquare
+
+    runs = float(counts.sum())
+    likely = p * runs >= 5
+    observed = torch.cat([counts[likely], counts[~likely].sum().view(1)])
+    expected = torch.cat([p[likely] * runs, (p[~likely].sum() * runs).view(1)])
+    observed, expected = observed[expected > 0], expected[expected > 0]
+    expected = expected * observed.sum() / expected.sum()
+    return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return make_tokenizer()

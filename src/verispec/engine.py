@@ -160,7 +160,6 @@ class SpeculativeEngine:
         if drafter is not None and not self._backoff(drafter).should_try():
             logger.info("drafter %s skipped for this request (back-off after failures)", drafter.name)
             drafter = None
-        policy = self.draft_policy(spec, drafter) if drafter is not None else FixedK(0)
         seq = torch.empty(prompt.numel() + params.max_new_tokens + CACHE_SLACK, dtype=torch.long)  # [capacity]
         seq[: prompt.numel()] = prompt
         length = prompt.numel()
@@ -176,7 +175,12 @@ class SpeculativeEngine:
         try:
             while stopper.finish_reason is None:
                 remaining = params.max_new_tokens - len(stopper.token_ids)
-                k = min(policy.choose(), remaining - 1) if drafter is not None else 0
+                # K comes from the policy of whoever drafts this round (a cascade's stage has its own estimates).
+                active = self._safe_route(drafter, seq[:length], stats) if drafter is not None else None
+                if active is None:
+                    drafter = None  # a failed route: the rest of this request runs on the target alone
+                policy = self.draft_policy(spec, active) if active is not None else FixedK(0)
+                k = min(policy.choose(), remaining - 1)
                 draft, q, draft_s = seq.new_empty(0), None, 0.0
                 if k > 0:
                     request = DraftRequest(seq[:length], k, sampler, spec.speculative_threshold)
@@ -258,6 +262,13 @@ class SpeculativeEngine:
         try:
             drafter.begin(prompt)
             return drafter
+        except Exception as exc:  # noqa: BLE001 - any drafter failure must degrade to the target alone
+            self._fallback(drafter, exc, stats)
+            return None
+
+    def _safe_route(self, drafter: Drafter, token_ids: torch.Tensor, stats: GenerationStats) -> Drafter | None:
+        try:
+            return drafter.route(token_ids)
         except Exception as exc:  # noqa: BLE001 - any drafter failure must degrade to the target alone
             self._fallback(drafter, exc, stats)
             return None

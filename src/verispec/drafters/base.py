@@ -45,3 +45,12 @@ class Drafter(ABC):
 
     def observe(self, committed_length: int, num_accepted: int, num_proposed: int) -> None:
         """After verification: the committed sequence now has `committed_length` tokens."""
+
+    def can_propose(self, token_ids: torch.Tensor) -> bool:
+        """Whether `propose` would draft anything after `token_ids` [n] (cheap; default: always)."""
+        return True
+
+    def route(self, token_ids: torch.Tensor) -> "Drafter":
+        """The drafter that will propose after `token_ids` [n]: itself, or a composite's member. The engine keys
+        its draft-length policy on it, so a cascade's stages each get their own K (see cascade.py)."""
+        return self

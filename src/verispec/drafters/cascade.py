@@ -23,6 +23,9 @@ class CascadeDrafter(Drafter):
 
     Stages keep their own state in step with the committed sequence: a stage that did not draft a round (a
     ModelDrafter) catches up from the committed tokens the next time it is asked, so nothing is re-encoded.
+    `route` names the stage that will draft, before K is chosen: with adaptive speculation each stage has its own
+    acceptance and cost estimates, so a free n-gram stage can draft long runs while a costly draft model that
+    does not pay is switched off (K = 0 for its rounds), and the other way round.
     """
 
     def __init__(self, stages: Sequence[Drafter]) -> None:
@@ -32,6 +35,16 @@ class CascadeDrafter(Drafter):
         self.name = SEPARATOR.join(stage.name for stage in self.stages)
         self.provides_probs = any(stage.provides_probs for stage in self.stages)
         self.last_stage: Drafter | None = None  # the stage that drafted the latest round (stats, tests)
+
+    def can_propose(self, token_ids: torch.Tensor) -> bool:
+        return any(stage.can_propose(token_ids) for stage in self.stages)
+
+    def route(self, token_ids: torch.Tensor) -> Drafter:
+        """The stage that drafts after `token_ids`: the first that can propose (the last one when none can)."""
+        for stage in self.stages[:-1]:
+            if stage.can_propose(token_ids):
+                return stage.route(token_ids)
+        return self.stages[-1].route(token_ids)
 
     def begin(self, prompt_ids: torch.Tensor) -> None:
         for stage in self.stages:

@@ -71,6 +71,9 @@ class NgramDrafter(Drafter):
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
 
+    def can_propose(self, token_ids: torch.Tensor) -> bool:
+        return find_match(token_ids, self.max_ngram, self.min_ngram)[0] > 0
+
     def propose(self, request: DraftRequest) -> DraftProposal:
         start_s = time.perf_counter()
         tokens = request.token_ids
