@@ -105,6 +105,21 @@ def chisquare_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
+def count_stage_rounds(cascade) -> dict[str, int]:
+    """Wrap a CascadeDrafter's propose to count, by stage name, the rounds each stage drafted (live dict)."""
+    counts = {stage.name: 0 for stage in cascade.stages}
+    propose = cascade.propose
+
+    def counting(request):
+        proposal = propose(request)
+        if proposal.token_ids.numel():
+            counts[cascade.last_stage.name] += 1
+        return proposal
+
+    cascade.propose = counting
+    return counts
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return make_tokenizer()

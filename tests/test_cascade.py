@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from conftest import chisquare_pvalue, tiny_llama
+from conftest import chisquare_pvalue, count_stage_rounds, tiny_llama
 from verispec.cli import main
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.base import DraftProposal, Drafter, DraftRequest
@@ -104,26 +104,11 @@ def test_make_drafter_builds_the_cascade(model_dirs, tokenizer):
 # -- end to end ---------------------------------------------------------------------------------------------------
 
 
-def counting(cascade):
-    """Count the rounds each stage drafted."""
-    counts = {stage.name: 0 for stage in cascade.stages}
-    propose = cascade.propose
-
-    def spy(req):
-        proposal = propose(req)
-        if proposal.token_ids.numel():
-            counts[cascade.last_stage.name] += 1
-        return proposal
-
-    cascade.propose = spy
-    return counts
-
-
 @pytest.mark.parametrize("adaptive", [False, True])
 def test_greedy_equals_target_alone_with_both_stages_drafting(trained_pair, tokenizer, adaptive):
     target, draft = trained_pair
     cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 256 + CACHE_SLACK)])
-    counts = counting(cascade)
+    counts = count_stage_rounds(cascade)
     engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=3, adaptive=adaptive),
                                max_len=256)
     for text in ["the cat sat on the mat. the cat sat on the", "a quick brown fox", "one two three one two"]:
@@ -158,7 +143,7 @@ def test_sampled_first_token_follows_the_target(trained_pair, tokenizer, text):
     target, draft = trained_pair
     prompt = tokenizer(text)["input_ids"]
     cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 64 + CACHE_SLACK)])
-    counts_by_stage = counting(cascade)
+    counts_by_stage = count_stage_rounds(cascade)
     engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=2), max_len=64)
     with torch.no_grad():
         logits = target(torch.tensor([prompt])).logits[0, -1]

@@ -55,6 +55,7 @@ def test_cli_json_real_pair_equals_draft_none(capsys):
 def test_real_default_cascade_equals_target_alone(real_gen):
     """The CLI/server default drafter, ngram + the shipped draft, on the real pair: identical greedy output, and both
     stages draft rounds (prompt lookup where the answer repeats itself or the prompt, the draft model elsewhere)."""
+    from conftest import count_stage_rounds
     from verispec.config import SamplingParams, SpeculativeConfig
     from verispec.drafters.factory import make_drafter
     from verispec.engine import CACHE_SLACK
@@ -63,16 +64,7 @@ def test_real_default_cascade_equals_target_alone(real_gen):
     engine = real_gen.engine
     cascade = make_drafter(DEFAULT_DRAFTER, engine.target.model, real_gen.tokenizer, engine.max_len + CACHE_SLACK,
                            draft_model=engine.drafter.runner.model)
-    used = {stage.name: 0 for stage in cascade.stages}
-    propose = cascade.propose
-
-    def counting(request):
-        proposal = propose(request)
-        if proposal.token_ids.numel():
-            used[cascade.last_stage.name] += 1
-        return proposal
-
-    cascade.propose = counting
+    used = count_stage_rounds(cascade)
     params = SamplingParams(max_new_tokens=64)
     for prompt in PROMPTS:
         ids = real_gen.encode(prompt, chat=True)
