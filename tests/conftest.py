@@ -105,6 +105,24 @@ def chisquare_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
+def sample_first_tokens(engine, target, prompt: list[int], temperature: float = 1.5, runs: int = 400):
+    """Sample the first generated token `runs` times (seeds 0..runs-1) through `engine`; -> (counts [vocab], the
+    target's processed distribution p [vocab] at that position), for `chisquare_pvalue`."""
+    from verispec.config import SamplingParams
+    from verispec.sampling import TokenSampler
+
+    with torch.no_grad():
+        logits = target(torch.tensor([prompt])).logits[0, -1]  # [vocab]
+    params = SamplingParams(max_new_tokens=2, temperature=temperature, ignore_eos=True)
+    sampler = TokenSampler(params, logits.shape[-1], engine.eos_token_ids, prompt)
+    p = sampler.probs(sampler.process(logits.unsqueeze(0)))[0]  # [vocab]
+    counts = torch.zeros_like(p)
+    for seed in range(runs):
+        seeded = SamplingParams(max_new_tokens=2, temperature=temperature, ignore_eos=True, seed=seed)
+        counts[engine.generate(prompt, seeded).token_ids[0]] += 1
+    return counts, p
+
+
 def count_stage_rounds(cascade) -> dict[str, int]:
     """Wrap a CascadeDrafter's propose to count, by stage name, the rounds each stage drafted (live dict)."""
     counts = {stage.name: 0 for stage in cascade.stages}

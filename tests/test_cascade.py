@@ -7,7 +7,7 @@ import logging
 import pytest
 import torch
 
-from conftest import chisquare_pvalue, count_stage_rounds, tiny_llama
+from conftest import chisquare_pvalue, count_stage_rounds, sample_first_tokens, tiny_llama
 from verispec.cli import main
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.base import DraftProposal, Drafter, DraftRequest
@@ -145,16 +145,8 @@ def test_sampled_first_token_follows_the_target(trained_pair, tokenizer, text):
     cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 64 + CACHE_SLACK)])
     counts_by_stage = count_stage_rounds(cascade)
     engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=2), max_len=64)
-    with torch.no_grad():
-        logits = target(torch.tensor([prompt])).logits[0, -1]
-    params = SamplingParams(max_new_tokens=1, temperature=1.5, ignore_eos=True)
-    sampler = TokenSampler(params, logits.shape[-1], engine.eos_token_ids, prompt)
-    p = sampler.probs(sampler.process(logits.unsqueeze(0)))[0]  # [vocab]
     runs = 400
-    counts = torch.zeros_like(p)
-    for seed in range(runs):
-        seeded = SamplingParams(max_new_tokens=2, temperature=1.5, ignore_eos=True, seed=seed)
-        counts[engine.generate(prompt, seeded).token_ids[0]] += 1
+    counts, p = sample_first_tokens(engine, target, prompt, temperature=1.5, runs=runs)
     expected_stage = "ngram" if text.startswith("ab") else "model"
     assert counts_by_stage[expected_stage] >= runs  # that stage drafted the first round of every run
     assert chisquare_pvalue(counts, p) > 1e-3

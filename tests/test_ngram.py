@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import chisquare_pvalue, tiny_llama
+from conftest import chisquare_pvalue, sample_first_tokens, tiny_llama
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.base import DraftRequest
 from verispec.drafters.factory import NAMED_DRAFTERS, make_drafter
@@ -121,18 +121,9 @@ def test_sampled_first_token_follows_the_target(tokenizer):
     """Level (b): with a draft proposed every time, the first sampled token still follows the target's p."""
     target = tiny_llama(4)
     prompt = tokenizer("ab ab ab ab a")["input_ids"]
-    params = SamplingParams(max_new_tokens=2, temperature=1.5, ignore_eos=True)
     engine = SpeculativeEngine(target, tokenizer, NgramDrafter(), SpeculativeConfig(num_draft_tokens=1))
-    with torch.no_grad():
-        logits = target(torch.tensor([prompt])).logits[0, -1]
-    sampler = TokenSampler(params, logits.shape[-1], engine.eos_token_ids, prompt)
-    p = sampler.probs(sampler.process(logits.unsqueeze(0)))[0]  # [vocab]
     runs = 400
-    counts = torch.zeros_like(p)
-    for seed in range(runs):
-        params_seeded = SamplingParams(max_new_tokens=2, temperature=1.5, ignore_eos=True, seed=seed)
-        result = engine.generate(prompt, params_seeded)
-        counts[result.token_ids[0]] += 1
+    counts, p = sample_first_tokens(engine, target, prompt, temperature=1.5, runs=runs)
     assert engine.total.draft_tokens == runs  # the drafter proposed "b" in every run
     # Chi-square over the likely tokens (expected count >= 5), the rest pooled.
     assert chisquare_pvalue(counts, p) > 1e-3

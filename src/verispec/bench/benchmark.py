@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from ..drafters.factory import make_drafter, model_part
+from ..engine import CACHE_SLACK
 from .machine import describe_machine, machine_line
 from .methods import BenchModels
 from .plots import write_plots
@@ -34,10 +36,6 @@ def selected_prompts(config: BenchConfig) -> tuple[list[BenchPrompt], str]:
     path = config.prompts_file or default_prompts_path()
     prompts = load_prompts(path)
     return select_prompts(prompts, config.categories, config.limit), str(path)
-
-
-from ..drafters.factory import make_drafter, model_part
-from ..engine import CACHE_SLACK
 
 
 def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt]):

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..config import SamplingParams, SpeculativeConfig
-from ..drafters.factory import model_drafter
-from ..engine import CACHE_SLACK, FixedK, SpeculativeEngine
+from ..drafters.cascade import CascadeDrafter
+from ..engine import FixedK, SpeculativeEngine
 from ..models import model_weight_bytes
 from ..stats import GenerationStats
 from .memory import PeakMemory, persistent_bytes
@@ -39,11 +39,9 @@ class BenchModels:
     device: torch.device
 
     @classmethod
-    def build(cls, target, draft, tokenizer, max_len: int, drafter=None) -> BenchModels:
-        """`draft`: the draft model HF assisted generation uses; `drafter`: what our methods draft with (default:
-        `draft` alone)."""
-        if drafter is None and draft is not None:
-            drafter = model_drafter(target, draft, max_len + CACHE_SLACK)
+    def build(cls, target, draft, tokenizer, max_len: int, drafter) -> BenchModels:
+        """`draft`: the draft model HF assisted generation uses (None: HF assisted is skipped); `drafter`: what our
+        methods draft with (None: only the target-only methods run)."""
         engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len)
         return cls(target, draft, tokenizer, engine, engine.target.device)
 
@@ -196,8 +194,7 @@ def build_methods(families: list[str], ks: list[int], models: BenchModels) -> tu
         else:
             methods.append(EngineMethod(models, family))
     drafter = models.engine.drafter
-    if models.draft is not None and drafter is not None and any(m.family == "hf-assisted" for m in methods) \
-            and getattr(drafter, "stages", None):
+    if isinstance(drafter, CascadeDrafter) and any(m.family == "hf-assisted" for m in methods):
         notes.append(f"hf-assisted: drafts with the draft model alone; our methods draft with {drafter.name} "
                      "(transformers cannot combine prompt lookup with an assistant model)")
     if not any(m.family == "target" for m in methods):
