@@ -186,3 +186,17 @@ def test_copy_batch_labels_repeat_the_span():
         seq = ids[row].tolist()
         first = [i for i in range(start) if seq[i: i + len(span)] == span.tolist()]
         assert first, "the second span repeats an earlier one"
+
+
+def test_copy_loss_sampled_softmax_with_every_negative_equals_the_full_softmax():
+    from verispec.distill.copying import copy_batch
+    from verispec.distill.teacher import Sample
+    from verispec.distill.train import OutputVocab, copy_loss
+
+    draft = tiny_llama(seed=3)
+    samples = [Sample("x", torch.arange(10, 40, dtype=torch.int32), torch.arange(20, 45, dtype=torch.int32),
+                      torch.zeros(25, 2, dtype=torch.int32), torch.zeros(25, 2).half()) for _ in range(2)]
+    batch = copy_batch(samples, rows=3, generator=torch.Generator().manual_seed(0), pad_id=2, min_span=4, max_span=8)
+    every = OutputVocab(samples, draft.config.vocab_size, negatives=draft.config.vocab_size)
+    sampled = copy_loss(draft, *batch, step_vocab=every.draw(torch.Generator().manual_seed(0)))
+    torch.testing.assert_close(sampled, copy_loss(draft, *batch))

@@ -4,7 +4,7 @@ The target's answers copy a lot: names and phrases from the document it summaris
 words it fails to translate, and its own earlier sentences when greedy decoding loops. A tiny draft trained only
 on the answers memorises the training documents instead of learning to copy, so each step also trains on
 sequences `context + span + filler + span` built from the teacher data, with the loss on the second `span` only
-(from its second token: the first cannot be known). This is the task that forms induction heads.
+(from its second token: the first cannot be known; `train.copy_loss`). This is the task that forms induction heads.
 """
 
 from __future__ import annotations
@@ -47,14 +47,3 @@ def copy_batch(samples: list[Sample], rows: int, generator: torch.Generator, pad
     labels = ids[:, 1:][mask[:, :-1]]  # [N]
     return ids, mask, labels
 
-
-def copy_loss(draft, ids, mask, labels, step_vocab=None):
-    """Cross-entropy of the copied tokens (same head and sampled softmax as `train.draft_loss`)."""
-    hidden = draft.model(input_ids=ids).last_hidden_state  # [B, T, hidden]
-    if step_vocab is None:
-        logits = draft.lm_head(hidden[mask])  # [N, vocab]
-    else:
-        vocab_ids, correction, index = step_vocab
-        logits = hidden[mask] @ draft.lm_head.weight[vocab_ids].T + correction.to(hidden.dtype)  # [N, M]
-        labels = index[labels]
-    return torch.nn.functional.cross_entropy(logits.float(), labels)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from verispec.distill.copying import copy_batch, copy_loss
+from verispec.distill.copying import copy_batch
 from verispec.distill.teacher import Sample
 
 
@@ -43,10 +43,10 @@ class OutputVocab:
     """The output vocabulary of one training step: sampled softmax (Jean et al., 2015) around an active set.
 
     The active tokens are every token the target ranked in its top-k anywhere in the teacher data, and every
-    prompt token (the copy objective predicts those); they are always scored. Tokens the target never proposes only need to stay unlikely, so each step scores `negatives`
-    of them drawn uniformly, with their logits raised by log(inactive / negatives) so that the sample stands in
-    for all of them in the softmax normaliser. The output head then costs |active| + negatives, not the whole
-    vocabulary, per answer token.
+    prompt token (the copy objective predicts those); they are always scored. Tokens the target never proposes
+    only need to stay unlikely, so each step scores `negatives` of them drawn uniformly, with their logits raised
+    by log(inactive / negatives) so that the sample stands in for all of them in the softmax normaliser. The
+    output head then costs |active| + negatives, not the whole vocabulary, per answer token.
     """
 
     def __init__(self, samples: list[Sample], vocab_size: int, negatives: int):
@@ -113,18 +113,25 @@ def collate(samples: list[Sample], max_length: int, pad_id: int):
     return ids, mask, labels, topk_ids, topk_p
 
 
+def masked_logits(draft, ids, mask, step_vocab=None) -> torch.Tensor:
+    """The draft's logits at the positions `mask` selects: [N, vocab], or [N, M] over the tokens `step_vocab`
+    (from `OutputVocab.draw`) scores this step, with their sampled-softmax corrections."""
+    hidden = draft.model(input_ids=ids).last_hidden_state  # [B, T, hidden]
+    if step_vocab is None:
+        return draft.lm_head(hidden[mask])  # [N, vocab]
+    vocab_ids, correction, _ = step_vocab
+    weight = draft.lm_head.weight[vocab_ids]  # [M, hidden]
+    return hidden[mask] @ weight.T + correction.to(hidden.dtype)  # [N, M]
+
+
 def draft_loss(draft, ids, mask, labels, topk_ids, topk_p, kd_weight: float, step_vocab=None):
     """Returns (loss, number of answer tokens, number whose draft argmax equals the label).
 
     `step_vocab` (from `OutputVocab.draw`) restricts the softmax to the scored tokens; None scores all of them.
     """
-    hidden = draft.model(input_ids=ids).last_hidden_state  # [B, T, hidden]
-    if step_vocab is None:
-        logits = draft.lm_head(hidden[mask])  # [N, vocab]
-    else:
-        vocab_ids, correction, index = step_vocab
-        weight = draft.lm_head.weight[vocab_ids]  # [M, hidden]
-        logits = hidden[mask] @ weight.T + correction.to(hidden.dtype)  # [N, M]
+    logits = masked_logits(draft, ids, mask, step_vocab)  # [N, vocab] or [N, M]
+    if step_vocab is not None:
+        index = step_vocab[2]
         labels, topk_ids = index[labels], index[topk_ids]
     logq = torch.log_softmax(logits.float(), dim=-1)  # [N, vocab]
     hard = torch.nn.functional.nll_loss(logq, labels)
@@ -134,6 +141,14 @@ def draft_loss(draft, ids, mask, labels, topk_ids, topk_p, kd_weight: float, ste
         loss = (1 - kd_weight) * hard + kd_weight * soft
     correct = int((logq.argmax(-1) == labels).sum())
     return loss, len(labels), correct
+
+
+def copy_loss(draft, ids, mask, labels, step_vocab=None):
+    """Cross-entropy of the copied tokens of a `copying.copy_batch` (same head and softmax as `draft_loss`)."""
+    logits = masked_logits(draft, ids, mask, step_vocab)
+    if step_vocab is not None:
+        labels = step_vocab[2][labels]
+    return torch.nn.functional.cross_entropy(logits.float(), labels)
 
 
 def lr_at(step: int, settings: TrainSettings) -> float:
