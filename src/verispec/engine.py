@@ -128,6 +128,20 @@ class SpeculativeEngine:
             finish = chunk.finish_reason or finish
         return GenerationResult(token_ids, "".join(text), finish, stats)
 
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        spec: SpeculativeConfig | None = None,
+        use_drafter: bool = True,
+    ) -> list[GenerationResult]:
+        """Run many prompts together, one result per prompt in order (each row with its own SamplingParams).
+
+        TEMPORARY: one prompt after another until the batched core lands (issue 9); same signature."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        return [self.generate(ids, p, spec=spec, use_drafter=use_drafter) for ids, p in zip(prompts, params)]
+
     def generate_iter(
         self,
         prompt_ids: Sequence[int] | torch.Tensor,
