@@ -105,17 +105,27 @@ def chisquare_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
+def target_probs(params, logits, context, eos_token_ids=(), pending=None):
+    """The processed target distribution p of one sequence: logits [n, vocab] after `context` (+ pending draft
+    tokens [m], row i seeing pending[:i]) -> [n, vocab], through the engine's own processing."""
+    from verispec.sampling import RowSamplingState, SamplingBatch, process_logits, stable_softmax
+
+    vocab = logits.shape[-1]
+    state = RowSamplingState(params, set(eos_token_ids), list(context), vocab, "cpu")
+    batch = SamplingBatch.stack([state], vocab, "cpu")
+    pending = None if pending is None else torch.as_tensor(pending, dtype=torch.long).view(1, -1)
+    return stable_softmax(process_logits(logits.unsqueeze(0), batch, pending))[0]
+
+
 def sample_first_tokens(engine, target, prompt: list[int], temperature: float = 1.5, runs: int = 400):
     """Sample the first generated token `runs` times (seeds 0..runs-1) through `engine`; -> (counts [vocab], the
     target's processed distribution p [vocab] at that position), for `chisquare_pvalue`."""
     from verispec.config import SamplingParams
-    from verispec.sampling import TokenSampler
 
     with torch.no_grad():
         logits = target(torch.tensor([prompt])).logits[0, -1]  # [vocab]
     params = SamplingParams(max_new_tokens=2, temperature=temperature, ignore_eos=True)
-    sampler = TokenSampler(params, logits.shape[-1], engine.eos_token_ids, prompt)
-    p = sampler.probs(sampler.process(logits.unsqueeze(0)))[0]  # [vocab]
+    p = target_probs(params, logits.unsqueeze(0), prompt, engine.eos_token_ids)[0]  # [vocab]
     counts = torch.zeros_like(p)
     for seed in range(runs):
         seeded = SamplingParams(max_new_tokens=2, temperature=temperature, ignore_eos=True, seed=seed)
@@ -128,11 +138,12 @@ def count_stage_rounds(cascade) -> dict[str, int]:
     counts = {stage.name: 0 for stage in cascade.stages}
     propose = cascade.propose
 
-    def counting(request):
-        proposal = propose(request)
-        if proposal.token_ids.numel():
-            counts[cascade.last_stage.name] += 1
-        return proposal
+    def counting(batch):
+        proposals = propose(batch)
+        for proposal, stage in zip(proposals, cascade.last_stages):
+            if proposal.token_ids.numel():
+                counts[stage.name] += 1
+        return proposals
 
     cascade.propose = counting
     return counts
@@ -166,3 +177,25 @@ def model_dirs(tmp_path_factory, tokenizer, trained_pair):
     tokenizer.save_pretrained(root / "odd_vocab")
     paths["odd_vocab"] = root / "odd_vocab"
     return paths
+
+
+def draft_batch(token_lists, ks, params=None, vocab: int = VOCAB, thresholds=None, seed: int = 0):
+    """A DraftBatch of rows (slot i = row i) continuing `token_lists`, asking ks[i] draft tokens of each."""
+    from verispec.config import SamplingParams
+    from verispec.drafters.base import DraftBatch, DraftRow
+    from verispec.sampling import RowSamplingState, SamplingBatch
+
+    params = params or [SamplingParams()] * len(token_lists)
+    rows, states = [], []
+    for i, (tokens, k, p) in enumerate(zip(token_lists, ks, params)):
+        tokens = torch.as_tensor(tokens, dtype=torch.long)
+        generator = torch.Generator().manual_seed(seed + i)
+        rows.append(DraftRow(tokens, k, i, generator, True, thresholds[i] if thresholds else 0.0))
+        states.append(RowSamplingState(p, set(), tokens.tolist(), vocab, "cpu"))
+    return DraftBatch(rows, SamplingBatch.stack(states, vocab, "cpu"))
+
+
+def propose_one(drafter, tokens, k, params=None, vocab: int = VOCAB, threshold: float = 0.0):
+    """One row's proposal (slot 0) from `drafter`; a stateful drafter must have been begun on slot 0."""
+    return drafter.propose(draft_batch([tokens], [k], [params] if params else None, vocab,
+                                       [threshold]))[0]

@@ -3,15 +3,13 @@
 import pytest
 import torch
 
-from conftest import tiny_llama
+from conftest import propose_one, tiny_llama
 from verispec.adaptive import AdaptivePolicy
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.drafters.base import DraftRequest
 from verispec.drafters.factory import make_drafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.random import RandomDrafter
 from verispec.engine import FixedK, SpeculativeEngine
-from verispec.sampling import TokenSampler
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -215,11 +213,11 @@ def test_threshold_stops_drafting_early(tokenizer):
     draft = tiny_llama(6, layers=1)  # untrained: its top probability is far below 0.99
     drafter = ModelDrafter(draft, 128)
     prompt = torch.tensor(tokenizer("the cat sat")["input_ids"])
-    drafter.begin(prompt)
-    sampler = TokenSampler(SamplingParams(), draft.config.vocab_size, [], prompt.tolist())
-    assert drafter.propose(DraftRequest(prompt, 5, sampler, threshold=0.99)).token_ids.numel() == 1
-    drafter.begin(prompt)
-    assert drafter.propose(DraftRequest(prompt, 5, sampler, threshold=0.0)).token_ids.numel() == 5
+    vocab = draft.config.vocab_size
+    drafter.begin(0, prompt)
+    assert propose_one(drafter, prompt, 5, vocab=vocab, threshold=0.99).token_ids.numel() == 1
+    drafter.begin(0, prompt)
+    assert propose_one(drafter, prompt, 5, vocab=vocab, threshold=0.0).token_ids.numel() == 5
 
 
 def test_cli_flags_build_the_config():

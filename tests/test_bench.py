@@ -9,12 +9,14 @@ import json
 import pytest
 import torch
 
+from verispec.bench.batching import batch_rows, parse_batch_sizes
 from verispec.bench.costs import (
     alphas_for_k,
     conditional_acceptance,
     expected_tokens_per_round,
     predicted_speedup,
 )
+from verispec.bench.machine import decode_floor, measure_bandwidth
 from verispec.bench.prompts import PromptError, load_prompts, select_prompts
 from verispec.cli import main
 
@@ -77,6 +79,21 @@ def test_select_prompts_limits_each_category(prompts_file):
         select_prompts(prompts, ["nope"])
 
 
+def test_batches_are_full_and_cycle_the_prompts():
+    assert batch_rows(5, 2) == [[0, 1], [2, 3], [4, 0]]  # the last batch wraps around to stay full
+    assert batch_rows(2, 4) == [[0, 1, 0, 1]]  # fewer prompts than B: one batch, the list repeated
+    assert batch_rows(3, 1) == [[0], [1], [2]]
+    assert parse_batch_sizes("16,1,4,4") == [1, 4, 16]
+
+
+def test_measure_bandwidth_is_positive_and_quick():
+    bandwidth = measure_bandwidth(size_bytes=8 * 2**20, repeats=2)  # bytes/s
+    assert 1e8 < bandwidth < 1e14
+    floor = decode_floor(weight_bytes=10**9, bandwidth_gb_s=50.0, tokens=100, seconds=4.0)
+    assert floor["floor_ms_per_token"] == pytest.approx(20.0)  # 1 GB read per step at 50 GB/s
+    assert floor["target_ms_per_token"] == pytest.approx(40.0) and floor["x_floor"] == pytest.approx(2.0)
+
+
 # -- (c) end to end on the tiny pair -----------------------------------------------------------------------------
 
 
@@ -91,8 +108,10 @@ def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert {"machine", "settings", "models", "runs"} <= set(report)
     assert report["machine"]["torch_threads"] >= 1 and report["machine"]["transformers"]
+    assert report["machine"]["memory_bandwidth_gb_s"] > 0
     run = report["runs"][0]
     assert run["dtype"] == "float32"
+    assert run["floor"]["floor_ms_per_token"] > 0 and run["floor"]["x_floor"] > 0
     names = [m["name"] for m in run["methods"]]
     adaptive = ["adaptive"] if "adaptive" in names else []  # until the engine has it: skipped with a note
     assert names == ["target", "verispec-k1", "verispec-k3", *adaptive, "hf-assisted-k1", "hf-assisted-k3",
@@ -117,9 +136,48 @@ def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
     assert len(run["prompts"]) == 3 * len(names)
     markdown = (out / "report.md").read_text()
     assert "## float32" in markdown and "### Speedup by category" in markdown and "verispec-k3" in markdown
+    assert "GB/s measured" in markdown and "x the floor" in markdown
     for plot in ("speedup_vs_k_float32.png", "acceptance_by_position_float32.png", "tokens_per_s_float32.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
         assert plot in run["plots"]
+
+
+def test_bench_batch_sizes_end_to_end(model_dirs, prompts_file, tmp_path, capsys):
+    """`--batch-sizes 1,2`: the target alone and adaptive speculation at both batch sizes, every row token-identical
+    to the prompt's batch-1 output of the target alone."""
+    out = tmp_path / "out"
+    rc = main([
+        "bench", "--model", str(model_dirs["target"]), "--draft-model", str(model_dirs["draft"]),
+        "--prompts", str(prompts_file), "--limit", "1", "--max-new-tokens", "10", "--batch-sizes", "1,2",
+        "--out", str(out), *FAST,
+    ])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["batch_sizes"] == [1, 2]
+    run = report["runs"][0]
+    batching = run["batching"]
+    names = ["target", "adaptive"] if "adaptive" in batching["methods"] else ["target"]
+    assert names == ["target", "adaptive"] or any(n.startswith("adaptive: skipped") for n in run["notes"])
+    assert batching["batch_sizes"] == [1, 2] and set(batching["results"]) == {"1", "2"}
+    for size, batches in (("1", 3), ("2", 2)):  # 3 prompts: batches of 2 wrap around to stay full
+        for name in names:
+            row = batching["results"][size][name]
+            assert row["batches"] == batches and row["rows"] == batches * int(size)
+            assert row["tokens"] == row["rows"] * 10  # every row generates exactly N tokens
+            assert row["equal_to_batch_1_target"] == row["rows"]  # greedy: identical to the target at batch 1
+            assert row["tokens_per_s"] > 0 and row["speedup"] > 0 and row["scaling_vs_batch_1"] > 0
+        assert batching["results"][size]["target"]["speedup"] == pytest.approx(1.0)
+    if "adaptive" in names:
+        assert batching["results"]["2"]["adaptive"]["mean_accepted_length"] >= 1.0
+    assert batching["results"]["1"]["target"]["scaling_vs_batch_1"] == pytest.approx(1.0)
+    assert len(batching["batches"]) == (3 + 2) * len(names)
+    assert run["floor"]["x_floor"] > 0 and "results" not in run  # the K sweep did not run
+    assert (out / "tokens_per_s_vs_batch_float32.png").read_bytes()[:4] == b"\x89PNG"
+    assert run["plots"] == ["tokens_per_s_vs_batch_float32.png"]
+    markdown = (out / "report.md").read_text()
+    assert "### Tokens/s by batch size" in markdown and "x the floor" in markdown
+    printed = capsys.readouterr().out
+    assert "target scaling vs 1" in printed and "GB/s measured" in printed
 
 
 def test_bench_with_a_model_free_drafter(model_dirs, prompts_file, tmp_path):
@@ -156,6 +214,10 @@ def test_bench_demo_basic_prints_side_by_side(model_dirs, tmp_path, capsys):
         (["--k", "0"], "--k values must be between 1 and 64"),
         (["--methods", "target,beam"], "unknown method beam"),
         (["--dtypes", "float32,int3"], "unknown dtype int3"),
+        (["--batch-sizes", "0,4"], "--batch-sizes values must be between 1 and 256"),
+        (["--batch-sizes", "1,257"], "--batch-sizes values must be between 1 and 256"),
+        (["--batch-sizes", "1,2.5"], "--batch-sizes must be a comma-separated list"),
+        (["--batch-sizes", "4", "--demo", "basic"], "--batch-sizes and --demo do not combine"),
     ],
 )
 def test_bench_bad_input_exits_2(prompts_file, extra, message, capsys, tmp_path):

@@ -7,10 +7,10 @@ import logging
 import pytest
 import torch
 
-from conftest import chisquare_pvalue, count_stage_rounds, sample_first_tokens, tiny_llama
+from conftest import chisquare_pvalue, count_stage_rounds, draft_batch, sample_first_tokens, tiny_llama
 from verispec.cli import main
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.drafters.base import DraftProposal, Drafter, DraftRequest
+from verispec.drafters.base import DraftProposal, Drafter
 from verispec.drafters.cascade import CascadeDrafter, split_spec
 from verispec.drafters.factory import cascade_parts, make_drafter, model_part
 from verispec.drafters.model import ModelDrafter
@@ -18,8 +18,7 @@ from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
 from verispec.fallback import load_drafter_or_fallback
 from verispec.models import ModelLoadError, load_model
-from verispec.sampling import TokenSampler
-from verispec.verify import speculative_sample
+from verispec.verify import rejection_verify
 
 
 class Scripted(Drafter):
@@ -29,41 +28,45 @@ class Scripted(Drafter):
         self.name, self.tokens, self.seconds = name, tokens, seconds
         self.calls = []
 
-    def begin(self, prompt_ids):
+    def can_propose(self, token_ids):
+        return bool(self.tokens)
+
+    def begin(self, slot, prompt_ids):
         self.calls.append(("begin", prompt_ids.numel()))
 
-    def propose(self, request):
-        self.calls.append(("propose", request.k))
-        return DraftProposal(torch.tensor(self.tokens, dtype=torch.long), None, self.seconds)
+    def propose(self, batch):
+        self.calls.append(("propose", [row.k for row in batch.rows]))
+        return [DraftProposal(torch.tensor(self.tokens[: row.k], dtype=torch.long), None, self.seconds)
+                for row in batch.rows]
 
-    def observe(self, committed_length, num_accepted, num_proposed):
+    def observe(self, slot, committed_length, num_accepted, num_proposed):
         self.calls.append(("observe", committed_length))
 
 
 def request(k=3):
-    return DraftRequest(torch.arange(6), k, TokenSampler(SamplingParams(), 50, [], []))
+    return draft_batch([torch.arange(6)], [k], vocab=50)
 
 
 # -- routing by hand ----------------------------------------------------------------------------------------------
 
 
-def test_first_non_empty_stage_drafts_and_time_adds_up():
+def test_first_stage_that_can_propose_drafts():
     empty, model, last = Scripted("ngram", []), Scripted("model", [7, 8]), Scripted("never", [1])
     cascade = CascadeDrafter([empty, model, last])
     assert cascade.name == "ngram+model+never"
-    proposal = cascade.propose(request())
+    assert cascade.route(torch.arange(6)) is model
+    proposal = cascade.propose(request())[0]
     assert proposal.token_ids.tolist() == [7, 8] and cascade.last_stage is model
-    assert proposal.seconds == pytest.approx(1.0)  # the empty stage's lookup counts too
-    assert last.calls == []  # never asked once an earlier stage proposed
-    cascade.begin(torch.arange(4))
-    cascade.observe(9, 1, 2)
+    assert empty.calls == [] and last.calls == []  # only the routed stage is asked
+    cascade.begin(0, torch.arange(4))
+    cascade.observe(0, 9, 1, 2)
     for stage in (empty, model, last):  # every stage keeps its state in step, drafting or not
         assert ("begin", 4) in stage.calls and ("observe", 9) in stage.calls
 
 
 def test_all_stages_empty_is_a_plain_round():
     cascade = CascadeDrafter([Scripted("a", []), Scripted("b", [])])
-    assert cascade.propose(request()).token_ids.numel() == 0
+    assert cascade.propose(request())[0].token_ids.numel() == 0
 
 
 def test_cascade_needs_two_stages():
@@ -119,15 +122,17 @@ def test_greedy_equals_target_alone_with_both_stages_drafting(trained_pair, toke
 
 
 def test_sampling_mixes_point_mass_and_model_rounds(trained_pair, tokenizer, monkeypatch):
-    import verispec.engine as engine_module
+    import verispec.engine.engine as engine_module
 
     seen = []
 
-    def spy(draft, q, p, generator=None, extra=None):
-        seen.append(q is None)
-        return speculative_sample(draft, q, p, generator, extra)
+    def spy(meta, q, has_q, p, *args, **kwargs):
+        drafted = meta.num_draft_tokens > 0
+        if bool(drafted.any()):
+            seen.append(q is None or not bool(has_q[drafted].any()))
+        return rejection_verify(meta, q, has_q, p, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "speculative_sample", spy)
+    monkeypatch.setattr(engine_module, "rejection_verify", spy)
     target, draft = trained_pair
     cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 256 + CACHE_SLACK)])
     engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=3), max_len=256)

@@ -56,3 +56,39 @@ def test_bad_input_exits_2_with_a_message(model_dirs, args, message):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_prompts_file_runs_a_batch_equal_to_each_prompt_alone(capsys, model_dirs, tmp_path):
+    rows = [{"id": "a", "prompt": "the cat sat"}, {"prompt": "one two", "max_new_tokens": 8},
+            {"id": 7, "messages": [{"role": "user", "content": "hello"}], "temperature": 0.9, "seed": 4},
+            {"prompt_token_ids": [30, 31, 32], "stop_token_ids": [5]}]
+    source = tmp_path / "in.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out_path = tmp_path / "out.jsonl"
+    common = ["--model", model_dirs["target"], "--draft-model", model_dirs["draft"], "--max-new-tokens", 16]
+    code, _, err = run_cli(capsys, *common, "--prompts-file", source, "--output", out_path, "--max-batch-size", 3)
+    assert code == 0 and "4 prompts" in err
+    lines = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [line["id"] for line in lines] == ["a", 1, 7, 3] and [line["index"] for line in lines] == [0, 1, 2, 3]
+    assert len(lines[1]["token_ids"]) <= 8
+    # Each row equals that prompt run alone through --prompt (greedy rows) with the same settings.
+    code, out, _ = run_cli(capsys, *common, "--prompt", "the cat sat", "--json", "--draft-model", "none")
+    assert json.loads(out)["token_ids"] == lines[0]["token_ids"]
+    code, out, _ = run_cli(capsys, *common, "--prompt", "hello", "--chat", "--json", "--temperature", 0.9,
+                           "--seed", 4)
+    assert json.loads(out)["token_ids"] == lines[2]["token_ids"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ("not json", "line 1: not valid JSON"),
+    ('{"prompt": "a", "messages": []}', "exactly one of"),
+    ('{"prompt": "a", "temprature": 1}', "unknown field(s) temprature"),
+    ('{"prompt": "a", "top_p": 3}', "line 1: top_p"),
+    ('{"prompt_token_ids": "abc"}', "list of ints"),
+])
+def test_bad_prompts_file_exits_2(capsys, model_dirs, tmp_path, line, message):
+    source = tmp_path / "bad.jsonl"
+    source.write_text(line + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["generate", "--model", str(model_dirs["target"]), "--prompts-file", str(source)])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

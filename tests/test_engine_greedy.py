@@ -19,8 +19,8 @@ class RandomDrafter(Drafter):
         self.vocab = vocab
         self.gen = torch.Generator().manual_seed(seed)
 
-    def propose(self, request):
-        return DraftProposal(torch.randint(0, self.vocab, (request.k,), generator=self.gen), None)
+    def propose(self, batch):
+        return [DraftProposal(torch.randint(0, self.vocab, (row.k,), generator=self.gen), None) for row in batch.rows]
 
 
 def hf_greedy(model, prompt, n, **kwargs):

@@ -57,18 +57,18 @@ class FlakyDrafter(ModelDrafter):
         if where == self.where and self.calls[where] in self.fail_on:
             raise RuntimeError(f"simulated {where} failure #{self.calls[where]}")
 
-    def begin(self, prompt_ids):
-        super().begin(prompt_ids)
+    def begin(self, slot, prompt_ids):
+        super().begin(slot, prompt_ids)
         self._maybe_fail("begin")
 
-    def propose(self, request):
-        proposal = super().propose(request)
+    def propose(self, batch):
+        proposals = super().propose(batch)
         self._maybe_fail("propose")
-        return proposal
+        return proposals
 
-    def observe(self, committed_length, num_accepted, num_proposed):
+    def observe(self, slot, committed_length, num_accepted, num_proposed):
         self._maybe_fail("observe")
-        super().observe(committed_length, num_accepted, num_proposed)
+        super().observe(slot, committed_length, num_accepted, num_proposed)
 
 
 PARAMS = SamplingParams(max_new_tokens=30, ignore_eos=True)

@@ -3,14 +3,12 @@
 import pytest
 import torch
 
-from conftest import chisquare_pvalue, sample_first_tokens, tiny_llama
+from conftest import chisquare_pvalue, propose_one, sample_first_tokens, tiny_llama
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.drafters.base import DraftRequest
 from verispec.drafters.factory import NAMED_DRAFTERS, make_drafter
 from verispec.drafters.ngram import NgramDrafter, continuation, find_match
 from verispec.engine import SpeculativeEngine
-from verispec.sampling import TokenSampler
-from verispec.verify import speculative_sample
+from verispec.verify import rejection_verify
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -26,8 +24,7 @@ def ids(*tokens):
 
 
 def propose(tokens, k, **kwargs):
-    sampler = TokenSampler(SamplingParams(), 100, [], [])
-    return NgramDrafter(**kwargs).propose(DraftRequest(ids(*tokens), k, sampler)).token_ids.tolist()
+    return propose_one(NgramDrafter(**kwargs), ids(*tokens), k, vocab=100).token_ids.tolist()
 
 
 # -- hand-built matches -----------------------------------------------------------------------------------------
@@ -101,15 +98,15 @@ def test_greedy_equals_target_alone(tokenizer, adaptive):
 
 def test_sampling_uses_point_mass_verification(tokenizer, monkeypatch):
     """Under sampling, the n-gram drafter's proposals are verified with q = None (a point mass)."""
-    import verispec.engine as engine_module
+    import verispec.engine.engine as engine_module
 
     seen = []
 
-    def spy(draft, q, p, generator=None, extra=None):
-        seen.append((draft.shape[1], q))
-        return speculative_sample(draft, q, p, generator, extra)
+    def spy(meta, q, has_q, p, *args, **kwargs):
+        seen.append((meta.draft_token_ids.shape[1], None if q is None or not has_q.any() else q))
+        return rejection_verify(meta, q, has_q, p, *args, **kwargs)
 
-    monkeypatch.setattr(engine_module, "speculative_sample", spy)
+    monkeypatch.setattr(engine_module, "rejection_verify", spy)
     engine = SpeculativeEngine(tiny_llama(3), tokenizer, NgramDrafter(), SpeculativeConfig(num_draft_tokens=3))
     prompt = tokenizer("one two one two one two one")["input_ids"]
     engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0, ignore_eos=True))

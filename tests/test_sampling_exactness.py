@@ -1,8 +1,9 @@
 """Level (b): speculative sampling follows the processed target distribution exactly.
 
 On a tiny-vocabulary pair whose draft disagrees strongly with the target, the empirical joint distribution of
-the first three generated tokens (many seeded runs of the real engine) is compared with the exact target
-distribution computed by enumeration. The total-variation bound comes from the sample size: the expected TVD of
+the first three generated tokens (many seeded runs of the real engine, rows of several cases with different
+parameters and drafters side by side in each batch) is compared with the exact target distribution computed by
+enumeration. The total-variation bound comes from the sample size: the expected TVD of
 an N-sample empirical distribution over M outcomes is at most 0.5 * sqrt(M / N), and McDiarmid's inequality
 (each sample moves the TVD by at most 1/N) adds sqrt(ln(1/delta) / (2N)) for failure probability delta = 1e-6.
 The same test run on a deliberately biased sampler (recovered tokens drawn from p instead of the residual) must
@@ -11,17 +12,19 @@ fail, so the check cannot pass vacuously.
 
 import itertools
 import math
+from dataclasses import replace
 
-import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
+from conftest import target_probs
 
 from verispec import verify
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.base import DraftProposal, Drafter
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.sampling import TokenSampler
+from verispec.stats import GenerationStats
 
 VOCAB, NEW_TOKENS, PROMPT = 4, 3, [0, 1, 2]
 SAMPLES = 6000
@@ -48,9 +51,9 @@ class PointMassDrafter(Drafter):
     def __init__(self):
         self.gen = torch.Generator().manual_seed(7)
 
-    def propose(self, request):
-        tokens = torch.multinomial(torch.tensor([0.7, 0.1, 0.1, 0.1]), request.k, True, generator=self.gen)
-        return DraftProposal(tokens, None)
+    def propose(self, batch):
+        weights = torch.tensor([0.7, 0.1, 0.1, 0.1])
+        return [DraftProposal(torch.multinomial(weights, row.k, True, generator=self.gen), None) for row in batch.rows]
 
 
 def exact_joint(target, params) -> dict[tuple, float]:
@@ -60,55 +63,66 @@ def exact_joint(target, params) -> dict[tuple, float]:
         for seq in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
             prob = 1.0
             for i in range(NEW_TOKENS):
-                sampler = TokenSampler(params, VOCAB, [], PROMPT)
-                sampler.commit(list(seq[:i]))
                 logits = target(torch.tensor([PROMPT + list(seq[:i])])).logits[0, -1:]
-                prob *= sampler.probs(sampler.process(logits))[0, seq[i]].item()
+                prob *= target_probs(params, logits, PROMPT + list(seq[:i]))[0, seq[i]].item()
             joint[seq] = prob
     return joint
 
 
-def empirical_tvd(engine, params, joint) -> float:
-    counts = dict.fromkeys(joint, 0)
-    for seed in range(SAMPLES):
-        run = SamplingParams(**{**params.__dict__, "seed": seed})
-        counts[tuple(engine.generate(PROMPT, run).token_ids)] += 1
-    return 0.5 * sum(abs(counts[s] / SAMPLES - p) for s, p in joint.items())
-
-
 TVD_BOUND = 0.5 * math.sqrt(VOCAB**NEW_TOKENS / SAMPLES) + math.sqrt(math.log(1e6) / (2 * SAMPLES))
 
+# Rows of all cases run side by side in the same batches (each with its own parameters, drafter and seed), so the
+# test checks sampling for rows inside a batch.
 CASES = {
     "model-drafter-all-transforms": SamplingParams(
         max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=3, top_p=0.95, min_p=0.05, repetition_penalty=1.3
     ),
+    "model-drafter-penalties": SamplingParams(
+        max_new_tokens=NEW_TOKENS, temperature=0.7, top_k=2, presence_penalty=0.8, frequency_penalty=0.5
+    ),
     "point-mass-drafter-temperature": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.2),
 }
+ROWS_PER_CASE = 32  # per batch: 96 rows in every step
 
 
-def build_engine(case):
+def run_cases():
+    """-> {case: (TVD, acceptance rate)} from SAMPLES seeded runs per case, all cases mixed in each batch."""
     target = peaky_llama(0)
-    drafter = ModelDrafter(peaky_llama(1), 128) if case.startswith("model") else PointMassDrafter()
-    return target, SpeculativeEngine(target, CharTokenizer(), drafter, SpeculativeConfig(num_draft_tokens=2), 64)
+    drafters = {case: ModelDrafter(peaky_llama(1), 128) if case.startswith("model") else PointMassDrafter()
+                for case in CASES}
+    engine = SpeculativeEngine(target, CharTokenizer(), None, SpeculativeConfig(num_draft_tokens=2), 64,
+                               max_batch_size=len(CASES) * ROWS_PER_CASE)
+    counts = {case: {} for case in CASES}
+    stats = {case: GenerationStats() for case in CASES}
+    for first in range(0, SAMPLES, ROWS_PER_CASE):
+        seqs = [(case, engine.add_request(PROMPT, replace(params, seed=seed), drafter=drafters[case]))
+                for seed in range(first, min(first + ROWS_PER_CASE, SAMPLES)) for case, params in CASES.items()]
+        while engine.has_unfinished:
+            engine.step()
+        for case, seq in seqs:
+            key = tuple(seq.stopper.token_ids)
+            counts[case][key] = counts[case].get(key, 0) + 1
+            stats[case].merge(seq.stats)
+    out = {}
+    for case, params in CASES.items():
+        joint = exact_joint(target, params)
+        tvd = 0.5 * sum(abs(counts[case].get(s, 0) / SAMPLES - p) for s, p in joint.items())
+        out[case] = (tvd, stats[case].acceptance_rate)
+    return out
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_speculative_sampling_matches_target_distribution(case):
-    target, engine = build_engine(case)
-    params = CASES[case]
-    joint = exact_joint(target, params)
-    tvd = empirical_tvd(engine, params, joint)
-    print(f"{case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}, acceptance {engine.total.acceptance_rate:.3f}")
-    assert engine.total.accepted_tokens > 0.05 * engine.total.draft_tokens  # the draft path really ran
-    assert engine.total.accepted_tokens < 0.9 * engine.total.draft_tokens  # ...and so did the residual path
-    assert tvd < TVD_BOUND, f"TVD {tvd:.4f} exceeds the sampling bound {TVD_BOUND:.4f}"
+def test_speculative_sampling_matches_target_distribution_in_a_batch():
+    for case, (tvd, acceptance) in run_cases().items():
+        print(f"{case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}, acceptance {acceptance:.3f}")
+        assert 0.05 < acceptance < 0.9, f"{case}: both the draft path and the residual path must run"
+        assert tvd < TVD_BOUND, f"{case}: TVD {tvd:.4f} exceeds the sampling bound {TVD_BOUND:.4f}"
 
 
 def test_the_check_catches_a_biased_sampler(monkeypatch):
     """Recovered tokens drawn from p instead of norm(max(0, p - q)): the classic bug must be detected."""
     monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
-    target, engine = build_engine("model-drafter-all-transforms")
-    params = CASES["model-drafter-all-transforms"]
-    tvd = empirical_tvd(engine, params, exact_joint(target, params))
-    print(f"biased TVD {tvd:.4f}, bound {TVD_BOUND:.4f}")
-    assert tvd > TVD_BOUND, f"a biased sampler passed: TVD {tvd:.4f} <= bound {TVD_BOUND:.4f}"
+    results = run_cases()
+    for case in ("model-drafter-all-transforms", "point-mass-drafter-temperature"):
+        tvd = results[case][0]
+        print(f"biased {case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}")
+        assert tvd > TVD_BOUND, f"a biased sampler passed: TVD {tvd:.4f} <= bound {TVD_BOUND:.4f}"

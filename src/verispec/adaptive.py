@@ -3,11 +3,13 @@
 For a round with K draft tokens (terms as in DEVELOPERS.md):
 
     expected committed tokens   E(K) = 1 + sum_{j=1..K} prod_{i<=j} alpha_i
-    expected round time         T(K) = K * c_draft + c_verify(K + 1)
+    expected round time         T(K) = K * c_draft + c_verify(B * (K + 1))
 
 alpha_i is the conditional acceptance rate at draft position i (accepted, given positions 1..i-1 were), c_draft
-the time of one draft step and c_verify(w) the time of one target pass over w positions. K = 0 is plain decoding
-(E = 1, T = c_verify(1)). The policy picks the K in [0, max_depth] with the highest E(K) / T(K); a K >= 1 must
+the time of one draft step and c_verify(t) the time of one target pass over t fed tokens: a step verifies B rows
+of K + 1 positions each, so under load (large B) a wide verify pass costs more and K falls, down to 0. Every row
+commits E(K) tokens, so the batch's rate is B * E(K) / T(K) and B cancels out of the choice except through
+c_verify. K = 0 is plain decoding (E = 1, T = c_verify(B)). The policy picks the K in [0, max_depth] with the highest E(K) / T(K); a K >= 1 must
 beat K = 0 by `min_gain`, so a drafter that does not pay is switched off and speculation costs no more than
 noise. While K = 0 is chosen, a probe round with K >= 1 runs every `probe_every` rounds (the interval doubles up
 to `max_probe_every` while probes keep losing), so the estimates can recover when the text becomes predictable.
@@ -17,12 +19,13 @@ Estimates are online and survive across requests (the engine keeps one policy pe
   multiplies position i's counts by `decay`, so old rounds fade (an exponential moving average with a prior).
   prior_1 is `prior_acceptance`; prior_i is the estimate of alpha_{i-1}, so positions a bad drafter never
   reaches do not keep an optimistic prior (a drafter rejected at position 1 is not assumed good at position 2).
-- c_draft, c_verify(w): moving averages of measured seconds per draft token and per verify width, taken in log
+- c_draft, c_verify(t): moving averages of measured seconds per draft step and per verify size t (tokens fed =
+  rows x width; at batch size 1, t is the width), taken in log
   space (the first sample of each is dropped: first calls of a shape pay one-off allocation and kernel set-up),
   with each sample clipped to within a factor `TIME_CLIP` of the estimate, so one stall of a busy machine
-  barely moves them. Unmeasured widths come from a line c_verify(w) = a + b (w - 1) fitted to the measured ones
-  (or, with one width measured, from the prior slope b = verify_slope_prior * a); the curve is made
-  non-decreasing in w, which bounds rate(K) / rate(0) by E(K): with acceptance estimates below min_gain - 1,
+  barely moves them. Unmeasured sizes come from a line c_verify(t) = a + b (t - 1) fitted to the measured ones
+  (or, with one size measured, from the prior slope b = verify_slope_prior * a); the curve is made
+  non-decreasing in t, which bounds rate(K) / rate(0) by E(K): with acceptance estimates below min_gain - 1,
   K = 0 wins whatever the timing noise.
 """
 
@@ -69,13 +72,13 @@ class AdaptivePolicy:
         self.accepted = [0.0] * max_depth  # [position]: decayed count of accepted draft tokens
         self.tried = [0.0] * max_depth  # [position]: decayed count of draft tokens the target examined
         self.draft_s: float | None = None  # EMA seconds per draft token
-        self.verify_s: dict[int, float] = {}  # width -> EMA seconds of one target pass over that many positions
-        self._warm: set[int] = set()  # timings whose first (warm-up) sample was dropped: widths, and 0 for drafts
+        self.verify_s: dict[int, float] = {}  # tokens fed (rows x width) -> EMA seconds of one target pass
+        self._warm: set[int] = set()  # timings whose first (warm-up) sample was dropped: sizes, and 0 for drafts
         self.rounds = 0
         self.chosen: list[int] = [0] * (max_depth + 1)  # [K]: rounds this policy chose K
         self._probe_interval = probe_every
         self._since_probe = 0
-        self._rates: list[float] | None = None  # cache of rates(), dropped by record()
+        self._rates: dict[int, list[float]] = {}  # batch size -> rates(batch size), dropped by record()
 
     # -- estimates -----------------------------------------------------------------------------------------------
 
@@ -93,33 +96,33 @@ class AdaptivePolicy:
         """E(k) = 1 + sum_{j=1..k} prod_{i<=j} alpha_i."""
         return 1.0 + sum(accumulate(self.alpha[:k], lambda run, a: run * a))
 
-    def verify_cost(self, width: int) -> float | None:
-        """Estimated seconds of a target pass over `width` positions (None before any measurement)."""
-        curve = self._verify_curve()
-        return None if curve is None else curve[width - 1]
+    def verify_cost(self, tokens: int) -> float | None:
+        """Estimated seconds of a target pass over `tokens` fed tokens (None before any measurement)."""
+        curve = self._verify_curve([tokens])
+        return None if curve is None else curve[0]
 
-    def expected_cost(self, k: int) -> float | None:
-        """T(k) = k * c_draft + c_verify(k + 1), in seconds (None before any measurement)."""
-        verify = self.verify_cost(k + 1)
+    def expected_cost(self, k: int, batch_size: int = 1) -> float | None:
+        """T(k) = k * c_draft + c_verify(batch_size * (k + 1)), in seconds (None before any measurement)."""
+        verify = self.verify_cost(batch_size * (k + 1))
         if verify is None or (k > 0 and self.draft_s is None):
             return None
         return k * (self.draft_s or 0.0) + verify
 
-    def rates(self) -> list[float] | None:
-        """[K]: expected committed tokens per second for K = 0..max_depth (None before measurements).
-
-        Computed once per recorded round: `choose` runs every round and must stay cheap next to a forward pass."""
-        if self._rates is None:
-            curve = self._verify_curve()
+    def rates(self, batch_size: int = 1) -> list[float] | None:
+        """[K]: expected committed tokens per second and row for K = 0..max_depth at this batch size (None before
+        measurements). Computed once per recorded round: `choose` runs every step and must stay cheap."""
+        if batch_size not in self._rates:
+            curve = self._verify_curve([batch_size * (k + 1) for k in range(self.max_depth + 1)])
             if curve is None or self.draft_s is None:
                 return None
             committed = [1.0] + [1.0 + e for e in accumulate(accumulate(self.alpha, lambda run, a: run * a))]
-            self._rates = [committed[k] / max(k * self.draft_s + curve[k], 1e-12) for k in range(self.max_depth + 1)]
-        return self._rates
+            self._rates[batch_size] = [committed[k] / max(k * self.draft_s + curve[k], 1e-12)
+                                       for k in range(self.max_depth + 1)]
+        return self._rates[batch_size]
 
-    def best_k(self) -> int:
+    def best_k(self, batch_size: int = 1) -> int:
         """The K the estimates favour, before probing (initial_k until the costs were measured)."""
-        rates = self.rates()
+        rates = self.rates(batch_size)
         if rates is None:
             return self.initial_k
         k = max(range(1, self.max_depth + 1), key=rates.__getitem__)
@@ -127,14 +130,15 @@ class AdaptivePolicy:
 
     # -- the engine's two calls ----------------------------------------------------------------------------------
 
-    def choose(self) -> int:
-        # Warm-up: draft with initial_k until a draft step was timed, then one plain round times c_verify(1).
+    def choose(self, batch_size: int = 1) -> int:
+        """K for the next step of `batch_size` rows."""
+        # Warm-up: draft with initial_k until a draft step was timed, then plain steps time c_verify(batch_size).
         if self.draft_s is None:
             k = self.initial_k
-        elif 1 not in self.verify_s:
+        elif batch_size not in self.verify_s:
             k = 0
         else:
-            k = self.best_k()
+            k = self.best_k(batch_size)
             if k > 0:
                 self._probe_interval = self.probe_every
                 self._since_probe = 0
@@ -142,7 +146,7 @@ class AdaptivePolicy:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval:
                     # Probe with the best K >= 1 so the estimates can recover; back off while probes lose.
-                    rates = self.rates()
+                    rates = self.rates(batch_size)
                     k = max(range(1, self.max_depth + 1), key=rates.__getitem__)
                     self._since_probe = 0
                     self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
@@ -150,25 +154,32 @@ class AdaptivePolicy:
         return k
 
     def record(self, k: int, num_accepted: int, draft_s: float, verify_s: float) -> None:
-        """One verified round: k draft tokens (verify width k + 1), the leading num_accepted of them accepted."""
-        self.rounds += 1
-        self._rates = None
+        """One verified round of one row: k draft tokens (verify width k + 1), the leading num_accepted accepted."""
+        self.record_step([(k, num_accepted)], draft_s, k, verify_s, k + 1)
+
+    def record_step(self, rows: list[tuple[int, int]], draft_s: float, draft_steps: int, verify_s: float,
+                    tokens: int) -> None:
+        """One verified step: for each of this policy's rows (k, num_accepted); the draft took `draft_steps` steps
+        in `draft_s` seconds; the target pass over `tokens` fed tokens (all rows of the batch) took verify_s."""
+        self.rounds += len(rows)
+        self._rates = {}
         # Positions 1..num_accepted were accepted; position num_accepted + 1 (if drafted) was rejected; later
         # positions were never examined and say nothing about their conditional rates.
-        for position in range(min(num_accepted + 1, k, self.max_depth)):
-            self.tried[position] = self.decay * self.tried[position] + 1.0
-            self.accepted[position] = self.decay * self.accepted[position] + float(position < num_accepted)
-        if k > 0 and self._warmed(0):
-            self.draft_s = self._ema(self.draft_s, draft_s / k)
-        if self._warmed(k + 1):
-            self.verify_s[k + 1] = self._ema(self.verify_s.get(k + 1), verify_s)
+        for k, num_accepted in rows:
+            for position in range(min(num_accepted + 1, k, self.max_depth)):
+                self.tried[position] = self.decay * self.tried[position] + 1.0
+                self.accepted[position] = self.decay * self.accepted[position] + float(position < num_accepted)
+        if draft_steps > 0 and self._warmed(0):
+            self.draft_s = self._ema(self.draft_s, draft_s / draft_steps)
+        if self._warmed(tokens):
+            self.verify_s[tokens] = self._ema(self.verify_s.get(tokens), verify_s)
 
     def snapshot(self) -> dict:
         """The current estimates, for benchmarks and metrics."""
         return {
             "alpha": [round(a, 4) for a in self.alpha],
             "draft_s_per_token": self.draft_s,
-            "verify_s_by_width": dict(sorted(self.verify_s.items())),
+            "verify_s_by_tokens": dict(sorted(self.verify_s.items())),
             "best_k": self.best_k(),
             "rounds": self.rounds,
             "chosen_k_counts": list(self.chosen),
@@ -190,23 +201,26 @@ class AdaptivePolicy:
         new = min(max(new, old / TIME_CLIP), old * TIME_CLIP)
         return math.exp(self.time_decay * math.log(old) + (1.0 - self.time_decay) * math.log(new))
 
-    def _verify_curve(self) -> list[float] | None:
-        """[width - 1]: c_verify(width) for widths 1..max_depth + 1, measured where known, else a fitted line."""
+    def _verify_curve(self, sizes: list[int]) -> list[float] | None:
+        """c_verify(t) for the ascending sizes t: measured where known, else a fitted line, made non-decreasing."""
         if not self.verify_s:
             return None
         points = sorted(self.verify_s.items())
         if len(points) == 1:
-            (w0, c0), = points
-            a = c0 / (1.0 + self.verify_slope_prior * (w0 - 1))
+            (t0, c0), = points
+            a = c0 / (1.0 + self.verify_slope_prior * (t0 - 1))
             b = self.verify_slope_prior * a
-        else:  # least squares on x = w - 1
-            xs = [w - 1.0 for w, _ in points]
+        else:  # least squares on x = t - 1
+            xs = [t - 1.0 for t, _ in points]
             ys = [c for _, c in points]
             mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
             b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
             b = max(b, 0.0)
             a = my - b * mx
         floor = 0.25 * min(c for _, c in points)
-        curve = [self.verify_s.get(w, max(a + b * (w - 1), floor)) for w in range(1, self.max_depth + 2)]
-        # A wider pass never costs less than a narrower one; timing noise must not make speculation look free.
+        curve = []
+        for t in sizes:
+            estimate = self.verify_s.get(t, max(a + b * (t - 1), floor))
+            # A larger pass never costs less than a smaller measured one: noise must not make speculation look free.
+            curve.append(max([estimate] + [c for size, c in points if size <= t]))
         return list(accumulate(curve, max))

@@ -31,6 +31,10 @@ class SamplingParams:
     """Drop tokens whose probability is below min_p times the most likely token's; 0 keeps all."""
     repetition_penalty: float = 1.0
     """HF/CTRL repetition penalty over the prompt and the output; 1.0 is off."""
+    presence_penalty: float = 0.0
+    """OpenAI presence penalty: subtracted once from every token already in the output (not the prompt); 0 is off."""
+    frequency_penalty: float = 0.0
+    """OpenAI frequency penalty: subtracted per occurrence of a token in the output (not the prompt); 0 is off."""
     seed: int | None = None
     """Seed of the sampler; the same seed reproduces the same output."""
     stop: tuple[str, ...] = ()
@@ -55,6 +59,9 @@ class SamplingParams:
         _check(0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}")
         _check(0 <= self.min_p < 1, f"min_p must be in [0, 1), got {self.min_p}")
         _check(self.repetition_penalty > 0, f"repetition_penalty must be > 0 (1.0 is off), got {self.repetition_penalty}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(-2.0 <= value <= 2.0, f"{name} must be in [-2, 2] (0 is off), got {value}")
         _check(all(s != "" for s in self.stop), "stop strings must not be empty")
 
     @property

@@ -2,6 +2,7 @@
 
     gen = SpeculativeGenerator(target_model, draft_model, tokenizer, K=4, max_len=2048)
     text = gen.generate("The capital of France is", max_new_tokens=32)
+    texts = gen.generate(["Hello", "Bonjour"], sampling=[{"temperature": 0.7, "seed": 1}, {}])  # one batch
     for piece in gen.stream("Tell me a story", temperature=0.7, seed=1):
         print(piece, end="")
     gen.get_stats()
@@ -34,6 +35,7 @@ class SpeculativeGenerator:
         max_len: int = 2048,
         device: str | torch.device | None = None,
         spec: SpeculativeConfig | None = None,
+        max_batch_size: int = 16,
     ) -> None:
         if device is not None:
             target_model = target_model.to(device)
@@ -45,7 +47,8 @@ class SpeculativeGenerator:
         else:
             drafter = draft_model
         self.spec = spec or SpeculativeConfig(num_draft_tokens=K)
-        self.engine = SpeculativeEngine(target_model.eval(), tokenizer, drafter, self.spec, max_len=max_len)
+        self.engine = SpeculativeEngine(target_model.eval(), tokenizer, drafter, self.spec, max_len=max_len,
+                                        max_batch_size=max_batch_size)
         self.last_stats = GenerationStats()
 
     @classmethod
@@ -88,54 +91,54 @@ class SpeculativeGenerator:
 
     # -- generation ----------------------------------------------------------------------------------------------
 
-    def _run(self, prompt: PromptLike, chat: bool, speculative: bool | None, sampling: dict) -> tuple[list[int], Iterator]:
-        params = SamplingParams(**sampling)
-        ids = self.encode(prompt, chat)
-        use_drafter = speculative is not False
-        return ids, self.engine.generate_iter(ids, params, use_drafter=use_drafter)
-
     def generate(
         self,
-        prompt_or_ids: PromptLike,
+        prompt_or_ids: PromptLike | list[PromptLike],
         *,
         chat: bool = False,
         speculative: bool | None = None,
         return_dict: bool = False,
-        **sampling: Any,
-    ) -> str | list[int] | GenerationResult:
+        sampling: list[dict] | None = None,
+        **kwargs: Any,
+    ) -> str | list[int] | GenerationResult | list:
         """Generate a continuation. Sampling keywords: max_new_tokens, temperature, top_p, top_k, min_p,
-        repetition_penalty, seed, stop, stop_token_ids, min_new_tokens, ignore_eos (see SamplingParams).
+        repetition_penalty, presence_penalty, frequency_penalty, seed, stop, stop_token_ids, min_new_tokens,
+        ignore_eos (see SamplingParams).
 
         Returns the text for a text prompt, the generated ids for an id prompt, or the whole GenerationResult
         with `return_dict=True`. `speculative=False` runs the target alone.
+
+        A list of prompts runs as one batch (many sequences per step) and returns a list, in order. The keywords
+        apply to every prompt; `sampling=[{...}, ...]` (one dict per prompt) adds per-prompt settings on top,
+        e.g. a different temperature or seed for each.
         """
-        ids, chunks = self._run(prompt_or_ids, chat, speculative, sampling)
-        token_ids, pieces, finish = [], [], "length"
-        while True:
-            try:
-                chunk = next(chunks)
-            except StopIteration as done:
-                self.last_stats = done.value
-                break
-            token_ids += chunk.token_ids
-            pieces.append(chunk.text)
-            finish = chunk.finish_reason or finish
-        result = GenerationResult(token_ids, "".join(pieces), finish, self.last_stats)
-        if return_dict:
-            return result
-        return result.text if isinstance(prompt_or_ids, str) or chat else result.token_ids
+        # A batch is a list of prompts (texts, id lists, tensors or chat conversations); a list of ints or of
+        # message dicts is one prompt.
+        batched = isinstance(prompt_or_ids, list) and len(prompt_or_ids) > 0 and isinstance(
+            prompt_or_ids[0], (str, torch.Tensor, list))
+        prompts = prompt_or_ids if batched else [prompt_or_ids]
+        if sampling is not None and len(sampling) != len(prompts):
+            raise ValueError(f"sampling has {len(sampling)} entries for {len(prompts)} prompts: give one per prompt")
+        params = [SamplingParams(**{**kwargs, **(sampling[i] if sampling else {})}) for i in range(len(prompts))]
+        ids = [self.encode(prompt, chat) for prompt in prompts]
+        results = self.engine.generate_batch(ids, params, use_drafter=speculative is not False)
+        self.last_stats = GenerationStats()
+        for result in results:
+            self.last_stats.merge(result.stats)
+        outputs = [
+            result if return_dict else result.text if isinstance(prompt, str) or chat else result.token_ids
+            for prompt, result in zip(prompts, results)
+        ]
+        return outputs if batched else outputs[0]
 
     def stream(
         self, prompt_or_ids: PromptLike, *, chat: bool = False, speculative: bool | None = None, **sampling: Any
     ) -> Iterator[str]:
         """Yield text pieces as tokens are committed (a multi-token acceptance arrives as one piece)."""
-        _, chunks = self._run(prompt_or_ids, chat, speculative, sampling)
-        while True:
-            try:
-                chunk = next(chunks)
-            except StopIteration as done:
-                self.last_stats = done.value
-                return
+        ids = self.encode(prompt_or_ids, chat)
+        for chunk in self.engine.generate_iter(ids, SamplingParams(**sampling), use_drafter=speculative is not False):
+            if chunk.stats is not None:
+                self.last_stats = chunk.stats
             if chunk.text:
                 yield chunk.text
 

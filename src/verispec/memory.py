@@ -1,7 +1,7 @@
 """Will the draft model fit? Estimates from files and configs, without loading any weights.
 
 needed = draft weights + KV caches of the target and the draft at max_len, where one model's KV cache is
-2 (keys and values) x layers x kv_heads x head_dim x max_len x dtype bytes (the `PointerCache` preallocates
+2 (keys and values) x layers x kv_heads x head_dim x max_len x dtype bytes per slot (the `SlotCache` preallocates
 exactly that). It is compared against free memory: `torch.cuda.mem_get_info` on a GPU, psutil's available
 memory on the host (else /proc/meminfo MemAvailable). The target is loaded before the draft, so its weights are
 already missing from the free figure.

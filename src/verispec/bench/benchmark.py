@@ -11,12 +11,16 @@ import torch
 
 from ..drafters.factory import make_drafter, model_part
 from ..engine import CACHE_SLACK
-from .machine import describe_machine, machine_line
+from ..models import model_weight_bytes
+from .aggregate import BASELINE, OVERALL
+from .batching import BATCH_FAMILIES, batch_table, run_batch_sweep
+from .machine import decode_floor, describe_machine, floor_line, machine_line
 from .methods import BenchModels
 from .plots import write_plots
 from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
-from .report import write_reports
+from .report import text_table, write_reports
 from .suite import BenchSettings, run_suite
+
 
 @dataclass
 class BenchConfig:
@@ -70,17 +74,28 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     prompts, prompts_file = selected_prompts(config)
     report = new_report(config, prompts_file)
     log(f"[bench] machine: {machine_line(report['machine'])}")
-    log(f"[bench] {len(prompts)} prompts from {prompts_file}; methods {','.join(config.settings.families)}; "
-        f"K {','.join(map(str, config.settings.ks))}; {config.settings.max_new_tokens} new tokens each")
+    settings = config.settings
+    sweep = (f"batch sizes {','.join(map(str, settings.batch_sizes))}, methods {','.join(BATCH_FAMILIES)}"
+             if settings.batch_sizes else
+             f"methods {','.join(settings.families)}; K {','.join(map(str, settings.ks))}")
+    log(f"[bench] {len(prompts)} prompts from {prompts_file}; {sweep}; {settings.max_new_tokens} new tokens each")
     for dtype in config.dtypes:
         log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
         models, encoded = load_models(config, dtype, prompts)
-        section, _ = run_suite(models, encoded, config.settings)
-        run = {"dtype": dtype, **section}
+        if settings.batch_sizes:
+            section, _ = run_batch_sweep(models, encoded, settings)
+            base = section["batching"]["results"]["1"][BASELINE]
+        else:
+            section, _ = run_suite(models, encoded, settings)
+            base = section["results"][OVERALL][BASELINE]
+        run = {"dtype": dtype, **section, "floor": decode_floor(
+            model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
+            base["seconds"])}
         for note in run["notes"]:
             log(f"[bench] note: {note}")
-        for line in overall_summary(run):
+        for line in batch_summary(run) if settings.batch_sizes else overall_summary(run):
             log(line)
+        log(f"[bench] {floor_line(run['floor'])}")
         run["plots"] = write_plots(run, config.out)
         report["runs"].append(run)
         del models
@@ -88,6 +103,11 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     json_path, md_path = write_reports(report, config.out)
     log(f"[bench] wrote {json_path}, {md_path} and {sum(len(r['plots']) for r in report['runs'])} plots")
     return report
+
+
+def batch_summary(run: dict) -> list[str]:
+    """The batch-size sweep as an aligned table, one row per batch size."""
+    return text_table(*batch_table(run))
 
 
 def overall_summary(run: dict) -> list[str]:

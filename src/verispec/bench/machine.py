@@ -1,11 +1,22 @@
-"""A description of the machine a benchmark ran on, for the report header."""
+"""A description of the machine a benchmark ran on, for the report header, and the physical floor of decoding.
+
+The floor: a decode step of the target alone reads every weight once, so no step can take less than
+weight bytes / memory bandwidth. `measure_bandwidth` measures that bandwidth on the benchmark's own device and
+threads; `decode_floor` sets the measured batch-1 time per token of the target alone against it.
+"""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
+import statistics
+import time
 
 import torch
+
+BANDWIDTH_BYTES = 512 * 2**20  # far larger than any CPU cache, so every read comes from memory
+BANDWIDTH_REPEATS = 5
 
 
 def cpu_model() -> str:
@@ -17,6 +28,35 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def measure_bandwidth(device: torch.device | str = "cpu", size_bytes: int = BANDWIDTH_BYTES,
+                      repeats: int = BANDWIDTH_REPEATS) -> float:
+    """Memory read bandwidth in bytes/s: the median of `repeats` timed sums over a float32 tensor of `size_bytes`,
+    with torch's configured threads (what the engine's own kernels get). One untimed sum comes first."""
+    device = torch.device(device)
+    data = torch.ones(max(1, size_bytes // 4), dtype=torch.float32, device=device)  # [n]; every page touched
+    reads = 10 if device.type == "cuda" else 1  # a GPU sums 512 MB in well under a millisecond: time several
+
+    def timed() -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(reads):
+            data.sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) / reads
+
+    timed()
+    seconds = statistics.median(timed() for _ in range(repeats))
+    return data.numel() * data.element_size() / seconds
+
+
+@functools.lru_cache(maxsize=None)
+def _bandwidth_gb_s(device: str, threads: int) -> float:
+    """Measured once per process for each device and thread count (the demos describe the machine per demo)."""
+    return round(measure_bandwidth(device) / 1e9, 1)
 
 
 def describe_machine(device: torch.device | str) -> dict:
@@ -34,11 +74,37 @@ def describe_machine(device: torch.device | str) -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "load_average_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+        "memory_bandwidth_gb_s": _bandwidth_gb_s(str(device), torch.get_num_threads()),
+        "memory_bandwidth_method": f"median of {BANDWIDTH_REPEATS} timed sums over a {BANDWIDTH_BYTES >> 20} MiB "
+                                   f"float32 tensor on {device}, {torch.get_num_threads()} torch threads",
     }
     return info
 
 
 def machine_line(info: dict) -> str:
     where = info["gpu"] or f"{info['cpu']} ({info['logical_cpus']} logical CPUs, {info['torch_threads']} torch threads)"
+    bandwidth = info.get("memory_bandwidth_gb_s")
+    measured = "" if bandwidth is None else f" | memory bandwidth {bandwidth:g} GB/s measured"
     load = "" if info.get("load_average_1m") is None else f" | load average {info['load_average_1m']} at start"
-    return f"{where} | torch {info['torch']} | transformers {info['transformers']} | Python {info['python']}{load}"
+    return (f"{where}{measured} | torch {info['torch']} | transformers {info['transformers']} | "
+            f"Python {info['python']}{load}")
+
+
+def decode_floor(weight_bytes: int, bandwidth_gb_s: float, tokens: int, seconds: float) -> dict:
+    """The target alone at batch 1 (`tokens` generated in `seconds`, prefill included) against the floor: one
+    step reads every weight once, so it takes at least weight bytes / bandwidth."""
+    floor_ms = weight_bytes / (bandwidth_gb_s * 1e9) * 1e3
+    measured_ms = seconds / tokens * 1e3
+    return {
+        "target_weight_mb": round(weight_bytes / 2**20, 2),
+        "memory_bandwidth_gb_s": bandwidth_gb_s,
+        "floor_ms_per_token": round(floor_ms, 4),
+        "target_ms_per_token": round(measured_ms, 4),
+        "x_floor": round(measured_ms / floor_ms, 2),
+    }
+
+
+def floor_line(floor: dict) -> str:
+    return (f"target alone at batch 1: {floor['target_ms_per_token']:.2f} ms/token = {floor['x_floor']:.1f}x the "
+            f"floor of {floor['floor_ms_per_token']:.3g} ms (weights {floor['target_weight_mb']:.4g} MB read per "
+            f"step / {floor['memory_bandwidth_gb_s']:g} GB/s)")

@@ -56,6 +56,16 @@ class MethodRun:
     peak_bytes: int | None
 
 
+@dataclass
+class BatchRun:
+    """One timed `generate_batch` call: generated ids per row (prompt excluded), wall seconds of the whole call,
+    the engine's stats per row."""
+
+    token_ids: list[list[int]]
+    seconds: float
+    stats: list[GenerationStats]
+
+
 class Method(ABC):
     family: str = ""
     uses_draft: bool = False
@@ -105,6 +115,17 @@ class EngineMethod(Method):
         params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
         result = self.models.engine.generate(prompt_ids, params, spec=self.spec, use_drafter=self.uses_draft)
         return result.token_ids, result.stats
+
+    def run_batch(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> BatchRun:
+        """All prompts through one `engine.generate_batch` call, timed as a whole (prefill included)."""
+        params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
+        torch.manual_seed(seed)
+        if self.models.device.type == "cuda":
+            torch.cuda.synchronize(self.models.device)  # earlier queued work must not count against this call
+        start = time.perf_counter()
+        results = self.models.engine.generate_batch(prompts, params, spec=self.spec, use_drafter=self.uses_draft)
+        seconds = time.perf_counter() - start  # results hold token ids on the host: the device is done
+        return BatchRun([r.token_ids for r in results], seconds, [r.stats for r in results])
 
     def persistent_bytes(self) -> int:
         engine = self.models.engine

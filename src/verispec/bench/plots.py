@@ -78,10 +78,31 @@ def tokens_per_s(run: dict, path: Path) -> Path:
     return path
 
 
+def tokens_per_s_vs_batch(run: dict, path: Path) -> Path:
+    batching = run["batching"]
+    sizes = batching["batch_sizes"]
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for name in batching["methods"]:
+        rates = [batching["results"][str(b)][name]["tokens_per_s"] for b in sizes]
+        ax.plot(sizes, rates, marker="o", label=name, color="tab:grey" if name == "target" else "tab:blue")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sizes, [str(b) for b in sizes])
+    ax.set(title=f"tokens/s by batch size ({run['dtype']})", xlabel="batch size", ylabel="tokens/s (all rows)")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def write_plots(run: dict, out: Path) -> list[str]:
     """Write the run's plots into `out`; -> their file names (relative to out)."""
     out.mkdir(parents=True, exist_ok=True)
     suffix = run["dtype"]
+    if "batching" in run:
+        return [tokens_per_s_vs_batch(run, out / f"tokens_per_s_vs_batch_{suffix}.png").name]
     written = [
         speedup_vs_k(run, out / f"speedup_vs_k_{suffix}.png"),
         acceptance_by_position(run, out / f"acceptance_by_position_{suffix}.png"),

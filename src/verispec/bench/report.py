@@ -1,7 +1,10 @@
 """report.json (everything) and report.md (the tables a reader needs), one section per dtype run.
 
-report.json: {"machine", "settings", "models", "runs": [{"dtype", "notes", "methods", "prompt_tokens",
-"cost_probes", "results": {group: {method: figures}}, "prompts": [per prompt and method]}]}.
+report.json: {"machine", "settings", "models", "runs": [run]}. A run of the K sweep: {"dtype", "notes", "floor",
+"methods", "prompt_tokens", "cost_probes", "results": {group: {method: figures}}, "prompts": [per prompt and
+method], "plots"}; a run of the batch-size sweep: {"dtype", "notes", "floor", "batching": {"batch_sizes",
+"methods", "engine_max_batch_size", "prompts", "results": {batch size: {method: figures}}, "batches": [per batch
+and method]}, "plots"}. "floor": the target alone at batch 1 against weight bytes / measured bandwidth.
 """
 
 from __future__ import annotations
@@ -10,7 +13,8 @@ import json
 from pathlib import Path
 
 from .aggregate import OVERALL
-from .machine import machine_line
+from .batching import batch_table
+from .machine import floor_line, machine_line
 
 
 def _fmt(value, spec: str = ".2f", missing: str = "-") -> str:
@@ -21,6 +25,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines + [""]
+
+
+def text_table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Columns padded to their widest cell, for the terminal."""
+    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
+    return ["  " + "  ".join(cell.rjust(w) for cell, w in zip(row, widths)) for row in [header, *rows]]
 
 
 def _equal(row: dict, key: str) -> str:
@@ -88,18 +98,38 @@ def probe_table(run: dict) -> list[str]:
     return _table(["prompt tokens", "draft step ms", *[f"verify w={w} ms" for w in widths]], [row])
 
 
+FLOOR_NOTE = ("Floor: a decode step reads every weight of the target once, so it takes at least weight bytes / "
+              "measured memory bandwidth; the measured time per token includes prefill, sampling and bookkeeping.")
+
+
+def batching_lines(run: dict) -> list[str]:
+    lines = ["### Tokens/s by batch size", ""] + _table(*batch_table(run))
+    return lines + ["Tokens/s = generated tokens of all rows / wall seconds of the `generate_batch` calls (prefill "
+                    "included). Speedup = speculation / the target alone at the same batch size; scaling = tokens/s "
+                    "at that batch size / tokens/s of the same method at batch size 1. `= batch-1 target`: rows "
+                    "token-identical to that prompt's output from the target alone at batch size 1.", ""]
+
+
 def render_markdown(report: dict) -> str:
     settings = report["settings"]
+    order = ("one warm-up batch per method and batch size excluded, methods interleaved batch by batch"
+             if settings.get("batch_sizes") else
+             "one warm-up generation per method excluded, methods interleaved prompt by prompt")
     lines = ["# verispec bench", "",
              f"- machine: {machine_line(report['machine'])}",
              f"- models: target `{report['models']['target']}`, draft `{report['models']['draft']}`",
              f"- prompts: {settings['prompts_file']} ({settings['limit_note']})",
              f"- greedy, {settings['max_new_tokens']} new tokens per prompt for every method (EOS masked), "
-             f"seed {settings['seed']}, one warm-up generation per method excluded, methods interleaved prompt by "
-             f"prompt", ""]
+             f"seed {settings['seed']}, {order}", ""]
     for run in report["runs"]:
         lines += [f"## {run['dtype']}", ""]
         lines += [f"- note: {note}" for note in run["notes"]]
+        if run.get("floor"):
+            lines += [f"- {floor_line(run['floor'])}. {FLOOR_NOTE}"]
+        if "batching" in run:
+            plots = run.get("plots") or []
+            lines += [""] + batching_lines(run) + [f"![{Path(p).stem}]({p})" for p in plots] + ([""] if plots else [])
+            continue
         lines += ["", "### Overall", ""] + overall_table(run)
         lines += ["Speedup = tokens/s over the target alone (our engine, drafter off), same prompts, same run. "
                   "Predicted: from measured acceptance by position and the probed costs (Leviathan et al. with a "

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from tqdm.auto import tqdm
 
 from .aggregate import OVERALL, summarize
+from .batching import BATCH_FAMILIES
 from .costs import CostProbe, probe_costs
 from .methods import BenchModels, Method, build_methods
 from .prompts import BenchPrompt
@@ -27,10 +28,14 @@ class BenchSettings:
     warmup_tokens: int = 32  # one warm-up generation per method, on the first prompt, not timed
     probe_repeats: int = 5  # timed repeats per width in the cost probe (0: no prediction)
     progress: bool = True
+    batch_sizes: list[int] | None = None  # the batch-size sweep (batching.py) instead of the K sweep; None: K sweep
 
     def to_dict(self) -> dict:
-        return {"max_new_tokens": self.max_new_tokens, "ks": self.ks, "methods": self.families, "seed": self.seed,
-                "warmup_tokens": self.warmup_tokens, "probe_repeats": self.probe_repeats,
+        if self.batch_sizes:
+            mode = {"mode": "batch sizes", "batch_sizes": self.batch_sizes, "methods": list(BATCH_FAMILIES)}
+        else:
+            mode = {"mode": "K sweep", "ks": self.ks, "methods": self.families, "probe_repeats": self.probe_repeats}
+        return {**mode, "max_new_tokens": self.max_new_tokens, "seed": self.seed, "warmup_tokens": self.warmup_tokens,
                 "token_count": "generated tokens, prompt excluded; EOS masked so every method generates exactly "
                                "max_new_tokens", "decoding": "greedy"}
 

@@ -3,6 +3,8 @@
 Runs the target alone, verispec at each K, adaptive K, Hugging Face assisted generation at each K and Hugging Face
 greedy generation, interleaved prompt by prompt in one process, on the Spec-Bench dev prompts (first turn, chat
 template). Writes report.json, report.md and PNG plots to --out. `--demo` runs quick printed demonstrations.
+`--batch-sizes 1,4,16` sweeps the batch size instead of K: tokens/s of the target alone and of adaptive
+speculation at each batch size, interleaved batch by batch.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def add_parser(sub) -> None:
                    help="tokens generated per prompt by every method (default 128; 64 for --demo)")
     g.add_argument("--k", default=None, metavar="LIST",
                    help=f"draft tokens per round to sweep (default {DEFAULT_KS}; --demo: 4, k_values 1,2,4,6,8)")
+    g.add_argument("--batch-sizes", default=None, metavar="LIST",
+                   help="sweep the batch size instead of K, e.g. 1,4,16 (1..256): the target alone and adaptive "
+                        "speculation at each batch size; --k, --methods and --probe-repeats do not apply")
     g.add_argument("--methods", default=DEFAULT_METHODS, metavar="LIST", help=f"default {DEFAULT_METHODS}")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the one warm-up call per method")
@@ -63,6 +68,7 @@ def _list(text: str | None) -> list[str] | None:
 def build_config(args: argparse.Namespace):
     """Validate everything a user typed, before any model is loaded; -> (BenchConfig, ks)."""
     from ..bench import BenchConfig, BenchSettings
+    from ..bench.batching import parse_batch_sizes
     from ..bench.methods import parse_ks, parse_methods
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -70,6 +76,7 @@ def build_config(args: argparse.Namespace):
     try:
         families = parse_methods(args.methods)
         ks = parse_ks(args.k) if args.k is not None else None
+        batch_sizes = parse_batch_sizes(args.batch_sizes) if args.batch_sizes is not None else None
     except ValueError as exc:
         raise CliError(str(exc)) from None
     dtypes = _list(args.dtypes) or [args.dtype]
@@ -81,10 +88,13 @@ def build_config(args: argparse.Namespace):
     draft = None if args.draft_model == "none" else args.draft_model
     if draft is None and args.demo:
         raise CliError("--demo needs a draft model: drop --draft-model none")
+    if batch_sizes and args.demo:
+        raise CliError("--batch-sizes and --demo do not combine: drop one of them")
     settings = BenchSettings(
         max_new_tokens=args.max_new_tokens or (64 if args.demo else 128),
         ks=ks or [int(k) for k in DEFAULT_KS.split(",")], families=families, seed=args.seed,
         warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
+        batch_sizes=batch_sizes,
     )
     config = BenchConfig(target=args.model, draft=draft, prompts_file=args.prompts,
                          categories=_list(args.categories), limit=args.limit, dtypes=list(dict.fromkeys(dtypes)),

@@ -118,6 +118,8 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--min-p", type=float, default=0.0)
     g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over the output (-2..2)")
+    g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, over the output (-2..2)")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     g.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID", help="repeatable")
@@ -127,6 +129,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
     return dict(
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
         seed=args.seed, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id),
     )
 

@@ -1,4 +1,5 @@
-"""`verispec generate`: one prompt, streamed text, then the speculation stats (or one JSON object)."""
+"""`verispec generate`: one prompt, streamed text, then the speculation stats (or one JSON object); or, with
+--prompts-file, many prompts run together as one batch (JSON lines in, JSON lines out)."""
 
 from __future__ import annotations
 
@@ -6,26 +7,42 @@ import argparse
 import json
 import logging
 import sys
+import time
+from pathlib import Path
 
+from ..stats import GenerationStats
+from . import CliError
 from .common import (
     DTYPES,
     add_model_args,
     add_sampling_args,
     add_speculation_args,
     apply_runtime,
+    positive_int,
     sampling_kwargs,
     setup_logging,
     spec_kwargs,
     warn_if_lossy,
 )
+from .prompts_file import read_prompts_file, result_line
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("generate", help="generate text for one prompt", description=__doc__)
+    p = sub.add_parser("generate", help="generate text for one prompt, or a file of prompts as one batch",
+                       description=__doc__)
     add_model_args(p)
     add_speculation_args(p)
     add_sampling_args(p)
-    p.add_argument("--prompt", required=True, help="the prompt text")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--prompt", help="the prompt text")
+    source.add_argument("--prompts-file", type=Path, metavar="FILE",
+                        help="JSON lines, one prompt each ({\"prompt\": ...} or {\"messages\": [...]} or "
+                             "{\"prompt_token_ids\": [...]}, optional \"id\" and sampling fields such as "
+                             "\"temperature\" or \"seed\"): all run together, one JSON line out per prompt")
+    p.add_argument("--output", type=Path, default=None, metavar="FILE",
+                   help="with --prompts-file: write the JSON lines here (default: standard output)")
+    p.add_argument("--max-batch-size", type=positive_int, default=16, metavar="N",
+                   help="most sequences per step (default 16); more prompts wait for a free slot")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     p.set_defaults(run=run)
@@ -42,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging()
     sampling = sampling_kwargs(args)
     SamplingParams(**sampling)  # validate before the (slow) model load
+    lines = read_prompts_file(args.prompts_file, sampling, args.chat) if args.prompts_file else None
     SpeculativeConfig(**spec_kwargs(args))
     warn_if_lossy(args)
     dtype = DTYPES[args.dtype]
@@ -60,7 +78,10 @@ def run(args: argparse.Namespace) -> int:
     if loaded.num_draft_tokens and not getattr(args, "draft_tokens_given", False):
         args.draft_tokens = loaded.num_draft_tokens  # the auto-selected pair's K
     spec = SpeculativeConfig(**spec_kwargs(args))
-    gen = SpeculativeGenerator(target, loaded.drafter, tokenizer, K=args.draft_tokens, max_len=args.max_len, spec=spec)
+    gen = SpeculativeGenerator(target, loaded.drafter, tokenizer, K=args.draft_tokens, max_len=args.max_len, spec=spec,
+                               max_batch_size=args.max_batch_size)
+    if lines is not None:
+        return run_batch(gen, lines, args.output)
     ids = gen.encode(args.prompt, chat=args.chat)
     gen.engine.check_request(len(ids), SamplingParams(**sampling))
     if args.json:
@@ -78,4 +99,27 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-
+def run_batch(gen, lines, output) -> int:
+    prompts = []
+    for number, line in enumerate(lines, 1):
+        try:
+            ids = gen.encode(line.prompt, chat=line.chat)
+            gen.engine.check_request(len(ids), line.params)
+        except ValueError as exc:
+            raise CliError(f"prompt {number} (id {line.id!r}): {exc}") from None
+        prompts.append(ids)
+    start = time.perf_counter()
+    results = gen.engine.generate_batch(prompts, [line.params for line in lines])
+    seconds = time.perf_counter() - start
+    out = "\n".join(result_line(line, index, result) for index, (line, result) in enumerate(zip(lines, results)))
+    if output is None:
+        print(out)
+    else:
+        output.write_text(out + "\n", encoding="utf-8")
+    total = GenerationStats()
+    for result in results:
+        total.merge(result.stats)
+    print(f"[verispec] {len(results)} prompts, {total.generated_tokens} tokens in {seconds:.2f}s "
+          f"({total.generated_tokens / max(seconds, 1e-9):.1f} tok/s) | mean accepted length "
+          f"{total.mean_accepted_length:.2f}, acceptance {total.acceptance_rate:.1%}", file=sys.stderr)
+    return 0

@@ -1,8 +1,8 @@
 """Drafters: every drafting method is a class behind the `Drafter` interface (base.py)."""
 
-from .base import DraftProposal, Drafter, DraftRequest
+from .base import DraftBatch, DraftProposal, Drafter, DraftRow
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .random import RandomDrafter
 
-__all__ = ["DraftProposal", "Drafter", "DraftRequest", "ModelDrafter", "NgramDrafter", "RandomDrafter"]
+__all__ = ["DraftBatch", "DraftProposal", "DraftRow", "Drafter", "ModelDrafter", "NgramDrafter", "RandomDrafter"]

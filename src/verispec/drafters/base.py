@@ -1,4 +1,11 @@
-"""The drafter interface: propose up to k tokens, then observe what the target kept."""
+"""The drafter interface: propose draft tokens for a batch of sequences, then observe what the target kept.
+
+A drafter serves the engine's slots (one running sequence per slot, rows of a step in slot order). Per slot:
+`begin` when a sequence enters it, `observe` after each round, `move_slot` when the engine compacts its slots,
+`release` when the sequence leaves. `propose` sees every running row, including rows it does not draft for
+(k = 0, or member = False for sequences that use another drafter), so a drafter with a batched KV cache can run
+one forward over the contiguous slots and use idle rows to catch up on committed tokens.
+"""
 
 from __future__ import annotations
 
@@ -7,50 +14,78 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import TokenSampler
+from ..sampling import SamplingBatch
 
 
 @dataclass
-class DraftRequest:
-    """What a drafter sees at the start of a round."""
+class DraftRow:
+    """One running sequence as a drafter sees it at the start of a round."""
 
     token_ids: torch.Tensor  # [n] long: the committed sequence (prompt + generated); read-only
-    k: int  # most draft tokens wanted this round (>= 1)
-    sampler: TokenSampler  # the sequence's processing: q must be processed exactly like p
+    k: int  # most draft tokens wanted from this drafter this round (0: none)
+    slot: int  # the sequence's slot (== its row index in the DraftBatch)
+    generator: torch.Generator  # the sequence's randomness: draws from it depend on this row alone
+    member: bool = True  # the sequence drafts with this drafter (`begin` was called for its slot)
     threshold: float = 0.0  # stop early once the drafter's top probability falls below this (0: never)
+
+
+@dataclass
+class DraftBatch:
+    """All running sequences of a step, in slot order (rows[i].slot == i)."""
+
+    rows: list[DraftRow]
+    sampling: SamplingBatch  # the rows' logits processing: q must be processed exactly like p
+
+    def with_k(self, ks: list[int]) -> DraftBatch:
+        """The same rows asking for other draft lengths (a cascade hands each stage its rows)."""
+        rows = [DraftRow(r.token_ids, k, r.slot, r.generator, r.member, r.threshold) for r, k in zip(self.rows, ks)]
+        return DraftBatch(rows, self.sampling)
 
 
 @dataclass
 class DraftProposal:
     token_ids: torch.Tensor  # [k'] long, 0 <= k' <= k
     probs: torch.Tensor | None  # [k', vocab] processed q, or None: a point mass at each draft token
-    seconds: float = 0.0
+    seconds: float = 0.0  # time of the drafter call that made it (shared by the rows of that call)
+
+
+def empty_proposal(row: DraftRow, seconds: float = 0.0) -> DraftProposal:
+    return DraftProposal(row.token_ids.new_empty(0), None, seconds)
 
 
 class Drafter(ABC):
-    """One drafting method. Stateless drafters ignore `begin`/`observe`."""
+    """One drafting method. Stateless drafters ignore begin/observe/move_slot/release/reserve."""
 
     name: str = "drafter"
     provides_probs: bool = False
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        """A new sequence starts (prompt_ids: [n]). Drop any state of the previous one.
+    def reserve(self, num_slots: int) -> None:
+        """The engine runs up to num_slots sequences at once (called before any `begin`)."""
+
+    def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        """A new sequence starts in `slot` (prompt_ids: [n]). Drop any state the slot had.
 
         Also how a drafter recovers after it raised: the engine stops using it for that request and calls
         `begin` before it drafts again, so state left half-updated by the failure must not survive `begin`."""
 
     @abstractmethod
-    def propose(self, request: DraftRequest) -> DraftProposal:
-        """Propose up to request.k tokens continuing request.token_ids."""
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
+        """Up to rows[i].k tokens continuing rows[i].token_ids, one proposal per row (empty where k == 0)."""
 
-    def observe(self, committed_length: int, num_accepted: int, num_proposed: int) -> None:
-        """After verification: the committed sequence now has `committed_length` tokens."""
+    def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
+        """After verification: the sequence in `slot` now has `committed_length` committed tokens."""
+
+    def move_slot(self, src: int, dst: int) -> None:
+        """The sequence in slot src now lives in slot dst (dst's sequence has left)."""
+
+    def release(self, slot: int) -> None:
+        """The sequence in `slot` has finished or was cancelled."""
 
     def can_propose(self, token_ids: torch.Tensor) -> bool:
         """Whether `propose` would draft anything after `token_ids` [n] (cheap; default: always)."""
         return True
 
-    def route(self, token_ids: torch.Tensor) -> "Drafter":
+    def route(self, token_ids: torch.Tensor) -> Drafter:
         """The drafter that will propose after `token_ids` [n]: itself, or a composite's member. The engine keys
         its draft-length policy on it, so a cascade's stages each get their own K (see cascade.py)."""
         return self

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import DraftProposal, Drafter, DraftRequest
+from .base import DraftBatch, DraftProposal, Drafter, empty_proposal
 
 SEPARATOR = "+"
 
 
 class CascadeDrafter(Drafter):
-    """The first stage whose proposal is non-empty drafts the round; every stage sees begin/observe.
+    """Per row, the first stage that can propose drafts the round; every stage sees begin/observe/move/release.
 
     Stages keep their own state in step with the committed sequence: a stage that did not draft a round (a
     ModelDrafter) catches up from the committed tokens the next time it is asked, so nothing is re-encoded.
@@ -34,7 +34,8 @@ class CascadeDrafter(Drafter):
         self.stages = list(stages)
         self.name = SEPARATOR.join(stage.name for stage in self.stages)
         self.provides_probs = any(stage.provides_probs for stage in self.stages)
-        self.last_stage: Drafter | None = None  # the stage that drafted the latest round (stats, tests)
+        self.last_stage: Drafter | None = None  # a stage that drafted in the latest step (stats, tests)
+        self.last_stages: list[Drafter | None] = []  # [row]: the stage that drafted each row in the latest step
 
     def can_propose(self, token_ids: torch.Tensor) -> bool:
         return any(stage.can_propose(token_ids) for stage in self.stages)
@@ -46,25 +47,47 @@ class CascadeDrafter(Drafter):
                 return stage.route(token_ids)
         return self.stages[-1].route(token_ids)
 
-    def begin(self, prompt_ids: torch.Tensor) -> None:
+    def reserve(self, num_slots: int) -> None:
         for stage in self.stages:
-            stage.begin(prompt_ids)
+            stage.reserve(num_slots)
 
-    def propose(self, request: DraftRequest) -> DraftProposal:
-        seconds = 0.0
-        proposal = None
+    def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
         for stage in self.stages:
-            proposal = stage.propose(request)
-            seconds += proposal.seconds
-            if proposal.token_ids.numel() > 0:
-                self.last_stage = stage
-                break
-        proposal.seconds = seconds  # the stages asked and passed over cost time too
-        return proposal
+            stage.begin(slot, prompt_ids)
 
-    def observe(self, committed_length: int, num_accepted: int, num_proposed: int) -> None:
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
+        """Each drafting row goes to the stage `route` names; each stage is asked once, for its rows."""
+        stage_of = [self._stage_index(row.token_ids) if row.member and row.k > 0 else -1 for row in batch.rows]
+        proposals = [empty_proposal(row) for row in batch.rows]
+        self.last_stages = [None] * len(batch.rows)
+        for index, stage in enumerate(self.stages):
+            ks = [row.k if chosen == index else 0 for row, chosen in zip(batch.rows, stage_of)]
+            if not any(ks):
+                continue
+            for row, proposal in enumerate(stage.propose(batch.with_k(ks))):
+                if stage_of[row] == index:
+                    proposals[row] = proposal
+                    self.last_stages[row] = stage
+        self.last_stage = next((stage for stage in self.last_stages if stage is not None), self.last_stage)
+        return proposals
+
+    def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
         for stage in self.stages:
-            stage.observe(committed_length, num_accepted, num_proposed)
+            stage.observe(slot, committed_length, num_accepted, num_proposed)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        for stage in self.stages:
+            stage.move_slot(src, dst)
+
+    def release(self, slot: int) -> None:
+        for stage in self.stages:
+            stage.release(slot)
+
+    def _stage_index(self, token_ids: torch.Tensor) -> int:
+        for index, stage in enumerate(self.stages[:-1]):
+            if stage.can_propose(token_ids):
+                return index
+        return len(self.stages) - 1
 
     @property
     def runner(self):

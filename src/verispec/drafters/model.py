@@ -1,4 +1,4 @@
-"""A small causal LM as drafter, with its own KV cache kept across rounds."""
+"""A small causal LM as drafter, with a batched KV cache (one slot per running sequence) kept across rounds."""
 
 from __future__ import annotations
 
@@ -7,64 +7,110 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from ..runner import ModelRunner
-from ..sampling import check_finite
-from .base import DraftProposal, Drafter, DraftRequest
+from ..engine.runner import ModelRunner
+from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
+from .base import DraftBatch, DraftProposal, Drafter
 
 
 class ModelDrafter(Drafter):
-    """Drafts autoregressively with a draft model.
+    """Drafts autoregressively with a draft model, all rows of a step in one forward per draft step.
 
-    Cache invariant: the draft cache holds a prefix seq[:D] of the committed sequence, D <= len(seq) - 1. A round
-    feeds seq[D:] (1 or 2 tokens in steady state), then one token per draft step; `observe` truncates to the
-    part that the target kept. Nothing is re-encoded.
+    Cache invariant (per slot of a member sequence with N committed tokens): the draft cache holds a prefix
+    seq[:D], D <= N - 1. A round feeds each row what its cache lacks (seq[D:N] for a drafting row, seq[D:N-1] for
+    an idle one: idle rows catch up for free inside the same forward), then one token per draft step; rows shorter
+    than the batch's widest are padded, and every row's kept length is set back to what it really holds. `observe`
+    truncates to the part the target kept. Nothing is re-encoded.
     """
 
     name = "model"
     provides_probs = True
 
-    def __init__(self, model: PreTrainedModel, max_len: int) -> None:
-        self.runner = ModelRunner(model, max_len)
-        self._fed: list[int] = []  # token ids currently in the draft cache, mirrored for the rollback check
+    def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1) -> None:
+        self.model = model
+        self.max_len = max_len
+        self.runner = ModelRunner(model, max_len, num_slots)
 
-    @torch.inference_mode()
-    def begin(self, prompt_ids: torch.Tensor) -> None:
-        # Reset (also what recovers a cache left half-written by a failed round), then prefill the prompt here,
-        # so a round's draft time is the draft steps alone: the adaptive policy divides it by the draft tokens.
-        self.runner.reset()
+    def reserve(self, num_slots: int) -> None:
+        if num_slots > self.runner.num_slots:  # buffers are allocated on the first forward, so this is cheap
+            self.runner = ModelRunner(self.model, self.max_len, num_slots)
+
+    def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        # Prefill the prompt here (not in the first round), so a round's draft time is the draft steps alone.
+        self.runner.reset(slot)
         if prompt_ids.numel() > 1:
-            self.runner.forward(prompt_ids[:-1].unsqueeze(0), last_only=True)
+            self.runner.forward(prompt_ids[:-1].unsqueeze(0), start_slot=slot, last_only=True)
+
+    def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
+        # The cache holds seq_before + draft[:-1]; of those, seq_before + accepted draft tokens are still valid.
+        self.runner.truncate(min(self.runner.lengths[slot], committed_length - 1), slot)
+
+    def move_slot(self, src: int, dst: int) -> None:
+        self.runner.move_slot(src, dst)
+
+    def release(self, slot: int) -> None:
+        self.runner.reset(slot)
 
     @torch.inference_mode()
-    def propose(self, request: DraftRequest) -> DraftProposal:
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         start = time.perf_counter()
-        seq = request.token_ids
-        # Feed what the cache lacks, capped so the k draft tokens still fit in the cache.
-        k = min(request.k, self.runner.max_len - seq.numel())
-        if k <= 0:
-            return DraftProposal(seq.new_empty(0), None, time.perf_counter() - start)
-        logits = self.runner.forward(seq[self.runner.length :].unsqueeze(0), last_only=True)[0]  # [1, vocab]
-        tokens: list[torch.Tensor] = []
-        probs: list[torch.Tensor] = []
-        sampler = request.sampler
-        for step in range(k):
+        rows = batch.rows
+        device = self.runner.device
+        lengths = self.runner.lengths
+        # Room in the cache: the k draft tokens must fit after the committed sequence.
+        ks = [min(row.k, self.max_len - row.token_ids.numel()) if row.member else 0 for row in rows]
+        feeds = []
+        for row, k in zip(rows, ks):
+            end = row.token_ids.numel() if k > 0 else row.token_ids.numel() - 1
+            feeds.append(row.token_ids[lengths[row.slot] : end] if row.member else row.token_ids.new_empty(0))
+        width = max(feed.numel() for feed in feeds)
+        if width == 0:
+            return [DraftProposal(row.token_ids.new_empty(0), None, 0.0) for row in rows]
+        kept = [lengths[row.slot] + feed.numel() for row, feed in zip(rows, feeds)]
+        tokens = torch.zeros(len(rows), width, dtype=torch.long, device=device)  # [batch, width], right-padded
+        for i, feed in enumerate(feeds):
+            tokens[i, : feed.numel()] = feed
+        last = torch.tensor([[max(feed.numel() - 1, 0)] for feed in feeds], device=device)  # [batch, 1]
+        logits = self.runner.forward(tokens, logits_at=last).logits  # [batch, 1, vocab]
+        for row, length in zip(rows, kept):
+            self.runner.truncate(length, row.slot)  # padding dropped: draft tokens go right after the real ones
+        drafted: list[torch.Tensor] = []  # per step: [batch]
+        probs: list[torch.Tensor | None] = []  # per step: [batch, vocab] or None (all rows greedy)
+        steps = [0] * len(rows)  # draft tokens kept per row
+        sampled = [not greedy for greedy in batch.sampling.greedy.tolist()]
+        for step in range(max(ks)):
             check_finite(logits, "draft")
-            pending = torch.stack(tokens) if tokens else None
-            processed = sampler.process(logits, pending, start=step)  # [1, vocab]
-            token, q = sampler.pick(processed)
-            if request.threshold > 0 and step > 0:
-                # Draft-confidence cut-off (speculative_threshold). One host sync per draft step, only when it is on.
-                top = (q if q is not None else sampler.probs(processed)).max()
-                if top < request.threshold:
-                    break  # the drafter is unsure: verifying what we have is cheaper than guessing on
-            tokens.append(token[0])
-            if q is not None:
-                probs.append(q[0])
-            if step + 1 < k:
-                logits = self.runner.forward(token.view(1, 1))[0]
-        draft = torch.stack(tokens)
-        return DraftProposal(draft, torch.stack(probs) if probs else None, time.perf_counter() - start)
-
-    def observe(self, committed_length: int, num_accepted: int, num_proposed: int) -> None:
-        # The cache holds seq_before + draft[:-1]; of those, seq_before + accepted draft tokens are still valid.
-        self.runner.truncate(min(self.runner.length, committed_length - 1))
+            pending = torch.stack(drafted, dim=1) if drafted else None  # [batch, step]
+            processed = process_logits(logits, batch.sampling, pending, start=step)[:, 0]  # [batch, vocab]
+            tokens_now = processed.argmax(dim=-1)  # [batch]
+            q = None
+            if any(sampled):
+                q = stable_softmax(processed)  # [batch, vocab]
+                uniform = torch.full((len(rows),), 0.5, device=device)  # [batch]; only drafting rows draw
+                for i, row in enumerate(rows):
+                    if sampled[i] and step < ks[i]:
+                        uniform[i] = torch.rand(1, generator=row.generator, device=device)[0]
+                tokens_now = torch.where(batch.sampling.greedy.to(device), tokens_now, sample_from_probs(q, uniform))
+            for i, row in enumerate(rows):
+                if step < ks[i] and steps[i] == step:
+                    if row.threshold > 0 and step > 0:
+                        # Draft-confidence cut-off (speculative_threshold): one host sync per row and step, only
+                        # when it is on.
+                        top = (q[i] if q is not None else stable_softmax(processed[i])).max()
+                        if top < row.threshold:
+                            continue  # the drafter is unsure: verifying what we have is cheaper than guessing on
+                    steps[i] += 1
+            drafted.append(tokens_now)
+            probs.append(q)
+            if step + 1 < max(ks):
+                logits = self.runner.forward(tokens_now.unsqueeze(1)).logits  # [batch, 1, vocab]
+        # Each drafting row keeps seq[:N] plus its fed draft tokens (all but the last); idle rows what they caught up.
+        for i, row in enumerate(rows):
+            self.runner.truncate(kept[i] + max(steps[i] - 1, 0) if ks[i] > 0 else kept[i], row.slot)
+        seconds = time.perf_counter() - start
+        proposals = []
+        for i, row in enumerate(rows):
+            n = steps[i]
+            token_ids = torch.stack([d[i] for d in drafted[:n]]) if n else row.token_ids.new_empty(0)  # [n]
+            q_rows = torch.stack([p[i] for p in probs[:n]]) if n and sampled[i] else None  # [n, vocab]
+            proposals.append(DraftProposal(token_ids, q_rows, seconds))
+        return proposals

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from .base import DraftProposal, Drafter, DraftRequest
+from .base import DraftBatch, DraftProposal, Drafter, empty_proposal
 
 _WINDOW_PAD = -1  # padding of the searched windows and of the pattern differ, so padding never matches
 _PATTERN_PAD = -2
@@ -74,9 +74,14 @@ class NgramDrafter(Drafter):
     def can_propose(self, token_ids: torch.Tensor) -> bool:
         return find_match(token_ids, self.max_ngram, self.min_ngram)[0] > 0
 
-    def propose(self, request: DraftRequest) -> DraftProposal:
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         start_s = time.perf_counter()
-        tokens = request.token_ids
-        size, start = find_match(tokens, self.max_ngram, self.min_ngram)
-        draft = continuation(tokens, start, request.k) if size else tokens.new_empty(0)
-        return DraftProposal(draft, None, time.perf_counter() - start_s)
+        proposals = []
+        for row in batch.rows:
+            size, start = find_match(row.token_ids, self.max_ngram, self.min_ngram) if row.k > 0 else (0, 0)
+            draft = continuation(row.token_ids, start, row.k) if size else row.token_ids.new_empty(0)
+            proposals.append(DraftProposal(draft, None))
+        seconds = time.perf_counter() - start_s
+        for proposal in proposals:
+            proposal.seconds = seconds
+        return proposals

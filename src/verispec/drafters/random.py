@@ -10,13 +10,13 @@ import time
 
 import torch
 
-from .base import DraftProposal, Drafter, DraftRequest
+from .base import DraftBatch, DraftProposal, Drafter
 
 
 class RandomDrafter(Drafter):
     """Proposes k tokens drawn uniformly from [0, vocab_size), as a point mass (no probabilities).
 
-    `delay_s` sleeps that long per draft token, to stand in for a slow, useless draft model.
+    `delay_s` sleeps that long per draft step (the longest row's k), to stand in for a slow, useless draft model.
     """
 
     name = "random"
@@ -29,9 +29,15 @@ class RandomDrafter(Drafter):
         self.delay_s = delay_s
         self.generator = torch.Generator().manual_seed(seed)
 
-    def propose(self, request: DraftRequest) -> DraftProposal:
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         start = time.perf_counter()
-        draft = torch.randint(self.vocab_size, (request.k,), generator=self.generator)  # [k]
+        proposals = []
+        for row in batch.rows:
+            draft = torch.randint(self.vocab_size, (row.k,), generator=self.generator)  # [k]
+            proposals.append(DraftProposal(draft.to(row.token_ids.device), None))
         if self.delay_s:
-            time.sleep(self.delay_s * request.k)
-        return DraftProposal(draft.to(request.token_ids.device), None, time.perf_counter() - start)
+            time.sleep(self.delay_s * max((row.k for row in batch.rows), default=0))
+        seconds = time.perf_counter() - start
+        for proposal in proposals:
+            proposal.seconds = seconds
+        return proposals

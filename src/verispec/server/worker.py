@@ -205,16 +205,15 @@ class EngineWorker:
         finish = "length"
         outcome = "error"
         started = False
+        stats: GenerationStats | None = None
         try:
             while True:
-                if job.handle.cancelled:
+                if job.handle.cancelled:  # checked before each round, so a cancelled job runs no further round
                     outcome = "cancelled"
                     return False
-                try:
-                    started = True
-                    chunk = next(chunks)
-                except StopIteration as done:
-                    stats: GenerationStats = done.value
+                started = True
+                chunk = next(chunks, None)
+                if chunk is None:
                     break
                 now = time.perf_counter()
                 self.metrics.observe_round(len(chunk.token_ids))
@@ -228,6 +227,7 @@ class EngineWorker:
                 finish = chunk.finish_reason or finish
                 if chunk.text:
                     job.handle.put(TextDelta(index, chunk.text))
+                stats = chunk.stats or stats
             outcome = "ok"
         finally:
             chunks.close()  # a cancelled generation stops here, between two rounds

@@ -1,12 +1,7 @@
-"""Per-request logits processing and sampling, shared by the target (p) and the drafter (q).
+"""TokenSampler: the logits processing of ONE sequence (the pre-batching API, kept for its callers and tests).
 
-The same transforms, in the same order as Hugging Face `generate`, are applied to both distributions before
-verification: repetition penalty, min-new-tokens EOS mask, temperature, top-k, top-p, min-p. That is what makes
-speculative sampling follow the *processed* target distribution exactly.
-
-Positions are processed in windows: row i of a window of logits sees the committed context plus the first
-`start + i` tokens of `pending` (the draft tokens of the current round), so penalties and the min-new-tokens
-mask match what sequential decoding would have seen at that position.
+The batched engine uses `processors.process_logits` over a `SamplingBatch`; this class is its row-by-row
+reference. Row i of a window of logits sees the committed context plus the first `start + i` tokens of `pending`.
 """
 
 from __future__ import annotations
@@ -15,24 +10,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from .config import SamplingParams
-
-
-class NumericalError(RuntimeError):
-    """The model produced NaN logits: sampling from them would be silently uniform."""
-
-
-def stable_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """Softmax in fp32 with the max subtracted (torch does this internally; the cast is the point)."""
-    return torch.softmax(logits.float(), dim=-1)
-
-
-def check_finite(logits: torch.Tensor, who: str) -> None:
-    # One host sync per forward pass, not per token: the price of never sampling from NaN.
-    if torch.isnan(logits).any():
-        raise NumericalError(
-            f"the {who} model produced NaN logits; try float32 (--dtype float32) or check the model weights"
-        )
+from ..config import SamplingParams
+from .processors import stable_softmax
 
 
 class TokenSampler:

@@ -1,0 +1,468 @@
+"""The speculative engine: many sequences advance together, one batched target forward per step.
+
+    step() = admit -> propose -> verify -> commit
+
+- admit: waiting sequences take free slots (up to max_batch_size); each prompt is prefilled into its slot.
+- propose: per running row, its drafter's routed stage and that stage's draft-length policy give K (0 for the
+  target alone); every drafter proposes for its rows in one call (DraftBatch).
+- verify: the target scores every row's last committed token plus its draft tokens in ONE forward over
+  [batch, max_k + 1] (rows with shorter drafts are padded, their padding hidden by the 4D mask); logits are
+  processed with each row's own sampling parameters; `verify.py` decides, per row, how many draft tokens are
+  accepted and draws the recovered or bonus token from the row's own generator.
+- commit: committed tokens go through each row's stop checks; caches roll back by moving per-slot lengths;
+  finished sequences leave and the last running sequence moves into the freed slot (slots stay contiguous).
+
+Cache invariant (DEVELOPERS.md): for a running sequence with committed tokens seq (length N), the target cache
+slot holds seq[:N-1]; the last committed token is fed at the start of the next round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterator, Sequence as Seq
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from ..adaptive import AdaptivePolicy
+from ..config import SamplingParams, SpeculativeConfig
+from ..detokenize import StopChecker
+from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow, empty_proposal
+from ..fallback import DrafterBackoff
+from ..sampling import RowSamplingState, SamplingBatch, check_finite, process_logits, stable_softmax
+from ..stats import GenerationStats
+from ..verify import SpecDecodeMetadata, greedy_verify, rejection_verify, top_n_accept
+from .runner import ModelRunner
+from .sequence import Sequence
+
+logger = logging.getLogger("verispec")
+
+# Room past max_len for the k + 1 positions a verify pass writes beyond the committed sequence.
+CACHE_SLACK = 66
+
+
+@dataclass
+class GenerationChunk:
+    """What one round hands the caller: the newly committed tokens and the text they complete."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # 'stop' | 'length' on the last chunk
+    stats: GenerationStats | None = None  # the request's statistics, on the last chunk
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated tokens only
+    text: str
+    finish_reason: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
+
+
+class FixedK:
+    """The draft length policy of a fixed K. Adaptive policies implement the same methods."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, batch_size: int = 1) -> int:
+        return self.k
+
+    def record_step(self, rows, draft_s: float, draft_steps: int, verify_s: float, tokens: int) -> None:
+        pass
+
+
+def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:
+    """All EOS ids of the model's generation config (one or several), plus the tokenizer's EOS id."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None)
+        if eos is not None:
+            ids.update([eos] if isinstance(eos, int) else eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+@dataclass
+class StepPlan:
+    """The proposals of one step, row by row (rows = running sequences in slot order)."""
+
+    ks: list[int]  # [batch]: draft tokens asked per row
+    policies: list  # [batch]: the draft-length policy of each row (FixedK(0) for the target alone)
+    proposals: list[DraftProposal]  # [batch]
+    meta: SpecDecodeMetadata  # padded drafts and per-row draft lengths
+    draft_probs: torch.Tensor | None  # [batch, max_k, vocab] q of rows that carry it, zeros elsewhere; None if none
+    has_draft_probs: torch.Tensor  # [batch] bool
+    sampling: SamplingBatch
+
+
+class SpeculativeEngine:
+    """Runs requests on one target, up to `max_batch_size` at a time in one batched step."""
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        tokenizer,
+        drafter: Drafter | None = None,
+        spec: SpeculativeConfig | None = None,
+        max_len: int = 2048,
+        max_batch_size: int = 16,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.target = ModelRunner(target, max_len + CACHE_SLACK, num_slots=max_batch_size)
+        self.tokenizer = tokenizer
+        self.drafter = drafter
+        if drafter is not None:
+            drafter.reserve(max_batch_size)
+        self.spec = spec or SpeculativeConfig()
+        self.max_len = max_len
+        self.max_batch_size = max_batch_size
+        self.eos_token_ids = model_eos_ids(target, tokenizer)
+        self.running: list[Sequence] = []  # index == slot
+        self.waiting: deque[Sequence] = deque()
+        self.total = GenerationStats()  # cumulative over finished requests
+        self.last_stats = GenerationStats()  # the latest finished (or cancelled) request's
+        # Per drafter, kept across requests: adaptive estimates (keyed by max depth) and failure back-off.
+        self._policies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._backoffs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._reserved: weakref.WeakSet = weakref.WeakSet()
+        self._warned_lossy = False
+
+    # -- requests ------------------------------------------------------------------------------------------------
+
+    def check_request(self, prompt_len: int, params: SamplingParams) -> None:
+        if prompt_len < 1:
+            raise ValueError("the prompt is empty: give at least one token")
+        if prompt_len + params.max_new_tokens > self.max_len:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds max_len "
+                f"({self.max_len}); shorten the prompt, lower max_new_tokens or raise max_len"
+            )
+
+    def add_request(
+        self,
+        prompt_ids: Seq[int] | torch.Tensor,
+        params: SamplingParams,
+        spec: SpeculativeConfig | None = None,
+        use_drafter: bool = True,
+        drafter: Drafter | None = None,
+    ) -> Sequence:
+        """Queue a request; it starts at the next step with a free slot. prompt_ids is copied, never written to.
+
+        `spec` overrides the engine's speculation config, `drafter` replaces the engine's drafter, and
+        `use_drafter=False` runs the target alone through the same step."""
+        spec = spec or self.spec
+        prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # [n]
+        self.check_request(prompt.numel(), params)
+        if not spec.lossless and not self._warned_lossy:
+            self._warned_lossy = True
+            logger.warning("acceptance %s is LOSSY: outputs no longer follow the target's distribution",
+                           acceptance_label(spec))
+        device = self.target.device
+        drafter = (drafter or self.drafter) if use_drafter else None
+        if drafter is not None and not self._backoff(drafter).should_try():
+            logger.info("drafter %s skipped for this request (back-off after failures)", drafter.name)
+            drafter = None
+        if drafter is not None and drafter not in self._reserved:
+            drafter.reserve(self.max_batch_size)
+            self._reserved.add(drafter)
+        tokens = torch.empty(prompt.numel() + params.max_new_tokens + CACHE_SLACK, dtype=torch.long, device=device)
+        tokens[: prompt.numel()] = prompt.to(device)
+        generator = torch.Generator(device=device)
+        if params.seed is not None:
+            generator.manual_seed(params.seed)
+        else:
+            generator.seed()
+        eos = self.eos_token_ids | set(params.stop_token_ids)
+        seq = Sequence(
+            tokens=tokens,
+            length=prompt.numel(),
+            prompt_len=prompt.numel(),
+            params=params,
+            spec=spec,
+            sampling=RowSamplingState(params, eos, prompt.tolist(), self.target.vocab_size, device),
+            generator=generator,
+            stopper=StopChecker(params, self.eos_token_ids, self.tokenizer, params.max_new_tokens),
+            drafter=drafter,
+            stats=GenerationStats(prompt_tokens=prompt.numel(), requests=1, acceptance_mode=acceptance_label(spec),
+                                  lossy=not spec.lossless),
+            wall_start=time.perf_counter(),
+        )
+        self.waiting.append(seq)
+        return seq
+
+    def abort(self, seq: Sequence) -> None:
+        """Stop a request now (a client went away); its figures still count."""
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        elif seq.slot >= 0 and self.running[seq.slot] is seq:
+            self._finish(seq)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    # -- the step ------------------------------------------------------------------------------------------------
+
+    def step(self) -> list[Sequence]:
+        """Advance every running sequence by one round. -> the sequences that committed tokens (finished ones too)."""
+        self._admit()
+        if not self.running:
+            return []
+        plan = self._propose()
+        num_accepted, next_token, verify_s = self._verify(plan)
+        return self._commit(plan, num_accepted, next_token, verify_s)
+
+    def _admit(self) -> None:
+        while self.waiting and len(self.running) < self.max_batch_size:
+            seq = self.waiting.popleft()
+            seq.slot = len(self.running)
+            self.running.append(seq)
+            self.target.reset(seq.slot)
+            if seq.drafter is not None:
+                seq.drafter = self._safe(seq.drafter, seq.stats, lambda d: d.begin(seq.slot, seq.committed))
+            if seq.prompt_len > 1:
+                # Each prompt is prefilled alone: no padding, and the same numbers as when it runs alone.
+                start = time.perf_counter()
+                self.target.forward(seq.committed[:-1].unsqueeze(0), start_slot=seq.slot, last_only=True)
+                seq.stats.prefill_s += time.perf_counter() - start
+
+    def _propose(self) -> StepPlan:
+        rows = self.running
+        batch = len(rows)
+        sampling = SamplingBatch.stack([seq.sampling for seq in rows], self.target.vocab_size, self.target.device)
+        # K per row, from the policy of whoever drafts it (a cascade's stage has its own estimates); each policy
+        # chooses once per step, knowing the batch size.
+        policies, chosen = [], {}
+        for seq in rows:
+            active = None
+            if seq.drafter is not None:
+                active = self._safe(seq.drafter, seq.stats, lambda d: d.route(seq.committed), returns=True)
+                if active is None:
+                    seq.drafter = None
+            policy = self.draft_policy(seq.spec, active) if active is not None else FixedK(0)
+            if id(policy) not in chosen:
+                chosen[id(policy)] = policy.choose(batch)
+            policies.append(policy)
+        ks = [max(0, min(chosen[id(policy)], seq.remaining - 1)) for seq, policy in zip(rows, policies)]
+        proposals = [empty_proposal(DraftRow(seq.committed, 0, seq.slot, seq.generator)) for seq in rows]
+        for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, ks) if k > 0}.values():
+            members = [seq.drafter is drafter for seq in rows]
+            draft_batch = DraftBatch([
+                DraftRow(seq.committed, k if member else 0, seq.slot, seq.generator, member,
+                         seq.spec.speculative_threshold)
+                for seq, k, member in zip(rows, ks, members)
+            ], sampling)
+            made = self._safe(drafter, None, lambda d: d.propose(draft_batch), returns=True, rows=[
+                seq for seq, member in zip(rows, members) if member])
+            if made is None:  # the drafter failed: its rows finish on the target alone
+                continue
+            for i, member in enumerate(members):
+                if member:
+                    proposals[i] = made[i]
+        max_k = max(p.token_ids.numel() for p in proposals)
+        device = self.target.device
+        draft_ids = torch.zeros(batch, max_k, dtype=torch.long, device=device)  # [batch, max_k], padded
+        has_probs = [p.probs is not None and p.token_ids.numel() > 0 for p in proposals]
+        draft_probs = None
+        if any(has_probs):
+            draft_probs = torch.zeros(batch, max_k, self.target.vocab_size, device=device)  # [batch, max_k, vocab]
+        for i, proposal in enumerate(proposals):
+            n = proposal.token_ids.numel()
+            draft_ids[i, :n] = proposal.token_ids.to(device)
+            if has_probs[i]:
+                draft_probs[i, :n] = proposal.probs[:, : self.target.vocab_size].to(device)
+        meta = SpecDecodeMetadata(draft_ids, torch.tensor([p.token_ids.numel() for p in proposals], device=device))
+        return StepPlan(ks, policies, proposals, meta, draft_probs, torch.tensor(has_probs, device=device), sampling)
+
+    def _verify(self, plan: StepPlan) -> tuple[list[int], list[int], float]:
+        rows = self.running
+        start = time.perf_counter()
+        last = torch.stack([seq.tokens[seq.length - 1] for seq in rows]).unsqueeze(1)  # [batch, 1]
+        fed = torch.cat([last, plan.meta.draft_token_ids], dim=1)  # [batch, max_k + 1]
+        logits = self.target.forward(fed).logits  # [batch, max_k + 1, vocab]
+        check_finite(logits, "target")
+        processed = process_logits(logits, plan.sampling, plan.meta.draft_token_ids, start=0)  # [batch, max_k+1, V]
+        extra = self._lossy_accept(plan, processed)
+        result = greedy_verify(plan.meta, processed, extra)
+        sampled = [seq for seq in rows if not seq.params.greedy]
+        if sampled:
+            # The noise comes from each row's own generator, k + 1 draws per row: a seeded request draws the same
+            # numbers alone or beside others.
+            max_k = plan.meta.draft_token_ids.shape[1]
+            uniform_accept = torch.zeros(len(rows), max_k, device=logits.device)  # [batch, max_k]
+            uniform_sample = torch.zeros(len(rows), device=logits.device)  # [batch]
+            for seq in sampled:
+                n = plan.proposals[seq.slot].token_ids.numel()
+                u = seq.uniform(n + 1)
+                uniform_accept[seq.slot, :n] = u[:n]
+                uniform_sample[seq.slot] = u[n]
+            drawn = rejection_verify(plan.meta, plan.draft_probs, plan.has_draft_probs, stable_softmax(processed),
+                                     uniform_accept, uniform_sample, extra)
+            greedy = plan.sampling.greedy.to(logits.device)
+            result.num_accepted = torch.where(greedy, result.num_accepted, drawn.num_accepted)
+            result.next_token = torch.where(greedy, result.next_token, drawn.next_token)
+        # The one host sync of the step: the loop branches on how many tokens each row accepted.
+        packed = torch.cat([result.num_accepted, result.next_token]).tolist()
+        verify_s = time.perf_counter() - start
+        return packed[: len(rows)], packed[len(rows) :], verify_s
+
+    def _commit(self, plan: StepPlan, num_accepted: list[int], next_token: list[int], verify_s: float) -> list[Sequence]:
+        rows = list(self.running)
+        tokens_fed = len(rows) * (plan.meta.draft_token_ids.shape[1] + 1)
+        by_policy: dict[int, tuple] = {}
+        for seq, proposal, accepted, token, policy, k in zip(rows, plan.proposals, num_accepted, next_token,
+                                                             plan.policies, plan.ks):
+            draft = proposal.token_ids.tolist()
+            committed = draft[:accepted] + [token]
+            # Stop checks run token by token; tokens after a stop are dropped and never counted.
+            kept = 0
+            for t in committed:
+                kept += 1
+                if seq.stopper.push(t) is not None:
+                    break
+            seq.append(committed[:kept])
+            # Rollback is bookkeeping: the slot keeps seq[:length-1] (the last committed token is fed next round).
+            self.target.truncate(seq.length - 1, seq.slot)
+            # A round cut short by a stop counts only the draft positions in front of the stop.
+            proposed = len(draft) if kept == len(committed) else min(len(draft), kept)
+            if seq.drafter is not None:
+                seq.drafter = self._safe(seq.drafter, seq.stats,
+                                         lambda d: d.observe(seq.slot, seq.length, accepted, len(draft)))
+                entry = by_policy.setdefault(id(policy), (policy, [], proposal.seconds, k))
+                entry[1].append((len(draft), accepted))
+            seq.stats.record_round(proposed, min(accepted, kept), kept)
+            seq.stats.draft_s += proposal.seconds
+            seq.stats.verify_s += verify_s
+        for policy, pairs, draft_s, k in by_policy.values():
+            policy.record_step(pairs, draft_s, k, verify_s, tokens_fed)
+        for seq in sorted((s for s in rows if s.finished), key=lambda s: -s.slot):
+            self._finish(seq)
+        return rows
+
+    def _finish(self, seq: Sequence) -> None:
+        """Take a finished (or cancelled) sequence out; the last running sequence moves into its slot."""
+        slot = seq.slot
+        if seq.drafter is not None:
+            if seq.finished:
+                self._backoff(seq.drafter).succeeded()  # a whole request with the drafter: forget earlier failures
+            self._safe(seq.drafter, seq.stats, lambda d: d.release(slot))
+        last = self.running.pop()
+        if last is not seq:
+            self.target.move_slot(last.slot, slot)
+            if last.drafter is not None:
+                last.drafter = self._safe(last.drafter, last.stats, lambda d: d.move_slot(last.slot, slot))
+            last.slot = slot
+            self.running[slot] = last
+        seq.slot = -1
+        seq.stats.wall_s = time.perf_counter() - seq.wall_start
+        self.total.merge(seq.stats)
+        self.last_stats = seq.stats
+
+    # -- convenience ---------------------------------------------------------------------------------------------
+
+    def generate_iter(
+        self,
+        prompt_ids: Seq[int] | torch.Tensor,
+        params: SamplingParams,
+        spec: SpeculativeConfig | None = None,
+        use_drafter: bool = True,
+        drafter: Drafter | None = None,
+    ) -> Iterator[GenerationChunk]:
+        """One request through the step loop: a chunk per round; the last chunk carries the request's stats.
+
+        Closing the iterator early (a client went away) aborts the request; its figures still count."""
+        seq = self.add_request(prompt_ids, params, spec, use_drafter, drafter)
+        try:
+            while not seq.finished:
+                if seq in self.step():
+                    token_ids, text = seq.take()
+                    yield GenerationChunk(token_ids, text, seq.finish_reason, seq.stats if seq.finished else None)
+        finally:
+            if not seq.finished:
+                self.abort(seq)
+
+    def generate(self, prompt_ids: Seq[int] | torch.Tensor, params: SamplingParams, **kwargs) -> GenerationResult:
+        return self.generate_batch([prompt_ids], [params], **kwargs)[0]
+
+    def generate_batch(
+        self,
+        prompts: Seq[Seq[int] | torch.Tensor],
+        params: SamplingParams | Seq[SamplingParams],
+        spec: SpeculativeConfig | None = None,
+        use_drafter: bool = True,
+        drafter: Drafter | None = None,
+    ) -> list[GenerationResult]:
+        """Run many prompts together (up to max_batch_size at once, the rest as slots free up), each with its
+        own SamplingParams; -> one result per prompt, in order."""
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams: give one per prompt")
+        seqs = [self.add_request(ids, p, spec, use_drafter, drafter) for ids, p in zip(prompts, params)]
+        try:
+            while any(not seq.finished for seq in seqs):
+                self.step()
+        finally:
+            for seq in seqs:
+                if not seq.finished:
+                    self.abort(seq)
+        results = []
+        for seq in seqs:
+            token_ids, text = seq.take()
+            results.append(GenerationResult(seq.stopper.token_ids[: len(seq.stopper.token_ids)], text,
+                                            seq.finish_reason, seq.stats))
+        return results
+
+    def draft_policy(self, spec: SpeculativeConfig, drafter: Drafter | None = None):
+        """The draft-length policy for a request: fixed K, or with `spec.adaptive` the drafter's AdaptivePolicy,
+        whose estimates persist across this engine's requests."""
+        drafter = drafter or self.drafter
+        if not spec.adaptive or drafter is None:
+            return FixedK(spec.num_draft_tokens)
+        by_depth = self._policies.setdefault(drafter, {})
+        if spec.max_speculation_depth not in by_depth:
+            by_depth[spec.max_speculation_depth] = AdaptivePolicy(spec.max_speculation_depth, spec.num_draft_tokens)
+        return by_depth[spec.max_speculation_depth]
+
+    # -- internals -----------------------------------------------------------------------------------------------
+
+    def _lossy_accept(self, plan: StepPlan, processed: torch.Tensor) -> torch.Tensor | None:
+        """[batch, max_k] bool: LOSSY extra acceptances of rows whose spec asks for them (None when no row does)."""
+        tops = [0 if seq.spec.lossless else seq.spec.acceptance_top_k for seq in self.running]
+        return top_n_accept(plan.meta, processed, tops) if any(tops) else None
+
+    def _backoff(self, drafter: Drafter) -> DrafterBackoff:
+        return self._backoffs.setdefault(drafter, DrafterBackoff())
+
+    def _safe(self, drafter: Drafter, stats: GenerationStats | None, call, returns: bool = False,
+              rows: list[Sequence] | None = None):
+        """Run a drafter call; on any exception its rows go on with the target alone (no token lost or repeated).
+
+        -> the call's value (returns=True) or the drafter, or None after a failure."""
+        try:
+            value = call(drafter)
+            return value if returns else drafter
+        except Exception as exc:  # noqa: BLE001 - any drafter failure must degrade to the target alone
+            # The drafter's state may be half-updated; `begin` resets it before it drafts again (Drafter contract).
+            affected = rows if rows is not None else []
+            for seq in affected:
+                seq.drafter = None
+                seq.stats.fallbacks += 1
+            if stats is not None:
+                stats.fallbacks += 1
+            skip = self._backoff(drafter).failed()
+            logger.warning("drafter %s failed (%s: %s); its request(s) continue on the target alone, the next %d "
+                           "request(s) skip the drafter", drafter.name, type(exc).__name__, exc, skip)
+            return None
+
+
+def acceptance_label(spec: SpeculativeConfig) -> str:
+    """'exact', or 'top_k:N' for the LOSSY mode (as `--acceptance` spells it)."""
+    return "exact" if spec.lossless else f"{spec.acceptance}:{spec.acceptance_top_k}"

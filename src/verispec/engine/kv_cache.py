@@ -1,0 +1,134 @@
+"""A preallocated KV cache of slots, one per running sequence; rollback is bookkeeping (a length per slot).
+
+Each layer owns buffers of shape [slots, kv_heads, max_len, head_dim], allocated on the first forward and grown
+(up to num_slots) when a forward first uses a higher slot, so memory follows the largest batch run. Slot s holds
+the keys/values of one sequence at its own positions 0, 1, 2, ... (cache index = index in the fed token stream).
+
+Invariant (per slot s): entries [0, lengths[s]) hold the keys/values of the tokens fed and kept for that
+sequence; everything at or past lengths[s] is stale. A forward over slots [start, start + batch) writes its n
+new entries of row b at lengths[start + b] + t (t = 0..n-1) and attends over [0, kv_len) under a 4D mask that
+hides every stale entry (see `attention_mask`), so stale entries (rejected drafts, padding of shorter rows) are
+never attended to and are overwritten by later forwards. Discarding rejected tokens moves a length back.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+
+class SlotLayer(CacheLayerMixin):
+    """One attention layer's KV buffers; the write positions of a forward come from the parent `SlotCache`."""
+
+    is_compileable = False
+    is_sliding = False
+    is_croppable = False
+
+    def __init__(self, cache: SlotCache) -> None:
+        super().__init__()
+        self.cache = cache
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.keys = key_states.new_zeros(0, key_states.shape[1], self.cache.max_len, key_states.shape[-1])
+        self.values = value_states.new_zeros(0, value_states.shape[1], self.cache.max_len, value_states.shape[-1])
+        self.is_initialized = True
+
+    def _grow(self, slots: int) -> None:
+        """Buffers for at least `slots` slots (doubling, up to num_slots): memory follows the largest batch seen,
+        and a slot's entries never move when the buffers grow. keys, values: [slots, kv_heads, max_len, dim]."""
+        size = min(max(slots, 2 * self.keys.shape[0]), self.cache.num_slots)
+        keys = self.keys.new_zeros(size, *self.keys.shape[1:])
+        values = self.values.new_zeros(size, *self.values.shape[1:])
+        keys[: self.keys.shape[0]] = self.keys
+        values[: self.values.shape[0]] = self.values
+        self.keys, self.values = keys, values
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        # key_states, value_states: [batch, kv_heads, n, head_dim], written at the step's per-row cache indices.
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        step = self.cache.step
+        batch, heads, n, _ = key_states.shape
+        if self.keys.shape[0] < step.start + batch:
+            self._grow(step.start + batch)
+        rows = slice(step.start, step.start + batch)
+        index = step.write_index.view(batch, 1, n, 1)  # [batch, 1, n, 1]
+        self.keys[rows].scatter_(2, index.expand(-1, heads, -1, key_states.shape[-1]), key_states)
+        self.values[rows].scatter_(2, index.expand(-1, heads, -1, value_states.shape[-1]), value_states)
+        return self.keys[rows, :, : step.kv_len], self.values[rows, :, : step.kv_len]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.cache.step.kv_len, 0  # unused: the runner always passes its own 4D mask
+
+    def get_seq_length(self) -> int:
+        return 0  # positions are always passed explicitly; per-row lengths live in SlotCache.lengths
+
+    def get_max_length(self) -> int:
+        return self.cache.max_len
+
+    def reset(self) -> None:
+        pass
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        if self.is_initialized and src < self.keys.shape[0]:
+            self.keys[dst, :, :length] = self.keys[src, :, :length]
+            self.values[dst, :, :length] = self.values[src, :, :length]
+
+
+class StepLayout:
+    """Where one forward writes and how far it attends (set by the runner before each forward)."""
+
+    def __init__(self, start: int, write_index: torch.Tensor, kv_len: int) -> None:
+        self.start = start  # first slot of the batch (the batch covers slots [start, start + batch))
+        self.write_index = write_index  # [batch, n] long: cache index of each fed token
+        self.kv_len = kv_len  # keys attended: [0, kv_len), the longest row's length after the forward
+
+
+class SlotCache(Cache):
+    """A `transformers` Cache of `SlotLayer`s plus the per-slot lengths (host ints: the loop branches on them)."""
+
+    def __init__(self, num_layers: int, num_slots: int, max_len: int) -> None:
+        self.num_slots = num_slots
+        self.max_len = max_len
+        self.lengths = [0] * num_slots  # [slot]: kept entries
+        self.step: StepLayout | None = None
+        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+
+    def set_length(self, slot: int, length: int) -> None:
+        """Keep the first `length` entries of a slot. Never claims more than was written (rollback only)."""
+        assert 0 <= length <= self.lengths[slot], f"cannot set slot {slot} of {self.lengths[slot]} entries to {length}"
+        self.lengths[slot] = length
+
+    def move(self, src: int, dst: int) -> None:
+        """Slot src's sequence now lives in slot dst (compaction when a sequence finishes); copies its kept entries."""
+        length = self.lengths[src]
+        for layer in self.layers:
+            layer.move(src, dst, length)
+        self.lengths[dst] = length
+        self.lengths[src] = 0
+
+    def reset(self) -> None:
+        self.lengths = [0] * self.num_slots
+
+
+def attention_mask(cache_lengths: torch.Tensor, n: int, kv_len: int, dtype: torch.dtype,
+                   tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """The additive 4D mask of one forward: row b's query t sees its kept prefix [0, cache_lengths[b]) and, among
+    the n tokens fed now (at cache indices cache_lengths[b] + u), those with tree_mask[b, t, u] (default causal,
+    u <= t). Everything else (stale entries, other rows' padding) is hidden.
+
+    cache_lengths: [batch] long; tree_mask: [batch, n, n] bool or None -> [batch, 1, n, kv_len] of dtype (0 / min).
+    """
+    device = cache_lengths.device
+    batch = cache_lengths.shape[0]
+    relative = torch.arange(kv_len, device=device).view(1, 1, kv_len) - cache_lengths.view(batch, 1, 1)  # [b, 1, kv]
+    if tree_mask is None:
+        query = torch.arange(n, device=device).view(1, n, 1)  # [1, n, 1]
+        allowed = relative <= query  # [b, n, kv]: the prefix (relative < 0) and causal among the new tokens
+    else:
+        in_block = (relative >= 0) & (relative < n)  # [b, 1, kv]
+        index = relative.clamp(0, n - 1).expand(batch, n, kv_len)  # [b, n, kv]
+        allowed = (relative < 0) | (in_block & tree_mask.gather(2, index))
+    mask = torch.zeros(batch, 1, n, kv_len, dtype=dtype, device=device)
+    return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)

@@ -1,0 +1,74 @@
+"""`Sequence`: one request's state in the engine: tokens, sampling state and random generator, stop checker,
+drafter, speculation settings and statistics. The engine's step reads and advances sequences; nothing about a
+request lives in the step's locals, so many requests advance together."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from ..config import SamplingParams, SpeculativeConfig
+from ..detokenize import StopChecker
+from ..drafters.base import Drafter
+from ..sampling import RowSamplingState
+from ..stats import GenerationStats
+
+_ids = itertools.count()
+
+
+@dataclass
+class Sequence:
+    """One request. Invariant: tokens[:length] are the committed tokens (prompt, then generated)."""
+
+    tokens: torch.Tensor  # [capacity] long on the target's device: committed tokens in [0, length)
+    length: int  # committed tokens
+    prompt_len: int
+    params: SamplingParams
+    spec: SpeculativeConfig  # this request's speculation settings
+    sampling: RowSamplingState  # penalties' context, generated count
+    generator: torch.Generator  # the request's own randomness: a seed gives the same draws alone or in a batch
+    stopper: StopChecker
+    drafter: Drafter | None  # None: the target alone (also after a drafter failure)
+    stats: GenerationStats
+    seq_id: int = field(default_factory=lambda: next(_ids))
+    slot: int = -1  # row in the runner's cache while running
+    new_token_ids: list[int] = field(default_factory=list)  # committed since the caller last took them
+    wall_start: float = 0.0
+
+    @property
+    def finished(self) -> bool:
+        return self.stopper.finish_reason is not None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.stopper.finish_reason
+
+    @property
+    def committed(self) -> torch.Tensor:
+        """[length] view of the committed tokens (read-only by convention)."""
+        return self.tokens[: self.length]
+
+    @property
+    def remaining(self) -> int:
+        """Tokens this request may still generate."""
+        return self.params.max_new_tokens - len(self.stopper.token_ids)
+
+    def uniform(self, count: int) -> torch.Tensor:
+        """count draws of U(0, 1) from this request's generator, on its device: [count]."""
+        return torch.rand(count, generator=self.generator, device=self.tokens.device)
+
+    def append(self, token_ids: list[int]) -> None:
+        """Commit tokens (already passed through the stop checker)."""
+        end = self.length + len(token_ids)
+        # One small host-to-device copy per row and round: the tokens were decided on the host (stop checks).
+        self.tokens[self.length : end] = torch.tensor(token_ids, dtype=torch.long, device=self.tokens.device)
+        self.length = end
+        self.sampling.commit(token_ids)
+        self.new_token_ids += token_ids
+
+    def take(self) -> tuple[list[int], str]:
+        """The tokens committed and the text made safe to show since the last call."""
+        token_ids, self.new_token_ids = self.new_token_ids, []
+        return token_ids, self.stopper.take_text()
