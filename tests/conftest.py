@@ -105,13 +105,15 @@ def chisquare_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
-def target_probs(params, logits, context, eos_token_ids=(), pending=None):
-    """The processed target distribution p of one sequence: logits [n, vocab] after `context` (+ pending draft
-    tokens [m], row i seeing pending[:i]) -> [n, vocab], through the engine's own processing."""
+def target_probs(params, logits, prompt, eos_token_ids=(), generated=(), pending=None):
+    """The processed target distribution p of one sequence, through the engine's own processing: logits
+    [n, vocab] after `prompt` then `generated` (+ pending draft tokens [m], row i seeing pending[:i]) -> [n, vocab].
+    Penalties over the output (presence, frequency) count `generated`, not the prompt."""
     from verispec.sampling import RowSamplingState, SamplingBatch, process_logits, stable_softmax
 
     vocab = logits.shape[-1]
-    state = RowSamplingState(params, set(eos_token_ids), list(context), vocab, "cpu")
+    state = RowSamplingState(params, set(eos_token_ids), list(prompt), vocab, "cpu")
+    state.commit(list(generated))
     batch = SamplingBatch.stack([state], vocab, "cpu")
     pending = None if pending is None else torch.as_tensor(pending, dtype=torch.long).view(1, -1)
     return stable_softmax(process_logits(logits.unsqueeze(0), batch, pending))[0]

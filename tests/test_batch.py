@@ -86,3 +86,25 @@ def test_generate_batch_needs_one_params_per_prompt(models, tokenizer):
     engine = SpeculativeEngine(models["llama"][0], tokenizer, None, max_len=64)
     with pytest.raises(ValueError, match="one per prompt"):
         engine.generate_batch([[5, 6], [7]], [SamplingParams()])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_batch_equals_cpu(models, tokenizer):
+    """Every tensor of the loop lives on the target's device: the same batch on CUDA gives the CPU's tokens."""
+    target, draft = models["llama"]
+    batch = prompts(tokenizer, 5)
+    params = [SamplingParams(max_new_tokens=16, ignore_eos=True)] * 4 + [
+        SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True)]
+    cpu = [r.token_ids for r in SpeculativeEngine(target, tokenizer, None, max_len=256).generate_batch(
+        batch, params[:4], use_drafter=False)]
+    cuda_target, cuda_draft = [m.to("cuda") for m in (target, draft)]
+    try:
+        cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(cuda_draft, 256 + CACHE_SLACK)])
+        engine = SpeculativeEngine(cuda_target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=3),
+                                   max_len=256)
+        results = engine.generate_batch(batch, params)
+        assert [r.token_ids for r in results[:4]] == cpu
+        assert len(results[4].token_ids) == 16 and engine.total.accepted_tokens > 0
+    finally:
+        target.to("cpu"), draft.to("cpu")
