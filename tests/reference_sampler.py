@@ -1,7 +1,8 @@
-"""TokenSampler: the logits processing of ONE sequence (the pre-batching API, kept for its callers and tests).
+"""TokenSampler: the logits processing of ONE sequence, written the simple way (the pre-batching engine's).
 
-The batched engine uses `processors.process_logits` over a `SamplingBatch`; this class is its row-by-row
-reference. Row i of a window of logits sees the committed context plus the first `start + i` tokens of `pending`.
+Test-only: the batched engine uses `verispec.sampling.process_logits` over a `SamplingBatch`, and
+tests/test_processors.py checks it row by row against this reference (tests/test_sampling.py checks this
+reference against Hugging Face's processors). Row i of a window of logits sees the committed context plus the first `start + i` tokens of `pending`.
 """
 
 from __future__ import annotations
@@ -10,8 +11,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from ..config import SamplingParams
-from .processors import stable_softmax
+from verispec.config import SamplingParams
+from verispec.sampling.processors import stable_softmax
 
 
 class TokenSampler:
