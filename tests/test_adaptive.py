@@ -234,3 +234,19 @@ def test_cli_flags_build_the_config():
     args = parser.parse_args(["--no-adaptive", "--max-speculation-depth", "5", "--speculative-threshold", "0"])
     config = SpeculativeConfig(**spec_kwargs(args))
     assert not config.adaptive and config.max_speculation_depth == 5 and config.speculative_threshold == 0.0
+
+
+def test_k_falls_under_load():
+    """A verify pass costs a fixed part (reading the weights) plus a part per token fed (rows x width): at batch
+    size 1 wide verification is nearly free and K is large; at batch 16 every draft position costs 16 tokens of
+    compute, so the same acceptance no longer pays and K goes to 0."""
+    policy = AdaptivePolicy(max_depth=8)
+    per_token = lambda tokens: 0.010 + 0.004 * tokens  # noqa: E731 - seconds of one target pass over `tokens`
+    for batch in (1, 16):
+        for k in (0, 2, 4, 8, 0, 2, 4, 8):  # each size timed twice (the first sample of a size is dropped)
+            rows = [(k, min(k, i % 2)) for i in range(max(batch, 2))]  # half the rows accept one draft token
+            policy.record_step(rows, k * 0.001, k, per_token(batch * (k + 1)), batch * (k + 1))
+    assert policy.best_k(1) >= 1
+    assert policy.best_k(16) == 0
+    assert policy.choose(16) == 0  # speculation never costs more than plain decoding under load
+    assert policy.verify_cost(16 * 5) > policy.verify_cost(16) > policy.verify_cost(1)

@@ -88,7 +88,8 @@ class ModelDrafter(Drafter):
                 uniform = torch.full((len(rows),), 0.5, device=device)  # [batch]; only drafting rows draw
                 for i, row in enumerate(rows):
                     if sampled[i] and step < ks[i]:
-                        uniform[i] = torch.rand(1, generator=row.generator, device=device)[0]
+                        # Drawn on the generator's (the target's) device: the draft may live elsewhere.
+                        uniform[i] = torch.rand(1, generator=row.generator, device=row.generator.device)[0]
                 tokens_now = torch.where(batch.sampling.greedy.to(device), tokens_now, sample_from_probs(q, uniform))
             for i, row in enumerate(rows):
                 if step < ks[i] and steps[i] == step:
