@@ -37,6 +37,19 @@ from itertools import accumulate
 TIME_CLIP = 4.0
 
 
+class FixedK:
+    """The draft length policy of a fixed K. Adaptive policies implement the same methods."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    def choose(self, batch_size: int = 1) -> int:
+        return self.k
+
+    def record_step(self, rows, draft_s: float, draft_steps: int, verify_s: float, tokens: int) -> None:
+        pass
+
+
 class AdaptivePolicy:
     """Draft-length policy: `choose()` before a round, `record(...)` after it (the engine's two calls)."""
 

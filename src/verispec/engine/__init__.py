@@ -1,7 +1,9 @@
 """The engine core: sequences, the batched step, the runner and its KV cache."""
 
-from .engine import CACHE_SLACK, FixedK, GenerationChunk, GenerationResult, SpeculativeEngine, model_eos_ids
+from ..adaptive import FixedK
+from .engine import CACHE_SLACK, SpeculativeEngine, model_eos_ids
+from .sequence import GenerationChunk, GenerationResult, Sequence
 from .runner import ModelRunner, RunnerOutput
 
 __all__ = ["CACHE_SLACK", "FixedK", "GenerationChunk", "GenerationResult", "ModelRunner", "RunnerOutput",
-           "SpeculativeEngine", "model_eos_ids"]
+           "Sequence", "SpeculativeEngine", "model_eos_ids"]

@@ -23,12 +23,12 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator, Sequence as Seq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from ..adaptive import AdaptivePolicy
+from ..adaptive import AdaptivePolicy, FixedK
 from ..config import SamplingParams, SpeculativeConfig
 from ..detokenize import StopChecker
 from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow, empty_proposal
@@ -37,43 +37,12 @@ from ..sampling import RowSamplingState, SamplingBatch, check_finite, process_lo
 from ..stats import GenerationStats
 from ..verify import SpecDecodeMetadata, greedy_verify, rejection_verify, top_n_accept
 from .runner import ModelRunner
-from .sequence import Sequence
+from .sequence import GenerationChunk, GenerationResult, Sequence
 
 logger = logging.getLogger("verispec")
 
 # Room past max_len for the k + 1 positions a verify pass writes beyond the committed sequence.
 CACHE_SLACK = 66
-
-
-@dataclass
-class GenerationChunk:
-    """What one round hands the caller: the newly committed tokens and the text they complete."""
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str | None = None  # 'stop' | 'length' on the last chunk
-    stats: GenerationStats | None = None  # the request's statistics, on the last chunk
-
-
-@dataclass
-class GenerationResult:
-    token_ids: list[int]  # generated tokens only
-    text: str
-    finish_reason: str
-    stats: GenerationStats = field(default_factory=GenerationStats)
-
-
-class FixedK:
-    """The draft length policy of a fixed K. Adaptive policies implement the same methods."""
-
-    def __init__(self, k: int) -> None:
-        self.k = k
-
-    def choose(self, batch_size: int = 1) -> int:
-        return self.k
-
-    def record_step(self, rows, draft_s: float, draft_steps: int, verify_s: float, tokens: int) -> None:
-        pass
 
 
 def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:

@@ -72,3 +72,21 @@ class Sequence:
         """The tokens committed and the text made safe to show since the last call."""
         token_ids, self.new_token_ids = self.new_token_ids, []
         return token_ids, self.stopper.take_text()
+
+
+@dataclass
+class GenerationChunk:
+    """What one round hands the caller: the newly committed tokens and the text they complete."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None  # 'stop' | 'length' on the last chunk
+    stats: GenerationStats | None = None  # the request's statistics, on the last chunk
+
+
+@dataclass
+class GenerationResult:
+    token_ids: list[int]  # generated tokens only
+    text: str
+    finish_reason: str
+    stats: GenerationStats = field(default_factory=GenerationStats)
