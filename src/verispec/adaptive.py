@@ -7,9 +7,10 @@ For a round with K draft tokens (terms as in DEVELOPERS.md):
 
 alpha_i is the conditional acceptance rate at draft position i (accepted, given positions 1..i-1 were), c_draft
 the time of one draft step and c_verify(t) the time of one target pass over t fed tokens: a step verifies B rows
-of K + 1 positions each, so under load (large B) a wide verify pass costs more and K falls, down to 0. Every row
-commits E(K) tokens, so the batch's rate is B * E(K) / T(K) and B cancels out of the choice except through
-c_verify. K = 0 is plain decoding (E = 1, T = c_verify(B)). The policy picks the K in [0, max_depth] with the highest E(K) / T(K); a K >= 1 must
+of K + 1 positions each (rows drafting less are padded), so under load (large B) a wide verify pass costs more
+and K falls, down to 0. Of the B rows, the G this policy drafts for commit E(K) tokens each and the others one,
+so the step's rate is (G * E(K) + B - G) / T(K): a drafter that serves few rows of a large batch does not get to
+widen everyone's verify pass. K = 0 is plain decoding (B tokens in c_verify(B)). The policy picks the K in [0, max_depth] with the highest E(K) / T(K); a K >= 1 must
 beat K = 0 by `min_gain`, so a drafter that does not pay is switched off and speculation costs no more than
 noise. While K = 0 is chosen, a probe round with K >= 1 runs every `probe_every` rounds (the interval doubles up
 to `max_probe_every` while probes keep losing), so the estimates can recover when the text becomes predictable.
@@ -43,7 +44,7 @@ class FixedK:
     def __init__(self, k: int) -> None:
         self.k = k
 
-    def choose(self, batch_size: int = 1) -> int:
+    def choose(self, batch_size: int = 1, rows: int | None = None) -> int:
         return self.k
 
     def record_step(self, rows, draft_s: float, draft_steps: int, verify_s: float, tokens: int) -> None:
@@ -91,7 +92,7 @@ class AdaptivePolicy:
         self.chosen: list[int] = [0] * (max_depth + 1)  # [K]: rounds this policy chose K
         self._probe_interval = probe_every
         self._since_probe = 0
-        self._rates: dict[int, list[float]] = {}  # batch size -> rates(batch size), dropped by record()
+        self._rates: dict[tuple, list[float]] = {}  # (batch size, rows) -> rates, dropped by record()
 
     # -- estimates -----------------------------------------------------------------------------------------------
 
@@ -121,21 +122,24 @@ class AdaptivePolicy:
             return None
         return k * (self.draft_s or 0.0) + verify
 
-    def rates(self, batch_size: int = 1) -> list[float] | None:
-        """[K]: expected committed tokens per second and row for K = 0..max_depth at this batch size (None before
-        measurements). Computed once per recorded round: `choose` runs every step and must stay cheap."""
-        if batch_size not in self._rates:
+    def rates(self, batch_size: int = 1, rows: int | None = None) -> list[float] | None:
+        """[K]: expected committed tokens per second of a step for K = 0..max_depth, with this policy drafting for
+        `rows` (default all) of `batch_size` rows (None before measurements). Computed once per recorded round:
+        `choose` runs every step and must stay cheap."""
+        rows = batch_size if rows is None else rows
+        key = (batch_size, rows)
+        if key not in self._rates:
             curve = self._verify_curve([batch_size * (k + 1) for k in range(self.max_depth + 1)])
             if curve is None or self.draft_s is None:
                 return None
             committed = [1.0] + [1.0 + e for e in accumulate(accumulate(self.alpha, lambda run, a: run * a))]
-            self._rates[batch_size] = [committed[k] / max(k * self.draft_s + curve[k], 1e-12)
-                                       for k in range(self.max_depth + 1)]
-        return self._rates[batch_size]
+            self._rates[key] = [(rows * committed[k] + batch_size - rows) / max(k * self.draft_s + curve[k], 1e-12)
+                                for k in range(self.max_depth + 1)]
+        return self._rates[key]
 
-    def best_k(self, batch_size: int = 1) -> int:
+    def best_k(self, batch_size: int = 1, rows: int | None = None) -> int:
         """The K the estimates favour, before probing (initial_k until the costs were measured)."""
-        rates = self.rates(batch_size)
+        rates = self.rates(batch_size, rows)
         if rates is None:
             return self.initial_k
         k = max(range(1, self.max_depth + 1), key=rates.__getitem__)
@@ -143,15 +147,15 @@ class AdaptivePolicy:
 
     # -- the engine's two calls ----------------------------------------------------------------------------------
 
-    def choose(self, batch_size: int = 1) -> int:
-        """K for the next step of `batch_size` rows."""
+    def choose(self, batch_size: int = 1, rows: int | None = None) -> int:
+        """K for the next step of `batch_size` rows, `rows` of which (default all) this policy drafts for."""
         # Warm-up: draft with initial_k until a draft step was timed, then plain steps time c_verify(batch_size).
         if self.draft_s is None:
             k = self.initial_k
         elif batch_size not in self.verify_s:
             k = 0
         else:
-            k = self.best_k(batch_size)
+            k = self.best_k(batch_size, rows)
             if k > 0:
                 self._probe_interval = self.probe_every
                 self._since_probe = 0
@@ -159,7 +163,7 @@ class AdaptivePolicy:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval:
                     # Probe with the best K >= 1 so the estimates can recover; back off while probes lose.
-                    rates = self.rates(batch_size)
+                    rates = self.rates(batch_size, rows)
                     k = max(range(1, self.max_depth + 1), key=rates.__getitem__)
                     self._since_probe = 0
                     self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)

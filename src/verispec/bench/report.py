@@ -106,7 +106,9 @@ def batching_lines(run: dict) -> list[str]:
     lines = ["### Tokens/s by batch size", ""] + _table(*batch_table(run))
     return lines + ["Tokens/s = generated tokens of all rows / wall seconds of the `generate_batch` calls (prefill "
                     "included). Speedup = speculation / the target alone at the same batch size; scaling = tokens/s "
-                    "at that batch size / tokens/s of the same method at batch size 1. `= batch-1 target`: rows "
+                    "at that batch size / tokens/s of the same method at batch size 1. Decode tok/s leave out the "
+                    "prompts' prefill (each prompt is prefilled alone before its row joins the batch). "
+                    "`= batch-1 target`: rows "
                     "token-identical to that prompt's output from the target alone at batch size 1.", ""]
 
 

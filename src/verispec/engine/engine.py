@@ -207,18 +207,19 @@ class SpeculativeEngine:
         batch = len(rows)
         sampling = SamplingBatch.stack([seq.sampling for seq in rows], self.target.vocab_size, self.target.device)
         # K per row, from the policy of whoever drafts it (a cascade's stage has its own estimates); each policy
-        # chooses once per step, knowing the batch size.
-        policies, chosen = [], {}
+        # chooses once per step, knowing the batch size and how many of its rows it drafts for.
+        policies = []
         for seq in rows:
             active = None
             if seq.drafter is not None:
                 active = self._safe(seq.drafter, seq.stats, lambda d: d.route(seq.committed), returns=True)
                 if active is None:
                     seq.drafter = None
-            policy = self.draft_policy(seq.spec, active) if active is not None else FixedK(0)
-            if id(policy) not in chosen:
-                chosen[id(policy)] = policy.choose(batch)
-            policies.append(policy)
+            policies.append(self.draft_policy(seq.spec, active) if active is not None else FixedK(0))
+        group = {}  # id(policy) -> (policy, rows it drafts for)
+        for policy in policies:
+            group[id(policy)] = (policy, group.get(id(policy), (policy, 0))[1] + 1)
+        chosen = {key: policy.choose(batch, count) for key, (policy, count) in group.items()}
         ks = [max(0, min(chosen[id(policy)], seq.remaining - 1)) for seq, policy in zip(rows, policies)]
         proposals = [empty_proposal(DraftRow(seq.committed, 0, seq.slot, seq.generator)) for seq in rows]
         for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, ks) if k > 0}.values():
