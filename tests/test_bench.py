@@ -166,6 +166,7 @@ def test_bench_batch_sizes_end_to_end(model_dirs, prompts_file, tmp_path, capsys
             assert row["tokens"] == row["rows"] * 10  # every row generates exactly N tokens
             assert row["equal_to_batch_1_target"] == row["rows"]  # greedy: identical to the target at batch 1
             assert row["tokens_per_s"] > 0 and row["speedup"] > 0 and row["scaling_vs_batch_1"] > 0
+            assert row["decode_tokens_per_s"] >= row["tokens_per_s"] and row["prefill_s"] > 0
         assert batching["results"][size]["target"]["speedup"] == pytest.approx(1.0)
     if "adaptive" in names:
         assert batching["results"]["2"]["adaptive"]["mean_accepted_length"] >= 1.0

@@ -159,7 +159,9 @@ def batch_table(run: dict) -> tuple[list[str], list[list[str]]]:
     batching = run["batching"]
     spec = [m for m in batching["methods"] if m != BASELINE]
     header = ["batch size", "batches", "target tok/s", *[f"{m} tok/s" for m in spec], "speedup",
-              "target scaling vs 1", *[f"{m} scaling vs 1" for m in spec], "mean accepted length",
+              "target scaling vs 1", *[f"{m} scaling vs 1" for m in spec], "decode tok/s: target",
+              *[f"decode tok/s: {m}" for m in spec], "decode speedup", "decode scaling vs 1: target",
+              "mean accepted length",
               "= batch-1 target: target", *[f"= batch-1 target: {m}" for m in spec]]
     rows = []
     for size, figures in batching["results"].items():
@@ -169,6 +171,8 @@ def batch_table(run: dict) -> tuple[list[str], list[list[str]]]:
             size, str(base["batches"]), f"{base['tokens_per_s']:.1f}", *[f"{r['tokens_per_s']:.1f}" for r in mine],
             " / ".join(f"{r['speedup']:.2f}x" for r in mine) or "-", f"{base['scaling_vs_batch_1']:.2f}x",
             *[f"{r['scaling_vs_batch_1']:.2f}x" for r in mine],
+            f"{base['decode_tokens_per_s']:.1f}", *[f"{r['decode_tokens_per_s']:.1f}" for r in mine],
+            " / ".join(f"{r['decode_speedup']:.2f}x" for r in mine) or "-", f"{base['decode_scaling_vs_batch_1']:.2f}x",
             " / ".join(f"{r['mean_accepted_length']:.2f}" for r in mine if "mean_accepted_length" in r) or "-",
             *[f"{r['equal_to_batch_1_target']}/{r['rows']}" for r in [base, *mine]],
         ])
