@@ -71,3 +71,26 @@ def test_real_default_cascade_equals_target_alone(real_gen):
         spec = engine.generate(ids, params, spec=SpeculativeConfig(num_draft_tokens=4), drafter=cascade)
         assert spec.token_ids == engine.generate(ids, params, use_drafter=False).token_ids
     assert used["ngram"] > 0 and used["model"] > 0
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 16])
+def test_real_pair_batch_rows_equal_each_prompt_alone(real_gen, batch_size):
+    """Rows of different prompt lengths in one batch (16 rows: the prompts repeated with different lengths of
+    output), the default cascade drafting: every row equals its prompt run alone on the target."""
+    from verispec.config import SamplingParams, SpeculativeConfig
+    from verispec.drafters.factory import make_drafter
+    from verispec.engine import CACHE_SLACK, SpeculativeEngine
+    from verispec.models import DEFAULT_DRAFTER
+
+    target = real_gen.engine.target.model
+    cascade = make_drafter(DEFAULT_DRAFTER, target, real_gen.tokenizer, 1024 + CACHE_SLACK,
+                           draft_model=real_gen.engine.drafter.runner.model)
+    engine = SpeculativeEngine(target, real_gen.tokenizer, cascade, SpeculativeConfig(num_draft_tokens=4),
+                               max_len=1024, max_batch_size=batch_size)
+    ids = [real_gen.encode(PROMPTS[i % len(PROMPTS)], chat=True) for i in range(max(batch_size, 3))]
+    params = [SamplingParams(max_new_tokens=16 + 8 * (i % 3), ignore_eos=True) for i in range(len(ids))]
+    results = engine.generate_batch(ids, params)
+    for prompt, p, result in zip(ids, params, results):
+        assert result.token_ids == real_gen.generate(prompt, speculative=False, max_new_tokens=p.max_new_tokens,
+                                                     ignore_eos=True)
+    assert engine.total.accepted_tokens > 0
