@@ -13,7 +13,8 @@ so the step's rate is (G * E(K) + B - G) / T(K): a drafter that serves few rows 
 widen everyone's verify pass. K = 0 is plain decoding (B tokens in c_verify(B)). The policy picks the K in [0, max_depth] with the highest E(K) / T(K); a K >= 1 must
 beat K = 0 by `min_gain`, so a drafter that does not pay is switched off and speculation costs no more than
 noise. While K = 0 is chosen, a probe round with K >= 1 runs every `probe_every` rounds (the interval doubles up
-to `max_probe_every` while probes keep losing), so the estimates can recover when the text becomes predictable.
+to `max_probe_every` while probes keep losing), so the estimates can recover when the text becomes predictable;
+a probe costs at most twice a plain step (under load, a narrow one).
 
 Estimates are online and survive across requests (the engine keeps one policy per drafter):
 - alpha_i: decayed counts with a prior, (accepted_i + prior_i * w) / (tried_i + w); each observation first
@@ -162,9 +163,13 @@ class AdaptivePolicy:
             else:
                 self._since_probe += 1
                 if self._since_probe >= self._probe_interval:
-                    # Probe with the best K >= 1 so the estimates can recover; back off while probes lose.
+                    # Probe with the best K >= 1 so the estimates can recover; back off while probes lose. A probe
+                    # may cost at most twice a plain step: under load (large batch) that keeps it narrow.
                     rates = self.rates(batch_size, rows)
-                    k = max(range(1, self.max_depth + 1), key=rates.__getitem__)
+                    curve = self._verify_curve([batch_size * (k + 1) for k in range(self.max_depth + 1)])
+                    affordable = [k for k in range(1, self.max_depth + 1)
+                                  if k * self.draft_s + curve[k] <= 2 * curve[0]] or [1]
+                    k = max(affordable, key=rates.__getitem__)
                     self._since_probe = 0
                     self._probe_interval = min(2 * self._probe_interval, self.max_probe_every)
         self.chosen[k] += 1
