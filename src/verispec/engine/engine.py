@@ -383,12 +383,8 @@ class SpeculativeEngine:
             for seq in seqs:
                 if not seq.finished:
                     self.abort(seq)
-        results = []
-        for seq in seqs:
-            token_ids, text = seq.take()
-            results.append(GenerationResult(seq.stopper.token_ids[: len(seq.stopper.token_ids)], text,
-                                            seq.finish_reason, seq.stats))
-        return results
+        return [GenerationResult(list(seq.stopper.token_ids), seq.take()[1], seq.finish_reason, seq.stats)
+                for seq in seqs]
 
     def draft_policy(self, spec: SpeculativeConfig, drafter: Drafter | None = None):
         """The draft-length policy for a request: fixed K, or with `spec.adaptive` the drafter's AdaptivePolicy,
