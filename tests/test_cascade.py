@@ -64,6 +64,15 @@ def test_first_stage_that_can_propose_drafts():
         assert ("begin", 4) in stage.calls and ("observe", 9) in stage.calls
 
 
+def test_propose_takes_the_callers_routing():
+    """The engine asked `route` already: the cascade hands the row to that stage without a second lookup."""
+    first, second = Scripted("a", [1]), Scripted("b", [2])
+    cascade = CascadeDrafter([first, second])
+    batch = request()
+    batch.rows[0].routed = second  # as the engine passes it (here unlike what the cascade would pick itself)
+    assert cascade.propose(batch)[0].token_ids.tolist() == [2] and first.calls == []
+
+
 def test_all_stages_empty_is_a_plain_round():
     cascade = CascadeDrafter([Scripted("a", []), Scripted("b", [])])
     assert cascade.propose(request())[0].token_ids.numel() == 0

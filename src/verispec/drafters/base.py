@@ -27,6 +27,7 @@ class DraftRow:
     generator: torch.Generator  # the sequence's randomness: draws from it depend on this row alone
     member: bool = True  # the sequence drafts with this drafter (`begin` was called for its slot)
     threshold: float = 0.0  # stop early once the drafter's top probability falls below this (0: never)
+    routed: Drafter | None = None  # what `route` named for this row this round, when the caller already asked
 
 
 @dataclass
@@ -38,7 +39,8 @@ class DraftBatch:
 
     def with_k(self, ks: list[int]) -> DraftBatch:
         """The same rows asking for other draft lengths (a cascade hands each stage its rows)."""
-        rows = [DraftRow(r.token_ids, k, r.slot, r.generator, r.member, r.threshold) for r, k in zip(self.rows, ks)]
+        rows = [DraftRow(r.token_ids, k, r.slot, r.generator, r.member, r.threshold, r.routed)
+                for r, k in zip(self.rows, ks)]
         return DraftBatch(rows, self.sampling)
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .base import DraftBatch, DraftProposal, Drafter, empty_proposal
+from .base import DraftBatch, DraftProposal, Drafter, DraftRow, empty_proposal
 
 SEPARATOR = "+"
 
@@ -42,10 +42,7 @@ class CascadeDrafter(Drafter):
 
     def route(self, token_ids: torch.Tensor) -> Drafter:
         """The stage that drafts after `token_ids`: the first that can propose (the last one when none can)."""
-        for stage in self.stages[:-1]:
-            if stage.can_propose(token_ids):
-                return stage.route(token_ids)
-        return self.stages[-1].route(token_ids)
+        return self.stages[self._stage_index(token_ids)].route(token_ids)
 
     def reserve(self, num_slots: int) -> None:
         for stage in self.stages:
@@ -57,7 +54,7 @@ class CascadeDrafter(Drafter):
 
     def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         """Each drafting row goes to the stage `route` names; each stage is asked once, for its rows."""
-        stage_of = [self._stage_index(row.token_ids) if row.member and row.k > 0 else -1 for row in batch.rows]
+        stage_of = [self._routed_index(row) if row.member and row.k > 0 else -1 for row in batch.rows]
         proposals = [empty_proposal(row) for row in batch.rows]
         self.last_stages = [None] * len(batch.rows)
         for index, stage in enumerate(self.stages):
@@ -82,6 +79,13 @@ class CascadeDrafter(Drafter):
     def release(self, slot: int) -> None:
         for stage in self.stages:
             stage.release(slot)
+
+    def _routed_index(self, row: DraftRow) -> int:
+        """The stage index of a row: from the engine's `route` answer when it passed one (no second lookup)."""
+        for index, stage in enumerate(self.stages):
+            if stage is row.routed:
+                return index
+        return self._stage_index(row.token_ids)
 
     def _stage_index(self, token_ids: torch.Tensor) -> int:
         for index, stage in enumerate(self.stages[:-1]):

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from .base import DraftBatch, DraftProposal, Drafter, empty_proposal
+from .base import DraftBatch, DraftProposal, Drafter
 
 _WINDOW_PAD = -1  # padding of the searched windows and of the pattern differ, so padding never matches
 _PATTERN_PAD = -2

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence as Seq
 from dataclasses import dataclass
 
@@ -31,7 +31,7 @@ from transformers import PreTrainedModel
 from ..adaptive import AdaptivePolicy, FixedK
 from ..config import SamplingParams, SpeculativeConfig
 from ..detokenize import StopChecker
-from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow, empty_proposal
+from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow
 from ..fallback import DrafterBackoff
 from ..sampling import RowSamplingState, SamplingBatch, check_finite, process_logits, stable_softmax
 from ..stats import GenerationStats
@@ -100,7 +100,6 @@ class SpeculativeEngine:
         # Per drafter, kept across requests: adaptive estimates (keyed by max depth) and failure back-off.
         self._policies: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._backoffs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._reserved: weakref.WeakSet = weakref.WeakSet()
         self._warned_lossy = False
 
     # -- requests ------------------------------------------------------------------------------------------------
@@ -138,9 +137,8 @@ class SpeculativeEngine:
         if drafter is not None and not self._backoff(drafter).should_try():
             logger.info("drafter %s skipped for this request (back-off after failures)", drafter.name)
             drafter = None
-        if drafter is not None and drafter not in self._reserved:
-            drafter.reserve(self.max_batch_size)
-            self._reserved.add(drafter)
+        if drafter is not None:
+            drafter.reserve(self.max_batch_size)  # idempotent: a request-named drafter gets its slots here
         tokens = torch.empty(prompt.numel() + params.max_new_tokens + CACHE_SLACK, dtype=torch.long, device=device)
         tokens[: prompt.numel()] = prompt.to(device)
         generator = torch.Generator(device=device)
@@ -208,26 +206,25 @@ class SpeculativeEngine:
         sampling = SamplingBatch.stack([seq.sampling for seq in rows], self.target.vocab_size, self.target.device)
         # K per row, from the policy of whoever drafts it (a cascade's stage has its own estimates); each policy
         # chooses once per step, knowing the batch size and how many of its rows it drafts for.
-        policies = []
+        routed, policies = [], []
         for seq in rows:
             active = None
             if seq.drafter is not None:
                 active = self._safe(seq.drafter, seq.stats, lambda d: d.route(seq.committed), returns=True)
                 if active is None:
                     seq.drafter = None
+            routed.append(active)
             policies.append(self.draft_policy(seq.spec, active) if active is not None else FixedK(0))
-        group = {}  # id(policy) -> (policy, rows it drafts for)
-        for policy in policies:
-            group[id(policy)] = (policy, group.get(id(policy), (policy, 0))[1] + 1)
-        chosen = {key: policy.choose(batch, count) for key, (policy, count) in group.items()}
+        rows_of = Counter(map(id, policies))  # id(policy) -> rows it drafts for
+        chosen = {id(policy): policy.choose(batch, rows_of[id(policy)]) for policy in policies}
         ks = [max(0, min(chosen[id(policy)], seq.remaining - 1)) for seq, policy in zip(rows, policies)]
-        proposals = [empty_proposal(DraftRow(seq.committed, 0, seq.slot, seq.generator)) for seq in rows]
+        proposals = [DraftProposal(seq.committed.new_empty(0), None) for seq in rows]
         for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, ks) if k > 0}.values():
             members = [seq.drafter is drafter for seq in rows]
             draft_batch = DraftBatch([
                 DraftRow(seq.committed, k if member else 0, seq.slot, seq.generator, member,
-                         seq.spec.speculative_threshold)
-                for seq, k, member in zip(rows, ks, members)
+                         seq.spec.speculative_threshold, stage)
+                for seq, k, member, stage in zip(rows, ks, members, routed)
             ], sampling)
             made = self._safe(drafter, None, lambda d: d.propose(draft_batch), returns=True, rows=[
                 seq for seq, member in zip(rows, members) if member])

@@ -285,11 +285,6 @@ def _top_p(logits: Tensor, top_p: Tensor, top_p_rows: Tensor) -> Tensor:
     return logits
 
 
-def probs(processed: Tensor) -> Tensor:
-    """Processed logits [..., vocab] -> probabilities [..., vocab] (fp32, stable softmax)."""
-    return stable_softmax(processed)
-
-
 def sample_from_probs(probs: Tensor, uniform: Tensor) -> Tensor:
     """Inverse-CDF sampling with the noise passed in: the first token whose cumulative mass exceeds u * total.
 
