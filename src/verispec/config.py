@@ -101,3 +101,19 @@ class SpeculativeConfig:
     def lossless(self) -> bool:
         return self.acceptance == "exact"
 
+
+
+RUNNER_BACKENDS = ("auto", "native", "hf")
+
+
+@dataclass(frozen=True)
+class RunnerOptions:
+    """Which model runner executes the target's (and a draft model's) forward passes."""
+
+    backend: str = "auto"
+    """"native": verispec's own Llama-family module; "hf": Hugging Face modeling; "auto": native where it applies."""
+    compile: bool | None = None
+    """torch.compile the native runner's steps; None: the measured default for the device (see README)."""
+
+    def __post_init__(self) -> None:
+        _check(self.backend in RUNNER_BACKENDS, f"runner backend must be one of {', '.join(RUNNER_BACKENDS)}, got {self.backend!r}")

@@ -29,14 +29,14 @@ import torch
 from transformers import PreTrainedModel
 
 from ..adaptive import AdaptivePolicy, FixedK
-from ..config import SamplingParams, SpeculativeConfig
+from ..config import RunnerOptions, SamplingParams, SpeculativeConfig
 from ..detokenize import StopChecker
 from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow
 from ..fallback import DrafterBackoff
 from ..sampling import RowSamplingState, SamplingBatch, check_finite, process_logits, stable_softmax
 from ..stats import GenerationStats
 from ..verify import SpecDecodeMetadata, greedy_verify, rejection_verify, top_n_accept
-from .runner import ModelRunner
+from .runner import make_runner
 from .sequence import GenerationChunk, GenerationResult, Sequence
 
 logger = logging.getLogger("verispec")
@@ -81,10 +81,11 @@ class SpeculativeEngine:
         spec: SpeculativeConfig | None = None,
         max_len: int = 2048,
         max_batch_size: int = 16,
+        runner: RunnerOptions | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self.target = ModelRunner(target, max_len + CACHE_SLACK, num_slots=max_batch_size)
+        self.target = make_runner(target, max_len + CACHE_SLACK, max_batch_size, runner)
         self.tokenizer = tokenizer
         self.drafter = drafter
         if drafter is not None:

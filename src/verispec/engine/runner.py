@@ -124,3 +124,8 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)  # honest timings for the adaptive controller
         self.last_forward_s = time.perf_counter() - start
         return RunnerOutput(out.logits, hidden)
+
+
+def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, options=None) -> ModelRunner:
+    """The runner for `model` under `options` (config.RunnerOptions)."""
+    return ModelRunner(model, max_len, num_slots)
