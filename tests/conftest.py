@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from tokenizers import Tokenizer, decoders, models
@@ -18,6 +20,16 @@ from transformers import (
 # Tiny models run fastest on one thread, and the machine is shared: training the fixture pair takes ~5 s this
 # way and ~95 s with torch's default under load. Set at import so every test file sees the same weights.
 torch.set_num_threads(1)
+
+# VERISPEC_TEST_RUNNER=hf | native | compiled runs the whole suite on that runner (default: "auto", native for the
+# Llama family); .ci/run repeats the equality and exactness tests on each.
+_RUNNERS = {"hf": dict(backend="hf"), "native": dict(backend="auto", compile=False),
+            "compiled": dict(backend="auto", compile=True)}
+if os.environ.get("VERISPEC_TEST_RUNNER"):
+    from verispec.config import RunnerOptions
+    from verispec.engine import runner as _runner
+
+    _runner.DEFAULT_OPTIONS = RunnerOptions(**_RUNNERS[os.environ["VERISPEC_TEST_RUNNER"]])
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 CHARS = list(" abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,!?'\n:-")

@@ -65,7 +65,10 @@ def test_prompts_file_runs_a_batch_equal_to_each_prompt_alone(capsys, model_dirs
     source = tmp_path / "in.jsonl"
     source.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     out_path = tmp_path / "out.jsonl"
-    common = ["--model", model_dirs["target"], "--draft-model", model_dirs["draft"], "--max-new-tokens", 16]
+    # Fixed K: adaptive K follows measured costs, which differ between a batch and one prompt, and a sampled row's
+    # tokens depend on its K sequence (same distribution, other draws).
+    common = ["--model", model_dirs["target"], "--draft-model", model_dirs["draft"], "--max-new-tokens", 16,
+              "--no-adaptive"]
     code, _, err = run_cli(capsys, *common, "--prompts-file", source, "--output", out_path, "--max-batch-size", 3)
     assert code == 0 and "4 prompts" in err
     lines = [json.loads(line) for line in out_path.read_text().splitlines()]

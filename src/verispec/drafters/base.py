@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import RunnerOptions
 from ..sampling import SamplingBatch
 
 
@@ -61,8 +62,9 @@ class Drafter(ABC):
     name: str = "drafter"
     provides_probs: bool = False
 
-    def reserve(self, num_slots: int) -> None:
-        """The engine runs up to num_slots sequences at once (called before any `begin`)."""
+    def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
+        """The engine runs up to num_slots sequences at once (called before any `begin`); a drafter with a model
+        runs it with the engine's runner options."""
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
         """A new sequence starts in `slot` (prompt_ids: [n]). Drop any state the slot had.

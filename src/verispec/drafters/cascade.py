@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..config import RunnerOptions
 from .base import DraftBatch, DraftProposal, Drafter, DraftRow, empty_proposal
 
 SEPARATOR = "+"
@@ -44,9 +45,9 @@ class CascadeDrafter(Drafter):
         """The stage that drafts after `token_ids`: the first that can propose (the last one when none can)."""
         return self.stages[self._stage_index(token_ids)].route(token_ids)
 
-    def reserve(self, num_slots: int) -> None:
+    def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         for stage in self.stages:
-            stage.reserve(num_slots)
+            stage.reserve(num_slots, runner)
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
         for stage in self.stages:

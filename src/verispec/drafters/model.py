@@ -7,7 +7,8 @@ import time
 import torch
 from transformers import PreTrainedModel
 
-from ..engine.runner import ModelRunner
+from ..config import RunnerOptions
+from ..engine.runner import make_runner
 from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter
 
@@ -25,14 +26,18 @@ class ModelDrafter(Drafter):
     name = "model"
     provides_probs = True
 
-    def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1) -> None:
+    def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1,
+                 runner: RunnerOptions | None = None) -> None:
         self.model = model
         self.max_len = max_len
-        self.runner = ModelRunner(model, max_len, num_slots)
+        self.options = runner
+        self.runner = make_runner(model, max_len, num_slots, runner)
 
-    def reserve(self, num_slots: int) -> None:
-        if num_slots > self.runner.num_slots:  # buffers are allocated on the first forward, so this is cheap
-            self.runner = ModelRunner(self.model, self.max_len, num_slots)
+    def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
+        if runner is not None and runner != self.options:
+            self.options = runner
+            self.runner = make_runner(self.model, self.max_len, num_slots, runner)
+        self.runner.reserve(num_slots)  # buffers are allocated on the first forward, so this is cheap
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
         # Prefill the prompt here (not in the first round), so a round's draft time is the draft steps alone.

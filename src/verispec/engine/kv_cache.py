@@ -95,6 +95,11 @@ class SlotCache(Cache):
         self.step: StepLayout | None = None
         super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
 
+    def reserve(self, num_slots: int) -> None:
+        if num_slots > self.num_slots:
+            self.lengths += [0] * (num_slots - self.num_slots)
+            self.num_slots = num_slots
+
     def set_length(self, slot: int, length: int) -> None:
         """Keep the first `length` entries of a slot. Never claims more than was written (rollback only)."""
         assert 0 <= length <= self.lengths[slot], f"cannot set slot {slot} of {self.lengths[slot]} entries to {length}"

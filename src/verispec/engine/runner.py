@@ -11,13 +11,17 @@ padding are bookkeeping). A faster native runner implements the same methods wit
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
+from ..config import RunnerOptions
 from .kv_cache import SlotCache, StepLayout, attention_mask
+
+logger = logging.getLogger("verispec")
 
 
 @dataclass
@@ -28,6 +32,10 @@ class RunnerOutput:
 
 class ModelRunner:
     """A Hugging Face model with `num_slots` sequences' KV caches of `max_len` entries each."""
+
+    backend = "hf"
+    compiled = False
+    compile_s = 0.0
 
     def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1) -> None:
         self.model = model
@@ -52,6 +60,11 @@ class ModelRunner:
     def length(self) -> int:
         """Entries kept in slot 0 (the one-sequence case)."""
         return self.cache.lengths[0]
+
+    def reserve(self, num_slots: int) -> None:
+        """Room for up to num_slots sequences (buffers grow on first use of a slot, so this allocates nothing)."""
+        self.cache.reserve(num_slots)
+        self.num_slots = self.cache.num_slots
 
     def truncate(self, length: int, slot: int = 0) -> None:
         """Keep the first `length` entries of `slot` (rollback: never more than the slot holds after a forward)."""
@@ -126,6 +139,23 @@ class ModelRunner:
         return RunnerOutput(out.logits, hidden)
 
 
-def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, options=None) -> ModelRunner:
-    """The runner for `model` under `options` (config.RunnerOptions)."""
+# The options of runners built without explicit ones (the test suite sets it to run everything on each runner).
+DEFAULT_OPTIONS = RunnerOptions()
+
+
+def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, options: RunnerOptions | None = None):
+    """The runner for `model`: the native Llama-family runner where it applies (backend "auto" or "native"),
+    Hugging Face modeling otherwise. backend="native" on a model outside the family is the caller's error."""
+    from .native import NativeRunner, UnsupportedModel, default_compile
+
+    options = options or DEFAULT_OPTIONS
+    if options.backend != "hf":
+        try:
+            compile = default_compile(model) if options.compile is None else options.compile
+            return NativeRunner.from_hf(model, max_len, num_slots, compile=compile)
+        except UnsupportedModel as exc:
+            if options.backend == "native":
+                raise ValueError(f"the native runner cannot run this model: {exc}; use the runner backend "
+                                 f"'hf' or 'auto'") from exc
+            logger.info("native runner not used (%s): Hugging Face modeling runs this model", exc)
     return ModelRunner(model, max_len, num_slots)

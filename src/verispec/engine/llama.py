@@ -1,0 +1,240 @@
+"""verispec's own Llama-family model: Llama, Qwen2, Mistral, SmolLM (RMSNorm, rotary attention with grouped KV
+heads, gated SiLU MLP), in one readable module for the native runner (`native.py`).
+
+Compared with Hugging Face modeling it has no per-call bookkeeping: q/k/v and gate/up are fused into one matrix
+each, every linear goes through `Linear` (oneDNN with pre-packed weights where the CPU supports the dtype: small
+batches of rows then cost about what one row does), the rotary table is precomputed for every position, and the
+KV cache is the runner's slot buffers, written in place at per-row indices.
+
+Shapes: b = rows, n = tokens fed per row, H / Hk = query / KV heads, d = head dim, L = cache entries attended.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# model_type -> (q/k/v carry a bias). Every other architecture runs on Hugging Face modeling.
+ARCHITECTURES = {"llama": False, "mistral": False, "qwen2": True}
+STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+
+
+class UnsupportedModel(ValueError):
+    """The model is outside the native runner's family; the caller falls back to Hugging Face modeling."""
+
+
+@dataclass(frozen=True)
+class LlamaSpec:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    qkv_bias: bool
+
+    @classmethod
+    def from_config(cls, config, max_len: int) -> LlamaSpec:
+        """The spec of a Hugging Face config, or UnsupportedModel saying why it is not one of ours."""
+        config = config.get_text_config()
+        kind = getattr(config, "model_type", None)
+        if kind not in ARCHITECTURES:
+            raise UnsupportedModel(f"model_type {kind!r} is not in the native family ({', '.join(ARCHITECTURES)})")
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise UnsupportedModel(f"hidden_act {config.hidden_act!r} (the native MLP is SiLU-gated)")
+        if getattr(config, "mlp_bias", False) or (kind != "qwen2" and getattr(config, "attention_bias", False)):
+            raise UnsupportedModel("biases on the MLP or the attention output")
+        window = getattr(config, "sliding_window", None)
+        if window is not None and (kind != "qwen2" or getattr(config, "use_sliding_window", False)) and window < max_len:
+            raise UnsupportedModel(f"sliding-window attention ({window} < max_len {max_len})")
+        rope = (getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+        if rope.get("rope_type", rope.get("type", "default")) not in STATIC_ROPE:
+            raise UnsupportedModel(f"rope type {rope.get('rope_type')!r} varies with the sequence length")
+        heads = config.num_attention_heads
+        return cls(
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.intermediate_size,
+            num_layers=config.num_hidden_layers,
+            num_heads=heads,
+            num_kv_heads=getattr(config, "num_key_value_heads", None) or heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            rms_norm_eps=config.rms_norm_eps,
+            qkv_bias=ARCHITECTURES[kind],
+        )
+
+
+def try_pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """oneDNN's pre-packed (blocked) layout of a [out, in] weight, or None where this CPU/dtype has no such path."""
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return None
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        probe = torch.zeros(1, weight.shape[1], dtype=weight.dtype)
+        torch.ops.mkldnn._linear_pointwise(probe, packed, None, "none", [], "")
+    except RuntimeError:  # e.g. bf16 on a CPU without AVX-512 or AVX-NE-CONVERT
+        return None
+    return packed
+
+
+@torch.library.custom_op("verispec::packed_linear", mutates_args=())
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [rows, in] @ packed weight -> [rows, out]. An opaque op to torch.compile: Inductor fuses everything
+    around it and calls oneDNN here (its own lowering of the oneDNN op expects weights it packed itself)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+@packed_linear.register_fake
+def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return x.new_empty(x.shape[0], weight.shape[0])
+
+
+class Linear(nn.Module):
+    """y = x W^T (+ b). On CPU the weight is pre-packed for oneDNN where possible (then it is the only copy kept):
+    MKL's plain sgemm costs about M times a one-row pass for M = 2..16 rows on these CPUs, oneDNN's packed kernel
+    about 1.2-2x, which is what makes verify passes (k + 1 rows) and batches cheap."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        packed = try_pack(weight) if pack else None
+        self.packed = packed is not None
+        self.weight = nn.Parameter(packed if self.packed else weight, requires_grad=False)  # [out, in] or blocked
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [out]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
+        return linear(x, self.weight, self.bias, self.packed)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    """x [..., in] -> [..., out] with a plain [out, in] or a pre-packed weight."""
+    if not packed:
+        return F.linear(x, weight, bias)
+    y = packed_linear(x.reshape(-1, x.shape[-1]), weight, bias)  # [rows, out]
+    return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama's RMSNorm: in float32, scaled by the weight in the input dtype (as Hugging Face does)."""
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding, halves layout. x: [b, heads, n, d]; cos, sin: [b, 1, n, d]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def layer_step(
+    x: torch.Tensor,  # [b, n, hidden]
+    cos: torch.Tensor,  # [b, 1, n, d]
+    sin: torch.Tensor,  # [b, 1, n, d]
+    keys: torch.Tensor,  # [b, Hk, max_len, d]: this layer's cache rows, written in place
+    values: torch.Tensor,  # [b, Hk, max_len, d]
+    write_index: torch.Tensor,  # [b, 1, n, 1] long: cache index of each fed token
+    mask: torch.Tensor,  # [b, 1, n, L] additive
+    w: tuple[torch.Tensor | None, ...],  # Block.weights(): qkv, qkv bias, o, gate_up, down, attn norm, mlp norm
+    spec: LlamaSpec,
+    packed: bool,
+) -> torch.Tensor:
+    """One decoder layer. A free function of its weights, so one compiled graph serves every layer (torch.compile
+    guards on tensor shapes, not on which layer's tensors come in): compiling costs one layer, not thirty.
+    w: Block.weights() (qkv, qkv bias, o, gate_up, down, attention norm, MLP norm)."""
+    s = spec
+    qkv_w, qkv_b, o_w, gate_up_w, down_w, attn_norm, mlp_norm = w
+    b, n, _ = x.shape
+    qkv = linear(rms_norm(x, attn_norm, s.rms_norm_eps), qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
+    q, k, v = qkv.view(b, n, -1, s.head_dim).transpose(1, 2).split(
+        [s.num_heads, s.num_kv_heads, s.num_kv_heads], dim=1)  # [b, H|Hk, n, d]
+    q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+    index = write_index.expand(-1, s.num_kv_heads, -1, s.head_dim)  # [b, Hk, n, d]
+    keys.scatter_(2, index, k)
+    values.scatter_(2, index, v)
+    kv_len = mask.shape[-1]
+    attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask,
+                                          enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
+    x = x + linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed)
+    gate, up = linear(rms_norm(x, mlp_norm, s.rms_norm_eps), gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I]
+    return x + linear(F.silu(gate) * up, down_w, None, packed)
+
+
+_compiled_layer_step = None
+
+
+def compiled_layer_step():
+    """layer_step under torch.compile (Inductor), made once per process; the attended length is dynamic."""
+    global _compiled_layer_step
+    if _compiled_layer_step is None:
+        _compiled_layer_step = torch.compile(layer_step, dynamic=None)
+    return _compiled_layer_step
+
+
+class Block(nn.Module):
+    """One decoder layer's weights (q/k/v and gate/up fused); `layer_step` runs it."""
+
+    def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], pack: bool) -> None:
+        super().__init__()
+        self.spec = spec
+        w = weights
+        qkv_bias = torch.cat([w["q_proj.bias"], w["k_proj.bias"], w["v_proj.bias"]]) if spec.qkv_bias else None
+        self.qkv = Linear(torch.cat([w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"]]), qkv_bias, pack)
+        self.o = Linear(w["o_proj.weight"], None, pack)
+        self.gate_up = Linear(torch.cat([w["gate_proj.weight"], w["up_proj.weight"]]), None, pack)
+        self.down = Linear(w["down_proj.weight"], None, pack)
+        self.attn_norm = nn.Parameter(w["input_layernorm.weight"], requires_grad=False)  # [hidden]
+        self.mlp_norm = nn.Parameter(w["post_attention_layernorm.weight"], requires_grad=False)  # [hidden]
+        self.packed = self.qkv.packed
+        assert all(m.packed == self.packed for m in (self.o, self.gate_up, self.down))
+
+    def weights(self) -> tuple[torch.Tensor | None, ...]:
+        return (self.qkv.weight, self.qkv.bias, self.o.weight, self.gate_up.weight, self.down.weight,
+                self.attn_norm, self.mlp_norm)
+
+
+class LlamaModel(nn.Module):
+    """The decoder and LM head. `forward` runs one step of the runner: fed tokens in, chosen positions' logits out."""
+
+    def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
+                 pack: bool = True) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Parameter(weights["model.embed_tokens.weight"], requires_grad=False)  # [vocab, hidden]
+        self.layers = nn.ModuleList(
+            Block(spec, {".".join(k.split(".")[-2:]): v for k, v in weights.items()  # "q_proj.weight", ...
+                         if k.startswith(f"model.layers.{i}.")}, pack)
+            for i in range(spec.num_layers)
+        )
+        self.norm = nn.Parameter(weights["model.norm.weight"], requires_grad=False)  # [hidden]
+        self.lm_head = Linear(weights.get("lm_head.weight", self.embed), None, pack)
+        self.cos = nn.Buffer(rope[0], persistent=False)  # [max_len, d]
+        self.sin = nn.Buffer(rope[1], persistent=False)  # [max_len, d]
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [b, n] long
+        positions: torch.Tensor,  # [b, n] long: rotary positions
+        write_index: torch.Tensor,  # [b, n] long: cache index of each fed token
+        mask: torch.Tensor,  # [b, 1, n, L] additive
+        keys: list[torch.Tensor],  # per layer [b, Hk, max_len, d]
+        values: list[torch.Tensor],  # per layer [b, Hk, max_len, d]
+        select: torch.Tensor | None = None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
+        compiled: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m, hidden]
+        x = F.embedding(token_ids, self.embed)  # [b, n, hidden]
+        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [b, 1, n, d]
+        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
+        index = write_index.unsqueeze(1).unsqueeze(-1)  # [b, 1, n, 1]
+        step = compiled_layer_step() if compiled else layer_step
+        for layer, k, v in zip(self.layers, keys, values):
+            x = step(x, cos, sin, k, v, index, mask, layer.weights(), self.spec, layer.packed)
+        if select is not None:
+            x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [b, m, hidden]
+        hidden = rms_norm(x, self.norm, self.spec.rms_norm_eps)
+        return self.lm_head(hidden), hidden

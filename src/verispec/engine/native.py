@@ -1,0 +1,228 @@
+"""`NativeRunner`: the runner interface of `runner.ModelRunner` on verispec's own Llama-family model (`llama.py`),
+optionally torch.compiled. The engine cannot tell the two apart: same slots, same lengths, same masks.
+
+Compilation: the step is compiled once per shape class. Batch rows and fed widths are padded up to a few buckets
+(`bucket`), the attended length is a dynamic dimension, so the number of compiled graphs stays small (a batch of
+up to 16 rows, widths up to 9: at most ~12 graphs), and Inductor's on-disk cache makes later runs load rather
+than compile. On CUDA the compiled step runs under CUDA graphs ("reduce-overhead").
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from pathlib import Path
+
+import torch
+
+from .kv_cache import SlotCache, attention_mask
+from .llama import LlamaModel, LlamaSpec, UnsupportedModel
+from .runner import RunnerOutput
+
+logger = logging.getLogger("verispec")
+
+BUCKETS = (1, 2, 4, 8, 16, 32, 64)
+_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> (its LlamaModel, weights fingerprint)
+
+
+def default_compile(hf_model) -> bool:
+    """Whether to torch.compile by default: the measured choice per device (README, "Runner")."""
+    return False
+
+
+def bucket(size: int) -> int:
+    """The padded size of a compiled dimension: the next bucket, or a multiple of 64 past the last one."""
+    for b in BUCKETS:
+        if size <= b:
+            return b
+    return -(-size // 64) * 64
+
+
+def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A Hugging Face causal LM's tensors by checkpoint name (the same names as its safetensors files)."""
+    weights = {name: p.detach() for name, p in model.named_parameters()}
+    if "lm_head.weight" not in weights:  # tied embeddings share one tensor
+        weights["lm_head.weight"] = model.get_output_embeddings().weight.detach()
+    return weights
+
+
+def rope_table(model_or_config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [max_len, head_dim] (float32, attention scaling applied) from the model's own rotary module."""
+    rotary = getattr(getattr(model_or_config, "model", None), "rotary_emb", None)
+    if rotary is None:
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+        rotary = LlamaRotaryEmbedding(model_or_config.get_text_config())
+    probe = torch.zeros(1, dtype=torch.float32, device=rotary.inv_freq.device)
+    cos, sin = rotary(probe, torch.arange(max_len, device=probe.device).unsqueeze(0))
+    return cos[0].float(), sin[0].float()
+
+
+def load_safetensors(folder: str | Path, dtype: torch.dtype, max_len: int, device: str = "cpu",
+                     pack: bool = True) -> LlamaModel:
+    """Build the native model straight from a Hugging Face folder (config.json + *.safetensors), no HF modeling."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    folder = Path(folder)
+    config = AutoConfig.from_pretrained(folder)
+    spec = LlamaSpec.from_config(config, max_len)
+    weights: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        weights.update({k: v.to(device=device, dtype=dtype) for k, v in load_file(file).items()})
+    weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
+    return LlamaModel(spec, weights, rope_table(config, max_len), pack=pack)
+
+
+class NativeRunner:
+    """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.ModelRunner."""
+
+    backend = "native"
+
+    def __init__(self, model: LlamaModel, config, max_len: int, num_slots: int = 1, compile: bool = False) -> None:
+        self.model = model
+        self.config = config
+        self.spec = model.spec
+        self.max_len = max_len
+        self.num_slots = num_slots
+        self.device = model.embed.device
+        self.dtype = model.embed.dtype
+        self.vocab_size = model.spec.vocab_size
+        self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
+        self.compiled = compile
+        self.pad = False
+        self.compile_s = 0.0  # seconds spent in first calls of new shapes (compilation)
+        self._shapes: set[tuple[int, int, bool]] = set()
+        self.last_forward_s = 0.0
+
+    @classmethod
+    def from_hf(cls, hf_model, max_len: int, num_slots: int = 1, compile: bool = False) -> NativeRunner:
+        """The native twin of a loaded Hugging Face Llama-family model (UnsupportedModel if it is not one). The
+        twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
+        spec = LlamaSpec.from_config(hf_model.config, max_len)
+        # The twin is a copy: rebuilt when the HF weights were replaced or changed in place (training) since.
+        fingerprint = tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
+        model, seen = _TWINS.get(hf_model, (None, None))
+        if model is None or seen != fingerprint or model.cos.shape[0] < max_len:
+            positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+            model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions))
+            _TWINS[hf_model] = (model, fingerprint)
+        return cls(model, hf_model.config, max_len, num_slots, compile)
+
+    def reserve(self, num_slots: int) -> None:
+        self.cache.reserve(num_slots)
+        self.num_slots = self.cache.num_slots
+
+    @property
+    def lengths(self) -> list[int]:
+        return self.cache.lengths
+
+    @property
+    def length(self) -> int:
+        return self.cache.lengths[0]
+
+    def truncate(self, length: int, slot: int = 0) -> None:
+        self.cache.set_length(slot, length)
+
+    @torch.inference_mode()
+    def move_slot(self, src: int, dst: int) -> None:
+        self.cache.move(src, dst)
+
+    def reset(self, slot: int | None = None) -> None:
+        if slot is None:
+            self.cache.reset()
+        else:
+            self.cache.set_length(slot, 0)
+
+    def _buffers(self, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each layer's key and value buffers, covering at least slots [0, end) (allocated / grown on demand)."""
+        s = self.spec
+        proto = torch.empty(0, s.num_kv_heads, 0, s.head_dim, dtype=self.dtype, device=self.device)
+        for layer in self.cache.layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(proto, proto)
+            if layer.keys.shape[0] < end:
+                layer._grow(end)
+        return [layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers]
+
+    def _padded(self, start_slot: int, batch: int, n: int) -> tuple[int, int]:
+        """Rows and width a compiled step runs: rows up to a bucket of slots (the extra rows are other slots, whose
+        writes land at or past their kept lengths: stale entries, never attended), width up to a bucket of tokens.
+        Eager steps and steps that would run past the cache's end run unpadded."""
+        if not (self.compiled and self.pad):
+            return batch, n
+        rows, width = min(bucket(batch), self.num_slots - start_slot), bucket(n)
+        if max(self.cache.lengths[start_slot: start_slot + rows]) + width > self.max_len:
+            return batch, n
+        return rows, width
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [batch, n] long
+        *,
+        start_slot: int = 0,
+        positions: torch.Tensor | None = None,  # [batch, n] long
+        tree_mask: torch.Tensor | None = None,  # [batch, n, n] bool
+        logits_at: torch.Tensor | None = None,  # [batch, m] long
+        last_only: bool = False,
+        want_hidden: bool = False,
+    ) -> RunnerOutput:
+        start = time.perf_counter()
+        token_ids = token_ids.to(self.device)
+        batch, n = token_ids.shape
+        lengths = self.cache.lengths[start_slot: start_slot + batch]
+        assert len(lengths) == batch, f"slots [{start_slot}, {start_slot + batch}) exceed {self.num_slots} slots"
+        longest = max(lengths) + n
+        if longest > self.max_len:
+            raise ValueError(f"sequence of {longest} tokens exceeds the KV cache ({self.max_len}); raise max_len")
+        rows, width = self._padded(start_slot, batch, n)
+        keys, values = self._buffers(start_slot + rows)
+        all_lengths = self.cache.lengths[start_slot: start_slot + rows]
+        kv_len = max(all_lengths) + width
+        cache_lengths = torch.tensor(all_lengths, dtype=torch.long, device=self.device)  # [rows]
+        write_index = cache_lengths.unsqueeze(1) + torch.arange(width, device=self.device)  # [rows, width]
+        fed = token_ids.new_zeros(rows, width)
+        fed[:batch, :n] = token_ids
+        if positions is None:
+            positions = write_index
+        else:
+            padded = write_index.clone()
+            padded[:batch, :n] = positions.to(self.device)
+            positions = padded
+        if tree_mask is not None:
+            tree = torch.eye(width, dtype=torch.bool, device=self.device).expand(rows, width, width).clone()
+            tree[:batch, :n, :n] = tree_mask.to(self.device)
+            tree_mask = tree
+        mask = attention_mask(cache_lengths, width, kv_len, self.dtype, tree_mask)  # [rows, 1, width, kv_len]
+        if last_only:
+            select = torch.full((rows, 1), n - 1, dtype=torch.long, device=self.device)
+        elif logits_at is not None:
+            select = torch.zeros(rows, logits_at.shape[1], dtype=torch.long, device=self.device)
+            select[:batch] = logits_at.to(self.device)
+        else:
+            select = torch.arange(width, device=self.device).expand(rows, width)
+        rows_slice = slice(start_slot, start_slot + rows)
+        shape = (rows, width, select.shape[1])
+        first = self.compiled and shape not in self._shapes
+        if first:
+            logger.info("compiling the native step for %d rows x %d tokens (once per shape; cached on disk)", rows,
+                        width)
+        if self.compiled:
+            torch._dynamo.mark_dynamic(mask, 3)
+        logits, hidden = self.model(fed, positions, write_index, mask, [k[rows_slice] for k in keys],
+                                    [v[rows_slice] for v in values], select, compiled=self.compiled)
+        if first:
+            self._shapes.add(shape)
+        for slot, length in enumerate(lengths, start_slot):
+            self.cache.lengths[slot] = length + n
+        logits, hidden = logits[:batch], hidden[:batch]
+        if logits_at is None and not last_only:
+            logits, hidden = logits[:, :n], hidden[:, :n]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.last_forward_s = time.perf_counter() - start
+        if first:
+            self.compile_s += self.last_forward_s
+        return RunnerOutput(logits, hidden if want_hidden else None)
