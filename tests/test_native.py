@@ -133,3 +133,20 @@ def test_engine_batch_is_equal_on_every_runner(runner, trained_pair, tokenizer):
     sampled = [SamplingParams(max_new_tokens=16, temperature=0.8, seed=s) for s in range(3)]
     reference_sampled = [r.token_ids for r in reference.generate_batch(prompts, sampled, use_drafter=False)]
     assert [r.token_ids for r in engine.generate_batch(prompts, sampled, use_drafter=False)] == reference_sampled
+
+
+def test_released_hf_weights_leave_one_copy_and_the_same_outputs(tokenizer):
+    from verispec.engine.native import release_engine_weights
+
+    model = tiny_llama(8)
+    engine = SpeculativeEngine(model, tokenizer, max_len=64, runner=RunnerOptions())
+    prompt = tokenizer("the cat")["input_ids"]
+    before = engine.generate(prompt, SamplingParams(max_new_tokens=8)).token_ids
+    all_bytes = sum(p.numel() * 4 for p in model.parameters())
+
+    assert release_engine_weights(engine) == all_bytes > 0
+    assert engine.generate(prompt, SamplingParams(max_new_tokens=8)).token_ids == before
+    again = SpeculativeEngine(model, tokenizer, max_len=64, runner=RunnerOptions())  # a second engine reuses the twin
+    assert again.generate(prompt, SamplingParams(max_new_tokens=8)).token_ids == before
+    with pytest.raises(ValueError, match="released to the native runner"):
+        make_runner(model, 64, options=RunnerOptions(backend="hf"))

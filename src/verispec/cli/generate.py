@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..engine.native import release_engine_weights
+from ..engine.runner import runner_info
 from ..stats import GenerationStats
 from . import CliError
 from .common import (
@@ -19,6 +21,7 @@ from .common import (
     add_speculation_args,
     apply_runtime,
     positive_int,
+    runner_options,
     sampling_kwargs,
     setup_logging,
     spec_kwargs,
@@ -79,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         args.draft_tokens = loaded.num_draft_tokens  # the auto-selected pair's K
     spec = SpeculativeConfig(**spec_kwargs(args))
     gen = SpeculativeGenerator(target, loaded.drafter, tokenizer, K=args.draft_tokens, max_len=args.max_len, spec=spec,
-                               max_batch_size=args.max_batch_size)
+                               max_batch_size=args.max_batch_size, runner=runner_options(args))
+    # The native runner holds its own (packed) copy of the weights: free Hugging Face's, so memory stays ~1x.
+    release_engine_weights(gen.engine)
     if lines is not None:
         return run_batch(gen, lines, args.output)
     ids = gen.encode(args.prompt, chat=args.chat)
@@ -88,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
         result = gen.generate(ids, return_dict=True, **sampling)
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "model": args.model, "draft_model": loaded.name, "drafter_warning": loaded.warning,
+               "runner": runner_info(gen.engine.target),
                "stats": result.stats.to_dict()}
         print(json.dumps(out))
         return 0

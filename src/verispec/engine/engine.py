@@ -2,7 +2,9 @@
 
     step() = admit -> propose -> verify -> commit
 
-- admit: waiting sequences take free slots (up to max_batch_size); each prompt is prefilled into its slot.
+- admit: the scheduler (scheduler.py) lets waiting sequences take free slots (up to max_batch_size) in arrival
+  order and prefills their prompts into their slots, in chunks within the step's token budget; a sequence whose
+  prompt is complete joins the batch and decodes in the same step.
 - propose: per running row, its drafter's routed stage and that stage's draft-length policy give K (0 for the
   target alone); every drafter proposes for its rows in one call (DraftBatch).
 - verify: the target scores every row's last committed token plus its draft tokens in ONE forward over
@@ -23,7 +25,7 @@ import time
 import weakref
 from collections import Counter, deque
 from collections.abc import Iterator, Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
@@ -37,6 +39,7 @@ from ..sampling import RowSamplingState, SamplingBatch, check_finite, process_lo
 from ..stats import GenerationStats
 from ..verify import SpecDecodeMetadata, greedy_verify, rejection_verify, top_n_accept
 from .runner import make_runner
+from .scheduler import PrefillChunk, Scheduler, SchedulerConfig
 from .sequence import GenerationChunk, GenerationResult, Sequence
 
 logger = logging.getLogger("verispec")
@@ -70,6 +73,16 @@ class StepPlan:
     sampling: SamplingBatch
 
 
+@dataclass
+class StepReport:
+    """What the latest step did (the server's metrics read it)."""
+
+    rows: int = 0  # decoding rows verified
+    tokens_fed: int = 0  # tokens of the verify pass: rows x (max K + 1)
+    prefill_tokens: int = 0  # prompt tokens prefilled before it
+    speculative_ks: list[int] = field(default_factory=list)  # K of each row that speculates (0: switched off)
+
+
 class SpeculativeEngine:
     """Runs requests on one target, up to `max_batch_size` at a time in one batched step."""
 
@@ -82,20 +95,26 @@ class SpeculativeEngine:
         max_len: int = 2048,
         max_batch_size: int = 16,
         runner: RunnerOptions | None = None,
+        scheduler: SchedulerConfig | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self.target = make_runner(target, max_len + CACHE_SLACK, max_batch_size, runner)
+        self.runner_options = runner
+        self.target = make_runner(target, max_len + CACHE_SLACK, max_batch_size, self.runner_options)
         self.tokenizer = tokenizer
         self.drafter = drafter
         if drafter is not None:
-            drafter.reserve(max_batch_size)
+            drafter.reserve(max_batch_size, self.runner_options)
         self.spec = spec or SpeculativeConfig()
         self.max_len = max_len
         self.max_batch_size = max_batch_size
         self.eos_token_ids = model_eos_ids(target, tokenizer)
-        self.running: list[Sequence] = []  # index == slot
-        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # decoding sequences; index == slot
+        self.scheduler = Scheduler(scheduler)
+        self.waiting: deque[Sequence] = self.scheduler.waiting  # FIFO; sequences being prefilled are not in it
+        self._staged: list[Sequence] = []  # being prefilled: each holds a slot past the decoding rows
+        self.last_step = StepReport()
+        self._last_width = 1  # tokens per row of the latest verify pass (max K + 1): the next step's budget guess
         self.total = GenerationStats()  # cumulative over finished requests
         self.last_stats = GenerationStats()  # the latest finished (or cancelled) request's
         # Per drafter, kept across requests: adaptive estimates (keyed by max depth) and failure back-off.
@@ -139,7 +158,7 @@ class SpeculativeEngine:
             logger.info("drafter %s skipped for this request (back-off after failures)", drafter.name)
             drafter = None
         if drafter is not None:
-            drafter.reserve(self.max_batch_size)  # idempotent: a request-named drafter gets its slots here
+            drafter.reserve(self.max_batch_size, self.runner_options)  # idempotent: a request-named drafter gets its slots here
         tokens = torch.empty(prompt.numel() + params.max_new_tokens + CACHE_SLACK, dtype=torch.long, device=device)
         tokens[: prompt.numel()] = prompt.to(device)
         generator = torch.Generator(device=device)
@@ -166,15 +185,20 @@ class SpeculativeEngine:
         return seq
 
     def abort(self, seq: Sequence) -> None:
-        """Stop a request now (a client went away); its figures still count."""
-        if seq in self.waiting:
-            self.waiting.remove(seq)
-        elif seq.slot >= 0 and self.running[seq.slot] is seq:
+        """Stop a request now (a client went away); its figures still count. A decoding sequence's row leaves the
+        batch at once (the next step runs without it)."""
+        if seq.slot >= 0 and seq.slot < len(self.running) and self.running[seq.slot] is seq:
             self._finish(seq)
+        elif self.scheduler.remove(seq):
+            if seq in self._staged:  # it was being prefilled: its slot is free again
+                self._staged.remove(seq)
+                self.target.reset(seq.slot)
+                seq.slot = -1
+            self._close(seq)
 
     @property
     def has_unfinished(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.scheduler)
 
     # -- the step ------------------------------------------------------------------------------------------------
 
@@ -188,18 +212,53 @@ class SpeculativeEngine:
         return self._commit(plan, num_accepted, next_token, verify_s)
 
     def _admit(self) -> None:
-        while self.waiting and len(self.running) < self.max_batch_size:
-            seq = self.waiting.popleft()
-            seq.slot = len(self.running)
-            self.running.append(seq)
-            self.target.reset(seq.slot)
-            if seq.drafter is not None:
-                seq.drafter = self._safe(seq.drafter, seq.stats, lambda d: d.begin(seq.slot, seq.committed))
-            if seq.prompt_len > 1:
-                # Each prompt is prefilled alone: no padding, and the same numbers as when it runs alone.
-                start = time.perf_counter()
-                self.target.forward(seq.committed[:-1].unsqueeze(0), start_slot=seq.slot, last_only=True)
-                seq.stats.prefill_s += time.perf_counter() - start
+        chunks = self.scheduler.schedule(decode_tokens=len(self.running) * self._last_width,
+                                         free_slots=self.max_batch_size - len(self.running) - len(self._staged))
+        self.last_step = StepReport(prefill_tokens=sum(c.end - c.start for c in chunks))
+        for chunk in chunks:
+            self._prefill(chunk)
+
+    def _prefill(self, chunk: PrefillChunk) -> None:
+        seq = chunk.seq
+        if seq.slot < 0:
+            self._stage(seq)
+        if chunk.end > chunk.start:
+            # Each chunk is its own forward, with boundaries set by the prompt alone: no padding, and the same
+            # numbers as when the request runs alone.
+            start = time.perf_counter()
+            self.target.forward(seq.committed[chunk.start : chunk.end].unsqueeze(0), start_slot=seq.slot,
+                                last_only=True)
+            seq.stats.prefill_s += time.perf_counter() - start
+        if chunk.joins:
+            self._join(seq)
+
+    def _stage(self, seq: Sequence) -> None:
+        """Give a sequence about to be prefilled a free slot past the decoding rows. The first takes the lowest,
+        where it will decode; one prefilled beside it takes the highest, out of the way."""
+        held = {s.slot for s in self._staged}
+        free = [slot for slot in range(len(self.running), self.max_batch_size) if slot not in held]
+        seq.slot = free[-1] if self._staged else free[0]
+        self._staged.append(seq)
+        self.target.reset(seq.slot)
+
+    def _join(self, seq: Sequence) -> None:
+        """A sequence whose prompt is complete decodes from now on, in slot len(running) (slots stay contiguous)."""
+        slot = len(self.running)
+        if seq.slot != slot:
+            # One copy of its prompt's entries. A prompt still being prefilled in that slot steps aside first, into
+            # the slot the scheduler keeps free (its buffers exist: a second prompt was prefilled at the top).
+            blocker = next((s for s in self._staged if s.slot == slot), None)
+            if blocker is not None:
+                held = {s.slot for s in self._staged}
+                blocker_slot = max(s for s in range(slot, self.max_batch_size) if s not in held)
+                self.target.move_slot(slot, blocker_slot)
+                blocker.slot = blocker_slot
+            self.target.move_slot(seq.slot, slot)
+            seq.slot = slot
+        self._staged.remove(seq)
+        self.running.append(seq)
+        if seq.drafter is not None:
+            seq.drafter = self._safe(seq.drafter, seq.stats, lambda d: d.begin(seq.slot, seq.committed))
 
     def _propose(self) -> StepPlan:
         rows = self.running
@@ -247,6 +306,9 @@ class SpeculativeEngine:
             if has_probs[i]:
                 draft_probs[i, :n] = proposal.probs[:, : self.target.vocab_size].to(device)
         meta = SpecDecodeMetadata(draft_ids, torch.tensor([p.token_ids.numel() for p in proposals], device=device))
+        self.last_step.rows = batch
+        self.last_step.tokens_fed = batch * (max_k + 1)
+        self.last_step.speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
         return StepPlan(ks, policies, proposals, meta, draft_probs, torch.tensor(has_probs, device=device), sampling)
 
     def _verify(self, plan: StepPlan) -> tuple[list[int], list[int], float]:
@@ -283,7 +345,8 @@ class SpeculativeEngine:
 
     def _commit(self, plan: StepPlan, num_accepted: list[int], next_token: list[int], verify_s: float) -> list[Sequence]:
         rows = list(self.running)
-        tokens_fed = len(rows) * (plan.meta.draft_token_ids.shape[1] + 1)
+        self._last_width = plan.meta.draft_token_ids.shape[1] + 1
+        tokens_fed = len(rows) * self._last_width
         by_policy: dict[int, tuple] = {}
         for seq, proposal, accepted, token, policy, k in zip(rows, plan.proposals, num_accepted, next_token,
                                                              plan.policies, plan.ks):
@@ -329,6 +392,10 @@ class SpeculativeEngine:
             last.slot = slot
             self.running[slot] = last
         seq.slot = -1
+        self._close(seq)
+
+    def _close(self, seq: Sequence) -> None:
+        """A sequence is done (finished or cancelled): its wall time and figures go into the totals."""
         seq.stats.wall_s = time.perf_counter() - seq.wall_start
         self.total.merge(seq.stats)
         self.last_stats = seq.stats

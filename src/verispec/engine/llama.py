@@ -104,8 +104,8 @@ class Linear(nn.Module):
         self.out_features, self.in_features = weight.shape
         packed = try_pack(weight) if pack else None
         self.packed = packed is not None
-        self.weight = nn.Parameter(packed if self.packed else weight, requires_grad=False)  # [out, in] or blocked
-        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)  # [out]
+        self.weight = nn.Parameter(packed, requires_grad=False) if self.packed else own(weight)  # [out, in] or blocked
+        self.bias = None if bias is None else own(bias)  # [out]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         return linear(x, self.weight, self.bias, self.packed)
@@ -121,6 +121,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
     else:  # eager: the oneDNN op itself, without the custom op's dispatch (~50 us a call)
         y = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
     return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def own(tensor: torch.Tensor) -> nn.Parameter:
+    """A copy the model owns: nothing it holds aliases the source's tensors (or the file those are mapped from),
+    so the source can be freed (native.release_hf_weights)."""
+    return nn.Parameter(tensor.detach().clone(), requires_grad=False)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -193,8 +199,8 @@ class Block(nn.Module):
         self.o = Linear(w["o_proj.weight"], None, pack)
         self.gate_up = Linear(torch.cat([w["gate_proj.weight"], w["up_proj.weight"]]), None, pack)
         self.down = Linear(w["down_proj.weight"], None, pack)
-        self.attn_norm = nn.Parameter(w["input_layernorm.weight"], requires_grad=False)  # [hidden]
-        self.mlp_norm = nn.Parameter(w["post_attention_layernorm.weight"], requires_grad=False)  # [hidden]
+        self.attn_norm = own(w["input_layernorm.weight"])  # [hidden]
+        self.mlp_norm = own(w["post_attention_layernorm.weight"])  # [hidden]
         self.packed = self.qkv.packed
         assert all(m.packed == self.packed for m in (self.o, self.gate_up, self.down))
 
@@ -210,13 +216,13 @@ class LlamaModel(nn.Module):
                  pack: bool = True) -> None:
         super().__init__()
         self.spec = spec
-        self.embed = nn.Parameter(weights["model.embed_tokens.weight"], requires_grad=False)  # [vocab, hidden]
+        self.embed = own(weights["model.embed_tokens.weight"])  # [vocab, hidden]
         self.layers = nn.ModuleList(
             Block(spec, {".".join(k.split(".")[-2:]): v for k, v in weights.items()  # "q_proj.weight", ...
                          if k.startswith(f"model.layers.{i}.")}, pack)
             for i in range(spec.num_layers)
         )
-        self.norm = nn.Parameter(weights["model.norm.weight"], requires_grad=False)  # [hidden]
+        self.norm = own(weights["model.norm.weight"])  # [hidden]
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed), None, pack)
         self.cos = nn.Buffer(rope[0], persistent=False)  # [max_len, d]
         self.sin = nn.Buffer(rope[1], persistent=False)  # [max_len, d]

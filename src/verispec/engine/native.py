@@ -9,6 +9,7 @@ than compile. On CUDA the compiled step runs under CUDA graphs ("reduce-overhead
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 import weakref
@@ -92,6 +93,7 @@ class NativeRunner:
         self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
         self.compiled = compile
         self.pad = False
+        self.hf_model = None  # the Hugging Face model this twin was built from, if any
         self.compile_s = 0.0  # seconds spent in first calls of new shapes (compilation)
         self._shapes: set[tuple[int, int, bool]] = set()
         self.last_forward_s = 0.0
@@ -101,6 +103,13 @@ class NativeRunner:
         """The native twin of a loaded Hugging Face Llama-family model (UnsupportedModel if it is not one). The
         twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
         spec = LlamaSpec.from_config(hf_model.config, max_len)
+        if getattr(hf_model, "_verispec_released", False):  # its weights live on in the twin only
+            model = _TWINS[hf_model][0]
+            if model.cos.shape[0] < max_len:
+                raise ValueError(f"max_len {max_len} exceeds the native model's rotary table ({model.cos.shape[0]})")
+            runner = cls(model, hf_model.config, max_len, num_slots, compile)
+            runner.hf_model = hf_model
+            return runner
         # The twin is a copy: rebuilt when the HF weights were replaced or changed in place (training) since.
         fingerprint = tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
         model, seen = _TWINS.get(hf_model, (None, None))
@@ -108,7 +117,9 @@ class NativeRunner:
             positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
             model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions))
             _TWINS[hf_model] = (model, fingerprint)
-        return cls(model, hf_model.config, max_len, num_slots, compile)
+        runner = cls(model, hf_model.config, max_len, num_slots, compile)
+        runner.hf_model = hf_model  # the source, for release_hf_weights
+        return runner
 
     def reserve(self, num_slots: int) -> None:
         self.cache.reserve(num_slots)
@@ -226,3 +237,30 @@ class NativeRunner:
         if first:
             self.compile_s += self.last_forward_s
         return RunnerOutput(logits, hidden if want_hidden else None)
+
+
+def release_hf_weights(hf_model) -> int:
+    """Free the Hugging Face copies of the weights the native twin holds in its own form (fused, packed, or copied:
+    the twin aliases nothing), so a served model takes about its weights' size once, not twice; -> bytes freed. Afterwards only native runners
+    can run this model object (make_runner with backend "hf" raises). Call it once every runner is built."""
+    if hf_model not in _TWINS or getattr(hf_model, "_verispec_released", False):
+        return 0
+    freed, seen = 0, set()
+    for module in hf_model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            if param.numel():
+                if param.data_ptr() not in seen:  # tied weights count once
+                    seen.add(param.data_ptr())
+                    freed += param.numel() * param.element_size()
+                setattr(module, name, torch.nn.Parameter(param.new_empty(0), requires_grad=False))
+    hf_model._verispec_released = True
+    gc.collect()  # the last reference to a memory-mapped checkpoint goes: its pages leave the process
+    return freed
+
+
+def release_engine_weights(engine) -> int:
+    """release_hf_weights for the target and every model drafter of an engine that run natively; -> bytes freed."""
+    drafters = getattr(engine.drafter, "stages", [engine.drafter])
+    runners = [engine.target] + [d.runner for d in drafters if hasattr(d, "runner")]
+    return sum(release_hf_weights(r.hf_model) for r in runners if getattr(r, "hf_model", None) is not None)
+

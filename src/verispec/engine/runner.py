@@ -139,6 +139,15 @@ class ModelRunner:
         return RunnerOutput(out.logits, hidden)
 
 
+def runner_info(runner) -> dict:
+    """What runs a model, for --json output and benchmark reports."""
+    info = {"backend": runner.backend, "compiled": runner.compiled, "compile_s": round(runner.compile_s, 2),
+            "dtype": str(runner.dtype).removeprefix("torch."), "device": str(runner.device)}
+    if runner.backend == "native":
+        info["packed_weights"] = runner.model.layers[0].packed
+    return info
+
+
 # The options of runners built without explicit ones (the test suite sets it to run everything on each runner).
 DEFAULT_OPTIONS = RunnerOptions()
 
@@ -149,6 +158,9 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
     from .native import NativeRunner, UnsupportedModel, default_compile
 
     options = options or DEFAULT_OPTIONS
+    if options.backend == "hf" and getattr(model, "_verispec_released", False):
+        raise ValueError("this model's Hugging Face weights were released to the native runner "
+                         "(native.release_hf_weights): use the runner backend 'auto' or 'native', or load it again")
     if options.backend != "hf":
         try:
             compile = default_compile(model) if options.compile is None else options.compile

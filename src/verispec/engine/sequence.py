@@ -18,7 +18,7 @@ from ..stats import GenerationStats
 _ids = itertools.count()
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: compared (and found in queues) by identity, never by its tensors
 class Sequence:
     """One request. Invariant: tokens[:length] are the committed tokens (prompt, then generated)."""
 
@@ -33,7 +33,8 @@ class Sequence:
     drafter: Drafter | None  # None: the target alone (also after a drafter failure)
     stats: GenerationStats
     seq_id: int = field(default_factory=lambda: next(_ids))
-    slot: int = -1  # row in the runner's cache while running
+    slot: int = -1  # row in the runner's cache while being prefilled or decoding; -1 while waiting and after
+    prefilled: int = 0  # prompt tokens already in the target's cache (chunked prefill; the scheduler's count)
     new_token_ids: list[int] = field(default_factory=list)  # committed since the caller last took them
     wall_start: float = 0.0
 
