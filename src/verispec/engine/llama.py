@@ -183,6 +183,9 @@ def compiled_layer_step():
     """layer_step under torch.compile (Inductor), made once per process; the attended length is dynamic."""
     global _compiled_layer_step
     if _compiled_layer_step is None:
+        # A target and its draft (two shapes of layer), each at 1 or many rows and tokens, and the test suite's many
+        # tiny models: more specialisations than Dynamo's default 8, past which it would silently run eager.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _compiled_layer_step = torch.compile(layer_step, dynamic=None)
     return _compiled_layer_step
 
