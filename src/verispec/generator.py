@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .config import SamplingParams, SpeculativeConfig
+from .config import RunnerOptions, SamplingParams, SpeculativeConfig
 from .drafters.base import Drafter
 from .drafters.factory import make_drafter, model_drafter
 from .engine import CACHE_SLACK, GenerationResult, SpeculativeEngine
@@ -36,7 +36,10 @@ class SpeculativeGenerator:
         device: str | torch.device | None = None,
         spec: SpeculativeConfig | None = None,
         max_batch_size: int = 16,
+        runner: RunnerOptions | None = None,
     ) -> None:
+        """runner: which model runner executes the models (RunnerOptions: backend "auto" | "native" | "hf",
+        compile True / False / None for the measured default)."""
         if device is not None:
             target_model = target_model.to(device)
             if isinstance(draft_model, PreTrainedModel):
@@ -48,7 +51,7 @@ class SpeculativeGenerator:
             drafter = draft_model
         self.spec = spec or SpeculativeConfig(num_draft_tokens=K)
         self.engine = SpeculativeEngine(target_model.eval(), tokenizer, drafter, self.spec, max_len=max_len,
-                                        max_batch_size=max_batch_size)
+                                        max_batch_size=max_batch_size, runner=runner)
         self.last_stats = GenerationStats()
 
     @classmethod
@@ -61,6 +64,7 @@ class SpeculativeGenerator:
         dtype: torch.dtype = torch.float32,
         device: str = "cpu",
         spec: SpeculativeConfig | None = None,
+        runner: RunnerOptions | None = None,
     ) -> SpeculativeGenerator:
         """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
 
@@ -70,7 +74,7 @@ class SpeculativeGenerator:
         target_model = load_model(target, dtype=dtype, device=device)
         tokenizer = load_tokenizer(target)
         drafter = make_drafter(draft, target_model, tokenizer, max_len + CACHE_SLACK, dtype=dtype, device=device)
-        return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec)
+        return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec, runner=runner)
 
     # -- prompts -------------------------------------------------------------------------------------------------
 

@@ -10,12 +10,15 @@ from pathlib import Path
 import torch
 
 from ..drafters.factory import make_drafter, model_part
+from ..config import RunnerOptions
 from ..engine import CACHE_SLACK
+from ..engine.runner import runner_info
 from ..models import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
 from .batching import BATCH_FAMILIES, batch_table, run_batch_sweep
 from .machine import decode_floor, describe_machine, floor_line, machine_line
 from .methods import BenchModels
+from .peers import run_peers
 from .plots import write_plots
 from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
 from .report import text_table, write_reports
@@ -33,6 +36,8 @@ class BenchConfig:
     device: str = "cpu"
     out: Path = Path("bench-out")
     settings: BenchSettings = field(default_factory=BenchSettings)
+    runner: RunnerOptions = field(default_factory=RunnerOptions)  # what runs our engine's models
+    vllm_python: str | None = None  # a vLLM virtualenv's python: run vLLM on the same prompts (bench/peers.py)
 
 
 def selected_prompts(config: BenchConfig) -> tuple[list[BenchPrompt], str]:
@@ -57,7 +62,7 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
     drafter = make_drafter(config.draft, target, tokenizer, max_len + CACHE_SLACK, draft_model=draft)
-    return BenchModels.build(target, draft, tokenizer, max_len, drafter), encoded
+    return BenchModels.build(target, draft, tokenizer, max_len, drafter, config.runner), encoded
 
 
 def new_report(config: BenchConfig, prompts_file: str) -> dict:
@@ -82,13 +87,17 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     for dtype in config.dtypes:
         log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
         models, encoded = load_models(config, dtype, prompts)
+        runner = runner_info(models.engine.target)
+        log(f"[bench] runner: {runner['backend']}{' compiled' if runner['compiled'] else ''}"
+            f"{', weights pre-packed' if runner.get('packed_weights') else ''}")
         if settings.batch_sizes:
             section, _ = run_batch_sweep(models, encoded, settings)
             base = section["batching"]["results"]["1"][BASELINE]
         else:
-            section, _ = run_suite(models, encoded, settings)
+            section, records = run_suite(models, encoded, settings)
             base = section["results"][OVERALL][BASELINE]
-        run = {"dtype": dtype, **section, "floor": decode_floor(
+        runner["compile_s"] = round(models.engine.target.compile_s, 1)  # first calls of new shapes, warm-ups included
+        run = {"dtype": dtype, "runner": runner, **section, "floor": decode_floor(
             model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
             base["seconds"])}
         for note in run["notes"]:
@@ -96,6 +105,10 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
         for line in batch_summary(run) if settings.batch_sizes else overall_summary(run):
             log(line)
         log(f"[bench] {floor_line(run['floor'])}")
+        if config.vllm_python:
+            order = {p.question_id: i for i, p in enumerate(encoded)}
+            target_ids = {order[r.question_id]: list(r.token_ids) for r in records if r.method == BASELINE}
+            run["peers"] = run_peers(config, dtype, encoded, run, log, target_ids)
         run["plots"] = write_plots(run, config.out)
         report["runs"].append(run)
         del models

@@ -39,10 +39,10 @@ class BenchModels:
     device: torch.device
 
     @classmethod
-    def build(cls, target, draft, tokenizer, max_len: int, drafter) -> BenchModels:
+    def build(cls, target, draft, tokenizer, max_len: int, drafter, runner=None) -> BenchModels:
         """`draft`: the draft model HF assisted generation uses (None: HF assisted is skipped); `drafter`: what our
         methods draft with (None: only the target-only methods run)."""
-        engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len)
+        engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len, runner=runner)
         return cls(target, draft, tokenizer, engine, engine.target.device)
 
 

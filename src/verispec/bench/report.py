@@ -15,6 +15,7 @@ from pathlib import Path
 from .aggregate import OVERALL
 from .batching import batch_table
 from .machine import floor_line, machine_line
+from .peers import peer_table
 
 
 def _fmt(value, spec: str = ".2f", missing: str = "-") -> str:
@@ -126,6 +127,11 @@ def render_markdown(report: dict) -> str:
     for run in report["runs"]:
         lines += [f"## {run['dtype']}", ""]
         lines += [f"- note: {note}" for note in run["notes"]]
+        if run.get("runner"):
+            r = run["runner"]
+            lines += [f"- runner: {r['backend']}{' compiled' if r['compiled'] else ' eager'}"
+                      f"{', weights pre-packed (oneDNN)' if r.get('packed_weights') else ''}; compile time "
+                      f"{r.get('compile_s', 0):.1f} s (first calls of each new shape)"]
         if run.get("floor"):
             lines += [f"- {floor_line(run['floor'])}. {FLOOR_NOTE}"]
         if "batching" in run:
@@ -137,6 +143,9 @@ def render_markdown(report: dict) -> str:
                   "Predicted: from measured acceptance by position and the probed costs (Leviathan et al. with a "
                   "width-dependent verify cost); efficiency = measured / predicted. Time split: shares of wall "
                   "time. `= target`: outputs token-identical to the target alone.", ""]
+        if run.get("peers"):
+            lines += ["### Side by side with vLLM-CPU (same prompts, batch 1, greedy)", ""]
+            lines += peer_table(run["peers"]) + [""]
         lines += ["### Speedup by category", ""] + category_table(run, "speedup", ".2f")
         lines += ["### Tokens/s by category", ""] + category_table(run, "tokens_per_s", ".1f")
         acceptance = acceptance_table(run)

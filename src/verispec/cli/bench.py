@@ -16,7 +16,7 @@ import torch
 
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
-from .common import DTYPES, positive_int
+from .common import DTYPES, add_runner_args, positive_int, runner_options
 
 DTYPE_NAMES = tuple(DTYPES)
 DEFAULT_KS = "1,2,3,4,6,8"
@@ -35,6 +35,10 @@ def add_parser(sub) -> None:
                    help="several dtypes in one invocation, e.g. float32,bfloat16 (overrides --dtype)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_runner_args(g)
+    g.add_argument("--vllm-python", default=None, metavar="PYTHON",
+                   help="a vLLM virtualenv's python: also run vLLM (target alone and n-gram speculation) on the same "
+                        "prompts and report both engines side by side (README, 'Side by side with vLLM')")
     g = p.add_argument_group("workload")
     g.add_argument("--prompts", default=None, metavar="FILE",
                    help="JSON lines with question_id, category, turns (default: shared/data/spec_bench_dev.jsonl)")
@@ -53,6 +57,14 @@ def add_parser(sub) -> None:
     g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the one warm-up call per method")
     g.add_argument("--probe-repeats", type=int, default=5,
                    help="timed repeats per width of the cost probe behind the predicted speedup (0: skip)")
+    g = p.add_argument_group("server under load (bench/serve_load.py)")
+    g.add_argument("--serve", action="store_true",
+                   help="benchmark `verispec serve` instead: concurrent openai clients, speculation on vs off; "
+                        "throughput, TTFT and TPOT (p50/p99) by concurrency")
+    g.add_argument("--concurrency", default=None, metavar="LIST", help="clients to sweep with --serve "
+                   "(default 1,2,4,8,16)")
+    g.add_argument("--serve-args", default="", metavar="ARGS",
+                   help="more `verispec serve` flags with --serve, e.g. '--max-batched-tokens 512'")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -96,13 +108,22 @@ def build_config(args: argparse.Namespace):
         warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
         batch_sizes=batch_sizes,
     )
+    if args.vllm_python and (batch_sizes or args.demo):
+        raise CliError("--vllm-python runs with the batch-1 suite: drop --batch-sizes / --demo")
+    if args.vllm_python and not Path(args.vllm_python).is_file():
+        raise CliError(f"--vllm-python {args.vllm_python}: no such file (make a vLLM virtualenv first, see README)")
     config = BenchConfig(target=args.model, draft=draft, prompts_file=args.prompts,
                          categories=_list(args.categories), limit=args.limit, dtypes=list(dict.fromkeys(dtypes)),
-                         device=args.device, out=args.out, settings=settings)
+                         device=args.device, out=args.out, settings=settings, runner=runner_options(args),
+                         vllm_python=args.vllm_python)
     return config, ks
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.serve or args.concurrency:
+        from ..bench.serve_load import run_from_args
+
+        return run_from_args(args)
     from ..bench import run_benchmark
     from ..bench.benchmark import selected_prompts
     from ..bench.demos import run_demos

@@ -8,6 +8,7 @@ import sys
 
 import torch
 
+from ..config import RUNNER_BACKENDS, RunnerOptions
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
 
@@ -35,6 +36,21 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default float32)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_runner_args(g)
+
+
+def add_runner_args(group) -> None:
+    """--runner and --compile; build the options with `runner_options(args)`."""
+    group.add_argument("--runner", choices=RUNNER_BACKENDS, default="auto",
+                       help="model runner: 'native' (verispec's Llama-family module), 'hf' (Hugging Face modeling), "
+                            "'auto' (native where the architecture allows; default)")
+    group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                       help="torch.compile the native runner's layer step (default: the measured choice for the "
+                            "device, see README)")
+
+
+def runner_options(args) -> RunnerOptions:
+    return RunnerOptions(backend=args.runner, compile=args.compile)
 
 
 class _ExplicitStore(argparse.Action):
