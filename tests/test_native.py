@@ -150,3 +150,16 @@ def test_released_hf_weights_leave_one_copy_and_the_same_outputs(tokenizer):
     assert again.generate(prompt, SamplingParams(max_new_tokens=8)).token_ids == before
     with pytest.raises(ValueError, match="released to the native runner"):
         make_runner(model, 64, options=RunnerOptions(backend="hf"))
+
+
+def test_bf16_matches_hf_within_bf16_rounding():
+    """bf16 on a CPU without oneDNN bf16 kernels: long prompts run fp32 GEMMs on upcast weights, decode steps bf16
+    GEMVs; both agree with Hugging Face's bf16 to bf16 rounding (a few ulps of values ~1-10)."""
+    model = tiny_llama(9, hidden=64).to(torch.bfloat16)
+    hf, native = both(model)
+    prompt = torch.randint(0, VOCAB, (1, 40))
+    torch.testing.assert_close(native.forward(prompt).logits.float(), hf.forward(prompt).logits.float(),
+                               atol=0.1, rtol=0.02)
+    step = torch.randint(0, VOCAB, (1, 1))
+    torch.testing.assert_close(native.forward(step).logits.float(), hf.forward(step).logits.float(), atol=0.1,
+                               rtol=0.02)

@@ -82,6 +82,9 @@ def try_pack(weight: torch.Tensor) -> torch.Tensor | None:
     return packed
 
 
+UPCAST_ROWS = 16  # measured crossover on an AVX2 CPU: below it bf16 GEMV/GEMM is faster (bandwidth), above fp32
+
+
 @torch.library.custom_op("verispec::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [rows, in] @ packed weight -> [rows, out]. An opaque op to torch.compile: Inductor fuses everything
@@ -114,6 +117,11 @@ class Linear(nn.Module):
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
     """x [..., in] -> [..., out] with a plain [out, in] or a pre-packed weight."""
     if not packed:
+        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and x.numel() >= UPCAST_ROWS * x.shape[-1]:
+            # No oneDNN bf16 kernel on this CPU (no AVX-512/AVX-NE-CONVERT): aten's bf16 GEMM is compute-bound, 4x
+            # slower than fp32 on the upcast weight for a prompt's rows. The same products, accumulated in fp32 as
+            # bf16 GEMMs do, rounded to bf16 once.
+            return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
     if torch.compiler.is_compiling():
