@@ -1,10 +1,12 @@
 """`NativeRunner`: the runner interface of `runner.ModelRunner` on verispec's own Llama-family model (`llama.py`),
 optionally torch.compiled. The engine cannot tell the two apart: same slots, same lengths, same masks.
 
-Compilation: the step is compiled once per shape class. Batch rows and fed widths are padded up to a few buckets
-(`bucket`), the attended length is a dynamic dimension, so the number of compiled graphs stays small (a batch of
-up to 16 rows, widths up to 9: at most ~12 graphs), and Inductor's on-disk cache makes later runs load rather
-than compile. On CUDA the compiled step runs under CUDA graphs ("reduce-overhead").
+Compilation (`compile=True`): one decoder layer's step (`llama.layer_step`) is compiled and serves all layers; rows,
+fed tokens and the attended length are dynamic dimensions (Dynamo specialises only sizes 0 and 1), so a model
+compiles a handful of graphs (~5-20 s each on two CPU cores), and Inductor's on-disk cache makes later processes
+load rather than compile. Measured on CPU: no faster than eager at batch 1 (the step is the weights' memory
+traffic through oneDNN; the compiled graph saves small ops but adds guard checks per layer), so compile is off by
+default; CUDA graphs are not wired in (no GPU was available to measure them).
 """
 
 from __future__ import annotations
@@ -23,21 +25,14 @@ from .runner import RunnerOutput
 
 logger = logging.getLogger("verispec")
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> (its LlamaModel, weights fingerprint)
 
 
 def default_compile(hf_model) -> bool:
-    """Whether to torch.compile by default: the measured choice per device (README, "Runner")."""
+    """Whether to torch.compile by default: the measured choice per device (README, "Runner"): off on CPU, where
+    the compiled layer step measured 0.97-1.1x eager at batch 1 and costs ~20 s of compilation per process; off on
+    CUDA until measured there."""
     return False
-
-
-def bucket(size: int) -> int:
-    """The padded size of a compiled dimension: the next bucket, or a multiple of 64 past the last one."""
-    for b in BUCKETS:
-        if size <= b:
-            return b
-    return -(-size // 64) * 64
 
 
 def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -92,7 +87,6 @@ class NativeRunner:
         self.vocab_size = model.spec.vocab_size
         self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
         self.compiled = compile
-        self.pad = False
         self.hf_model = None  # the Hugging Face model this twin was built from, if any
         self.compile_s = 0.0  # seconds spent in first calls of new shapes (compilation)
         self._shapes: set[tuple[int, int, bool]] = set()
@@ -157,17 +151,6 @@ class NativeRunner:
                 layer._grow(end)
         return [layer.keys for layer in self.cache.layers], [layer.values for layer in self.cache.layers]
 
-    def _padded(self, start_slot: int, batch: int, n: int) -> tuple[int, int]:
-        """Rows and width a compiled step runs: rows up to a bucket of slots (the extra rows are other slots, whose
-        writes land at or past their kept lengths: stale entries, never attended), width up to a bucket of tokens.
-        Eager steps and steps that would run past the cache's end run unpadded."""
-        if not (self.compiled and self.pad):
-            return batch, n
-        rows, width = min(bucket(batch), self.num_slots - start_slot), bucket(n)
-        if max(self.cache.lengths[start_slot: start_slot + rows]) + width > self.max_len:
-            return batch, n
-        return rows, width
-
     @torch.inference_mode()
     def forward(
         self,
@@ -188,49 +171,33 @@ class NativeRunner:
         longest = max(lengths) + n
         if longest > self.max_len:
             raise ValueError(f"sequence of {longest} tokens exceeds the KV cache ({self.max_len}); raise max_len")
-        rows, width = self._padded(start_slot, batch, n)
-        keys, values = self._buffers(start_slot + rows)
-        all_lengths = self.cache.lengths[start_slot: start_slot + rows]
-        kv_len = max(all_lengths) + width
-        cache_lengths = torch.tensor(all_lengths, dtype=torch.long, device=self.device)  # [rows]
-        write_index = cache_lengths.unsqueeze(1) + torch.arange(width, device=self.device)  # [rows, width]
-        fed = token_ids.new_zeros(rows, width)
-        fed[:batch, :n] = token_ids
-        if positions is None:
-            positions = write_index
-        else:
-            padded = write_index.clone()
-            padded[:batch, :n] = positions.to(self.device)
-            positions = padded
-        if tree_mask is not None:
-            tree = torch.eye(width, dtype=torch.bool, device=self.device).expand(rows, width, width).clone()
-            tree[:batch, :n, :n] = tree_mask.to(self.device)
-            tree_mask = tree
-        mask = attention_mask(cache_lengths, width, kv_len, self.dtype, tree_mask)  # [rows, 1, width, kv_len]
+        keys, values = self._buffers(start_slot + batch)
+        cache_lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)  # [batch]
+        write_index = cache_lengths.unsqueeze(1) + torch.arange(n, device=self.device)  # [batch, n]
+        positions = write_index if positions is None else positions.to(self.device)
+        tree_mask = None if tree_mask is None else tree_mask.to(self.device)
+        mask = attention_mask(cache_lengths, n, longest, self.dtype, tree_mask)  # [batch, 1, n, kv_len]
         if last_only:
-            select = torch.full((rows, 1), n - 1, dtype=torch.long, device=self.device)
+            select = torch.full((batch, 1), n - 1, dtype=torch.long, device=self.device)  # [batch, 1]
         elif logits_at is not None:
-            select = torch.zeros(rows, logits_at.shape[1], dtype=torch.long, device=self.device)
-            select[:batch] = logits_at.to(self.device)
+            select = logits_at.to(self.device)  # [batch, m]
         else:
-            select = torch.arange(width, device=self.device).expand(rows, width)
-        rows_slice = slice(start_slot, start_slot + rows)
-        shape = (rows, width, select.shape[1])
+            select = None
+        # Dynamo specialises sizes 0 and 1 and makes the others dynamic: one graph per class of (rows, fed tokens,
+        # logits wanted), whatever the attended length (marked dynamic). The first call of a class compiles.
+        shape = (min(batch, 2), min(n, 2), 0 if select is None else min(select.shape[1], 2))
         first = self.compiled and shape not in self._shapes
         if first:
-            logger.info("compiling the native step for %d rows x %d tokens (once per shape; cached on disk)", rows,
-                        width)
+            logger.info("compiling the native layer step (%d rows x %d tokens); later shapes of its kind reuse it",
+                        batch, n)
+            self._shapes.add(shape)
         if self.compiled:
             torch._dynamo.mark_dynamic(mask, 3)
-        logits, hidden = self.model(fed, positions, write_index, mask, [k[rows_slice] for k in keys],
-                                    [v[rows_slice] for v in values], select, compiled=self.compiled)
-        if first:
-            self._shapes.add(shape)
+        rows = slice(start_slot, start_slot + batch)
+        logits, hidden = self.model(token_ids, positions, write_index, mask, [k[rows] for k in keys],
+                                    [v[rows] for v in values], select, compiled=self.compiled)
         for slot, length in enumerate(lengths, start_slot):
             self.cache.lengths[slot] = length + n
-        logits, hidden = logits[:batch], hidden[:batch]
-        if logits_at is None and not last_only:
-            logits, hidden = logits[:, :n], hidden[:, :n]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self.last_forward_s = time.perf_counter() - start
@@ -241,8 +208,9 @@ class NativeRunner:
 
 def release_hf_weights(hf_model) -> int:
     """Free the Hugging Face copies of the weights the native twin holds in its own form (fused, packed, or copied:
-    the twin aliases nothing), so a served model takes about its weights' size once, not twice; -> bytes freed. Afterwards only native runners
-    can run this model object (make_runner with backend "hf" raises). Call it once every runner is built."""
+    the twin aliases nothing), so a served model takes about its weights' size once, not twice; -> bytes freed.
+    Afterwards only native runners can run this model object (make_runner with backend "hf" raises). Call it once
+    every runner is built."""
     if hf_model not in _TWINS or getattr(hf_model, "_verispec_released", False):
         return 0
     freed, seen = 0, set()
