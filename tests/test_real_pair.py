@@ -94,3 +94,21 @@ def test_real_pair_batch_rows_equal_each_prompt_alone(real_gen, batch_size):
         assert result.token_ids == real_gen.generate(prompt, speculative=False, max_new_tokens=p.max_new_tokens,
                                                      ignore_eos=True)
     assert engine.total.accepted_tokens > 0
+
+
+def test_native_runner_matches_hf_on_the_real_target():
+    """The native runner's logits on SmolLM2-135M (fp32) within 1e-3 of Hugging Face's (logits of magnitude ~10-30),
+    over a prompt and a batched 4-token verify-like pass; the native model is the default runner for it."""
+    from verispec.engine.native import NativeRunner
+    from verispec.engine.runner import ModelRunner, make_runner
+
+    target = load_model(DEFAULT_TARGET)
+    assert make_runner(target, 64).backend == "native"
+    hf, native = ModelRunner(target, 512, 2), NativeRunner.from_hf(target, 512, 2)
+    ids = load_tokenizer(DEFAULT_TARGET)(PROMPTS[1])["input_ids"]
+    for slot in range(2):
+        prompt = torch.tensor([ids[: len(ids) - 3 * slot]])
+        torch.testing.assert_close(native.forward(prompt, start_slot=slot).logits,
+                                   hf.forward(prompt, start_slot=slot).logits, atol=1e-3, rtol=0)
+    step = torch.tensor([ids[-4:], ids[-7:-3]])
+    torch.testing.assert_close(native.forward(step).logits, hf.forward(step).logits, atol=1e-3, rtol=0)
