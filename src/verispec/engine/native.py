@@ -21,7 +21,7 @@ import torch
 
 from .kv_cache import SlotCache, attention_mask
 from .llama import LlamaModel, LlamaSpec, UnsupportedModel
-from .runner import RunnerOutput
+from .runner import RunnerOutput, SlotRunner
 
 logger = logging.getLogger("verispec")
 
@@ -71,7 +71,7 @@ def load_safetensors(folder: str | Path, dtype: torch.dtype, max_len: int, devic
     return LlamaModel(spec, weights, rope_table(config, max_len), pack=pack)
 
 
-class NativeRunner:
+class NativeRunner(SlotRunner):
     """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.ModelRunner."""
 
     backend = "native"
@@ -115,31 +115,6 @@ class NativeRunner:
         runner.hf_model = hf_model  # the source, for release_hf_weights
         return runner
 
-    def reserve(self, num_slots: int) -> None:
-        self.cache.reserve(num_slots)
-        self.num_slots = self.cache.num_slots
-
-    @property
-    def lengths(self) -> list[int]:
-        return self.cache.lengths
-
-    @property
-    def length(self) -> int:
-        return self.cache.lengths[0]
-
-    def truncate(self, length: int, slot: int = 0) -> None:
-        self.cache.set_length(slot, length)
-
-    @torch.inference_mode()
-    def move_slot(self, src: int, dst: int) -> None:
-        self.cache.move(src, dst)
-
-    def reset(self, slot: int | None = None) -> None:
-        if slot is None:
-            self.cache.reset()
-        else:
-            self.cache.set_length(slot, 0)
-
     def _buffers(self, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Each layer's key and value buffers, covering at least slots [0, end) (allocated / grown on demand)."""
         s = self.spec
@@ -166,11 +141,7 @@ class NativeRunner:
         start = time.perf_counter()
         token_ids = token_ids.to(self.device)
         batch, n = token_ids.shape
-        lengths = self.cache.lengths[start_slot: start_slot + batch]
-        assert len(lengths) == batch, f"slots [{start_slot}, {start_slot + batch}) exceed {self.num_slots} slots"
-        longest = max(lengths) + n
-        if longest > self.max_len:
-            raise ValueError(f"sequence of {longest} tokens exceeds the KV cache ({self.max_len}); raise max_len")
+        lengths, longest = self._slots(start_slot, batch, n)
         keys, values = self._buffers(start_slot + batch)
         cache_lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)  # [batch]
         write_index = cache_lengths.unsqueeze(1) + torch.arange(n, device=self.device)  # [batch, n]

@@ -30,26 +30,13 @@ class RunnerOutput:
     hidden: torch.Tensor | None  # [batch, m, hidden]: the last hidden states there (want_hidden=True), else None
 
 
-class ModelRunner:
-    """A Hugging Face model with `num_slots` sequences' KV caches of `max_len` entries each."""
+class SlotRunner:
+    """What every runner shares: `num_slots` sequences' KV caches (`self.cache`, a SlotCache) of `max_len` entries;
+    rollback, compaction and reset are bookkeeping on the cache's per-slot lengths."""
 
-    backend = "hf"
-    compiled = False
-    compile_s = 0.0
-
-    def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1) -> None:
-        self.model = model
-        self.config = model.config
-        self.max_len = max_len
-        self.num_slots = num_slots
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
-        text_config = self.config.get_text_config()
-        self.cache = SlotCache(text_config.num_hidden_layers, num_slots, max_len)
-        # Learned position tables (GPT-2) have an end; padding rows may run past it, real tokens never do.
-        self.max_position = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
-        self.last_forward_s = 0.0
+    cache: SlotCache
+    max_len: int
+    num_slots: int
 
     @property
     def lengths(self) -> list[int]:
@@ -80,6 +67,37 @@ class ModelRunner:
         else:
             self.cache.set_length(slot, 0)
 
+    def _slots(self, start_slot: int, batch: int, n: int) -> tuple[list[int], int]:
+        """The kept lengths of slots [start_slot, start_slot + batch) and the longest row after n more tokens."""
+        lengths = self.cache.lengths[start_slot : start_slot + batch]
+        assert len(lengths) == batch, f"slots [{start_slot}, {start_slot + batch}) exceed {self.num_slots} slots"
+        longest = max(lengths) + n
+        if longest > self.max_len:
+            raise ValueError(f"sequence of {longest} tokens exceeds the KV cache ({self.max_len}); raise max_len")
+        return lengths, longest
+
+
+class ModelRunner(SlotRunner):
+    """A Hugging Face model with `num_slots` sequences' KV caches of `max_len` entries each."""
+
+    backend = "hf"
+    compiled = False
+    compile_s = 0.0
+
+    def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1) -> None:
+        self.model = model
+        self.config = model.config
+        self.max_len = max_len
+        self.num_slots = num_slots
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        text_config = self.config.get_text_config()
+        self.cache = SlotCache(text_config.num_hidden_layers, num_slots, max_len)
+        # Learned position tables (GPT-2) have an end; padding rows may run past it, real tokens never do.
+        self.max_position = getattr(text_config, "max_position_embeddings", None) or getattr(text_config, "n_positions", None)
+        self.last_forward_s = 0.0
+
     @torch.inference_mode()
     def forward(
         self,
@@ -95,11 +113,7 @@ class ModelRunner:
         start = time.perf_counter()
         token_ids = token_ids.to(self.device)
         batch, n = token_ids.shape
-        lengths = self.cache.lengths[start_slot : start_slot + batch]
-        assert len(lengths) == batch, f"slots [{start_slot}, {start_slot + batch}) exceed {self.num_slots} slots"
-        longest = max(lengths) + n
-        if longest > self.max_len:
-            raise ValueError(f"sequence of {longest} tokens exceeds the KV cache ({self.max_len}); raise max_len")
+        lengths, longest = self._slots(start_slot, batch, n)
         # One small host-to-device copy per forward: the kept lengths are host ints (the loop branches on them).
         cache_lengths = torch.tensor(lengths, dtype=torch.long, device=self.device)  # [batch]
         write_index = cache_lengths.unsqueeze(1) + torch.arange(n, device=self.device)  # [batch, n]
