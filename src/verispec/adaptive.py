@@ -13,7 +13,8 @@ so the step's rate is (G * E(K) + B - G) / T(K): a drafter that serves few rows 
 widen everyone's verify pass. K = 0 is plain decoding (B tokens in c_verify(B)). The policy picks the K in [0, max_depth] with the highest E(K) / T(K); a K >= 1 must
 beat K = 0 by `min_gain`, so a drafter that does not pay is switched off and speculation costs no more than
 noise. While K = 0 is chosen, a probe round with K >= 1 runs every `probe_every` rounds (the interval doubles up
-to `max_probe_every` while probes keep losing), so the estimates can recover when the text becomes predictable;
+to `max_probe_every` while probes keep losing; a step of B rows counts as 1 / B of a round, since a probe widens
+every row's verify pass), so the estimates can recover when the text becomes predictable;
 a probe costs at most twice a plain step (under load, a narrow one).
 
 Estimates are online and survive across requests (the engine keeps one policy per drafter):
@@ -162,7 +163,9 @@ class AdaptivePolicy:
                 self._since_probe = 0
             else:
                 self._since_probe += 1
-                if self._since_probe >= self._probe_interval:
+                # Under load a probe widens all B rows' verify pass: probe B times less often, so its share of the
+                # time does not grow with the batch (at batch size 1, every probe_every rounds).
+                if self._since_probe >= self._probe_interval * batch_size:
                     # Probe with the best K >= 1 so the estimates can recover; back off while probes lose. A probe
                     # may cost at most twice a plain step: under load (large batch) that keeps it narrow.
                     rates = self.rates(batch_size, rows)

@@ -65,6 +65,8 @@ def add_parser(sub) -> None:
                    "(default 1,2,4,8,16)")
     g.add_argument("--serve-args", default="", metavar="ARGS",
                    help="more `verispec serve` flags with --serve, e.g. '--max-batched-tokens 512'")
+    g.add_argument("--serve-repeats", type=positive_int, default=2, metavar="N",
+                   help="runs per concurrency and mode with --serve, in A B B A order (default 2)")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -12,12 +12,14 @@ import sys
 from . import CliError
 from .common import (
     DTYPES,
+    positive_int,
     add_model_args,
     add_speculation_args,
     apply_runtime,
     setup_logging,
     spec_kwargs,
     warn_if_lossy,
+    runner_options,
 )
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -36,6 +38,18 @@ def add_parser(sub) -> None:
     s.add_argument("--served-model-name", default=None, metavar="NAME",
                    help="model id to list in /v1/models (default: the model's folder name or name)")
     s.add_argument("--log-level", choices=LOG_LEVELS, default="info")
+    b = p.add_argument_group("continuous batching (docs/server.md, \"Concurrency\")")
+    b.add_argument("--max-num-seqs", type=positive_int, default=16, metavar="N",
+                   help="sequences (choices) decoding together in one batch; more wait in a FIFO queue (default 16)")
+    b.add_argument("--max-batched-tokens", type=positive_int, default=256, metavar="N",
+                   help="tokens fed to the target per step: decoding rows (K + 1 each), then prefill chunks of "
+                        "waiting prompts (default 256; at least --max-num-seqs)")
+    b.add_argument("--prefill-chunk-tokens", type=positive_int, default=128, metavar="N",
+                   help="most prompt tokens per prefill forward, so a long prompt does not stall the batch for "
+                        "long (default 128)")
+    b.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
+                   help="bound on the target's KV cache in GiB; each slot holds --max-len tokens, so it caps the "
+                        "sequences decoding at once (default: no bound beyond --max-num-seqs)")
     p.set_defaults(run=run)
 
 
@@ -73,7 +87,9 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
         draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=DTYPES[args.dtype],
-        device=args.device,
+        device=args.device, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
+        prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
+        runner=runner_options(args),
     )
     sock = _listen(args.host, args.port)
     app = create_app(config)
@@ -82,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
     k = f"adaptive K <= {spec.max_speculation_depth}" if spec.adaptive else f"K={spec.num_draft_tokens}"
     speculation = f"on (draft {config.draft_model}, {k})" if config.speculates_by_default \
         else "off unless a request asks for it"
-    print(f"[verispec] serving {config.model_id} on http://{args.host}:{port}/v1; speculation {speculation}",
-          file=sys.stderr, flush=True)
+    slots = app.state.server.served.max_num_seqs
+    print(f"[verispec] serving {config.model_id} on http://{args.host}:{port}/v1; speculation {speculation}; "
+          f"up to {slots} sequences per batch", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
     try:
         server.run(sockets=[sock])

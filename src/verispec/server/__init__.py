@@ -5,7 +5,7 @@
 | `config.py` | `ServerConfig`: which target and drafter, default speculation, context length |
 | `protocol.py` | pydantic request and response bodies (OpenAI schemas plus `speculative`) |
 | `runtime.py` | `ServedModel`: target, tokenizer, engine, cached drafters, prompt encoding |
-| `worker.py` | `EngineWorker`: the one thread that runs the model, jobs in FIFO order |
+| `worker.py` | `EngineWorker`: the one thread that runs the model, a step loop over the shared batch |
 | `app.py` | `create_app`: routes, request -> job, events -> JSON or SSE |
 | `responses.py` | response bodies and stream chunks |
 | `errors.py`, `metrics.py` | OpenAI error objects; Prometheus metrics in the app's own registry |

@@ -236,7 +236,7 @@ class _Outcome:
 
 class _JobStream(StreamingResponse):
     """A job's event stream. However it ends (last event, client disconnect, shutdown, or before it began),
-    `on_close` runs: it stops the job at its next round and counts the request."""
+    `on_close` runs: its row leaves the batch before the next step, and the request is counted."""
 
     def __init__(self, events: AsyncIterator[str], on_close) -> None:
         super().__init__(events, media_type="text/event-stream",

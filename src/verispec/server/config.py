@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import SpeculativeConfig
+from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.factory import NONE
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 
@@ -35,6 +35,18 @@ class ServerConfig:
     """Torch device of the models."""
     max_cached_drafters: int = 4
     """Drafters named by requests that stay loaded (least recently used ones are dropped); the default stays."""
+    max_num_seqs: int = 16
+    """Sequences (choices) decoding together in one batch; more wait in a FIFO queue (--max-num-seqs)."""
+    max_batched_tokens: int = 256
+    """Tokens fed to the target per step: decoding rows (K + 1 each), then prefill chunks (--max-batched-tokens)."""
+    prefill_chunk_tokens: int = 128
+    """Most prompt tokens per prefill forward, so a long prompt does not stall decoding for long
+    (--prefill-chunk-tokens)."""
+    kv_cache_memory_gb: float | None = None
+    """Bound on the target's KV cache in GiB: each slot holds max_len tokens, so the bound caps the slots
+    (sequences decoding at once) below max_num_seqs (--kv-cache-memory). None: max_num_seqs slots."""
+    runner: RunnerOptions = field(default_factory=RunnerOptions)
+    """What runs the models: the native Llama-family runner or Hugging Face modeling (--runner, --compile)."""
 
     def __post_init__(self) -> None:
         if self.max_len < 1:
@@ -43,6 +55,15 @@ class ServerConfig:
             raise ValueError(f"max_cached_drafters must be >= 0, got {self.max_cached_drafters}")
         if not self.model:
             raise ValueError("model must name a target model")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
+        if self.max_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must be at least max_num_seqs "
+                             f"({self.max_num_seqs}): every decoding row feeds one token or more per step")
+        if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
+            raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
 
     @property
     def model_id(self) -> str:

@@ -2,7 +2,9 @@
 
 Names follow DEVELOPERS.md's vocabulary. Counters are cumulative since the app started; per-position counters
 carry a 0-based `position` label, so `accepted_tokens_by_position / draft_tokens_by_position` is the acceptance
-rate at each draft position.
+rate at each draft position. `chosen_k_total{k}` counts, per round of a speculating row, the K its draft-length
+policy chose for that step (0: speculation switched off for that step), so its distribution shows how
+speculation shrinks under load.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from ..stats import GenerationStats
 # Latency buckets in seconds: tiny CPU models answer in milliseconds, 135M-parameter models in tenths.
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+_ROW_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -51,14 +54,30 @@ class ServerMetrics:
                                                buckets=_TPOT_BUCKETS, registry=r)
         self.request_duration = Histogram("verispec_request_duration_seconds", "From a request's arrival to its "
                                           "last byte", ["endpoint"], buckets=_DURATION_BUCKETS, registry=r)
-        self.queued = Gauge("verispec_queued_requests", "Requests waiting for the model worker", registry=r)
-        self.running = Gauge("verispec_running_requests", "Requests the model worker is running (0 or 1)",
-                             registry=r)
+        self.chosen_k = Counter("verispec_chosen_k", "Rounds of speculating rows, by the K (draft tokens) chosen "
+                                "for them (0: speculation switched off for that step)", ["k"], registry=r)
+        self.steps = Counter("verispec_steps", "Engine steps (one batched verify pass each)", registry=r)
+        self.step_rows = Histogram("verispec_step_rows", "Rows (sequences) verified together per step",
+                                   buckets=_ROW_BUCKETS, registry=r)
+        self.queued = Gauge("verispec_queued_requests", "Requests none of whose choices has a slot yet",
+                            registry=r)
+        self.running = Gauge("verispec_running_requests", "Requests with a choice in the batch (being prefilled or "
+                             "decoding)", registry=r)
+        self.batch_rows = Gauge("verispec_batch_rows", "Sequences decoding in the batch (rows of the next step)",
+                                registry=r)
+        self.waiting_sequences = Gauge("verispec_waiting_sequences", "Sequences (choices) waiting for a slot or "
+                                       "being prefilled", registry=r)
 
     def count_request(self, endpoint: str, status: int, seconds: float | None = None) -> None:
         self.requests.labels(endpoint, str(status)).inc()
         if seconds is not None:
             self.request_duration.labels(endpoint).observe(seconds)
+
+    def observe_step(self, rows: int, speculative_ks: list[int]) -> None:
+        self.steps.inc()
+        self.step_rows.observe(rows)
+        for k in speculative_ks:
+            self.chosen_k.labels(str(k)).inc()
 
     def observe_round(self, committed: int) -> None:
         self.rounds.inc()

@@ -14,6 +14,8 @@ from ..config import SamplingParams
 from ..drafters.base import Drafter
 from ..drafters.factory import NONE, make_drafter
 from ..engine import CACHE_SLACK, SpeculativeEngine
+from ..engine.scheduler import SchedulerConfig
+from ..memory import kv_cache_bytes
 from ..fallback import load_drafter_or_fallback
 from ..models import ModelLoadError, load_model, load_tokenizer
 from .config import ServerConfig
@@ -25,12 +27,35 @@ logger = logging.getLogger("verispec.server")
 Prompt = str | list[int] | list[dict]
 
 
+def kv_bounded_slots(config: ServerConfig, target) -> int:
+    """max_num_seqs, lowered to the slots the KV bound holds (a slot keeps max_len tokens of the target's KV).
+
+    Raises ValueError when the bound holds no slot at all."""
+    if config.kv_cache_memory_gb is None:
+        return config.max_num_seqs
+    dtype = next(target.parameters()).dtype
+    per_slot = kv_cache_bytes(target.config, config.max_len + CACHE_SLACK, dtype)
+    slots = int(config.kv_cache_memory_gb * 2**30 // per_slot)
+    if slots < 1:
+        raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_gb:g} GiB holds no sequence: one slot of "
+                         f"max_len {config.max_len} tokens needs {per_slot / 2**30:.3f} GiB; raise it or lower "
+                         f"--max-len")
+    if slots < config.max_num_seqs:
+        logger.info("KV bound: %d slots of %d tokens fit in %g GiB (max_num_seqs %d)", slots, config.max_len,
+                    config.kv_cache_memory_gb, config.max_num_seqs)
+    return min(slots, config.max_num_seqs)
+
+
 class ServedModel:
     def __init__(self, config: ServerConfig, target, tokenizer) -> None:
         self.config = config
         self.target = target
         self.tokenizer = tokenizer
-        self.engine = SpeculativeEngine(target, tokenizer, drafter=None, spec=config.spec, max_len=config.max_len)
+        scheduler = SchedulerConfig(max_batched_tokens=config.max_batched_tokens,
+                                    prefill_chunk_tokens=config.prefill_chunk_tokens)
+        self.max_num_seqs = kv_bounded_slots(config, target)
+        self.engine = SpeculativeEngine(target, tokenizer, drafter=None, spec=config.spec, max_len=config.max_len,
+                                        max_batch_size=self.max_num_seqs, scheduler=scheduler, runner=config.runner)
         self.spec = config.spec  # the default speculation of requests (K may come from an 'auto' pair once loaded)
         self.vocab_size = len(tokenizer)
         self._default: tuple[str, Drafter | None] | None = None  # the server's --draft-model, never evicted

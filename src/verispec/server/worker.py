@@ -1,9 +1,19 @@
-"""The one thread that runs the model, and the jobs the HTTP handlers hand it.
+"""The one thread that runs the model: a step loop over the engine's shared batch (continuous batching).
 
 The engine is not thread-safe (one target KV cache, drafters with caches of their own), so no handler touches
-it: a handler puts a `Job` on a FIFO queue and reads the job's events from an `asyncio.Queue` that the worker
-fills through `loop.call_soon_threadsafe`. Jobs run one at a time, first come first served, each generation
-exactly as it would run alone, so a request's output does not depend on what else the server is doing.
+it: a handler puts a `Job` on a queue and reads the job's events from an `asyncio.Queue` that the worker fills
+through `loop.call_soon_threadsafe`. Between two engine steps the worker
+
+1. takes the jobs that arrived, in arrival order: encodes and checks their prompts and queues one engine
+   sequence per choice (prompts x n), each with the job's speculation settings; the engine's scheduler admits
+   them first come, first served, within its slot and token budgets (engine/scheduler.py);
+2. aborts the sequences of jobs that were cancelled or whose client went away: their rows leave the batch
+   before the next step;
+3. runs one `engine.step()` and posts, for every sequence that committed tokens, the text of its round, and its
+   end (finish reason and statistics) once it finished.
+
+Every sequence has its own sampler state, generator and speculation settings, so what a request gets does not
+depend on what else the server runs (see docs/server.md, "Concurrency").
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..config import SamplingParams, SpeculativeConfig
-from ..drafters.base import Drafter
+from ..engine import Sequence, SpeculativeEngine
 from ..stats import GenerationStats
 from .errors import APIError, invalid
 from .metrics import ServerMetrics
@@ -30,7 +40,7 @@ logger = logging.getLogger("verispec.server")
 
 @dataclass
 class Started:
-    """The request passed every check that needs the tokenizer; generation begins."""
+    """The request passed every check that needs the tokenizer; its choices are queued for the batch."""
 
     prompt_tokens: int  # all prompts of the request, each counted once
     speculative: bool  # a drafter was found for the request (a named drafter may also resolve to none)
@@ -63,7 +73,7 @@ Event = Started | TextDelta | ChoiceDone | JobDone | JobFailed
 
 
 class JobHandle:
-    """The event loop's end of a job: its events, and a flag the worker checks between rounds."""
+    """The event loop's end of a job: its events, and a flag the worker checks between steps."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -71,7 +81,7 @@ class JobHandle:
         self._cancelled = threading.Event()
 
     def cancel(self) -> None:
-        """Stop the job at its next round (or skip it, when it is still queued)."""
+        """Stop the job before the next step (or skip it, when it is still queued)."""
         self._cancelled.set()
 
     @property
@@ -103,23 +113,46 @@ class Job:
     first_token_at: float | None = None
 
 
+# -- what the worker tracks per job ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Choice:
+    index: int
+    seq: Sequence
+    admitted: bool = False  # it got a slot: its generation started (prompt tokens and generations count it)
+    first_at: float | None = None  # when its first committed token was posted
+    last_at: float | None = None
+    tokens: int = 0
+
+
+@dataclass
+class _Active:
+    """A job whose choices are in the engine (waiting, being prefilled or decoding)."""
+
+    job: Job
+    speculative: bool  # a drafter was found for it
+    choices: dict[int, _Choice]  # seq_id -> choice still running
+    admitted: bool = False  # one of its choices got a slot: the job counts as running, no longer queued
+
+
 # -- the worker ------------------------------------------------------------------------------------------------------
 
 
 class EngineWorker:
-    """Runs every job on one thread, in arrival order.
-
-    This is where a scheduler goes once the runner verifies batches: instead of running one job to completion,
-    `_run_forever` would admit several jobs and step them together, one batched verification pass per round
-    (ragged acceptance per sequence), while each job keeps its own sampler and seed.
-    """
+    """Steps every admitted request together on one thread; queued requests join between steps."""
 
     def __init__(self, served: ServedModel, metrics: ServerMetrics) -> None:
         self.served = served
         self.metrics = metrics
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._current: Job | None = None
+        self._active: list[_Active] = []  # in arrival order
+        self._by_seq: dict[int, tuple[_Active, _Choice]] = {}  # seq_id -> its job and choice
+
+    @property
+    def engine(self) -> SpeculativeEngine:
+        return self.served.engine
 
     @property
     def alive(self) -> bool:
@@ -130,7 +163,7 @@ class EngineWorker:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel the running job, drop the queued ones, and end the thread."""
+        """Cancel every job (queued or running) and end the thread after its current step."""
         while True:
             try:
                 job = self._jobs.get_nowait()
@@ -139,9 +172,6 @@ class EngineWorker:
             if job is not None:
                 self.metrics.queued.dec()
                 job.handle.cancel()
-        current = self._current
-        if current is not None:
-            current.handle.cancel()
         self._jobs.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
@@ -150,29 +180,62 @@ class EngineWorker:
         self.metrics.queued.inc()
         self._jobs.put(job)
 
+    # -- the loop --------------------------------------------------------------------------------------------------
+
     def _run_forever(self) -> None:
         while True:
-            job = self._jobs.get()
-            if job is None:
+            if not self._take_jobs(block=not self._active):
+                for active in list(self._active):
+                    active.job.handle.cancel()
+                self._drop_cancelled()
                 return
-            self.metrics.queued.dec()
-            if job.handle.cancelled:
-                continue
-            self._current = job
-            self.metrics.running.inc()
-            try:
-                self._run(job)
-            except APIError as error:
-                job.handle.put(JobFailed(error))
-            except Exception as exc:  # noqa: BLE001 - one failed job must never take the worker down
-                logger.exception("generation failed")
-                job.handle.put(JobFailed(APIError(500, f"Generation failed ({type(exc).__name__}: {exc}).",
-                                                  type="server_error")))
-            finally:
-                self.metrics.running.dec()
-                self._current = None
+            self._drop_cancelled()
+            if self.engine.has_unfinished:
+                try:
+                    stepped = self.engine.step()
+                except Exception as exc:  # noqa: BLE001 - a failed step fails its jobs, never the worker
+                    logger.exception("engine step failed")
+                    self._fail_all(APIError(500, f"Generation failed ({type(exc).__name__}: {exc}).",
+                                            type="server_error"))
+                else:
+                    self._post(stepped)
+            self._update_gauges()
 
-    def _run(self, job: Job) -> None:
+    def _take_jobs(self, block: bool) -> bool:
+        """Start the jobs that arrived (waiting for one when nothing runs). -> False once told to stop."""
+        while True:
+            try:
+                job = self._jobs.get(block=block)
+            except queue.Empty:
+                return True
+            if job is None:
+                return False
+            self._start(job)
+            block = False
+
+    def _start(self, job: Job) -> None:
+        """Check a job and queue its choices in the engine, or answer it with its error."""
+        if job.handle.cancelled:
+            self.metrics.queued.dec()
+            return
+        try:
+            seqs, speculative = self._queue_choices(job)
+        except APIError as error:
+            self.metrics.queued.dec()
+            job.handle.put(JobFailed(error))
+            return
+        except Exception as exc:  # noqa: BLE001 - one bad job must never take the worker down
+            logger.exception("starting a generation failed")
+            self.metrics.queued.dec()
+            job.handle.put(JobFailed(APIError(500, f"Generation failed ({type(exc).__name__}: {exc}).",
+                                              type="server_error")))
+            return
+        active = _Active(job, speculative, {seq.seq_id: _Choice(index, seq) for index, seq in enumerate(seqs)})
+        self._active.append(active)
+        for choice in active.choices.values():
+            self._by_seq[choice.seq.seq_id] = (active, choice)
+
+    def _queue_choices(self, job: Job) -> tuple[list[Sequence], bool]:
         served = self.served
         # Every check that needs the tokenizer happens before the first token, so a bad request streams nothing.
         prompts = [served.encode(prompt, job.prompt_param) for prompt in job.prompts]
@@ -188,53 +251,95 @@ class EngineWorker:
             served.check_request(len(ids), params, job.prompt_param)
             plans.append((ids, params))
         drafter = served.drafter(job.drafter_name) if job.speculative else None
-        job.handle.put(Started(sum(len(ids) for ids in prompts), drafter is not None))
-        for index, (ids, params) in enumerate(plans):
-            if not self._generate(job, index, ids, params, drafter):
-                return
-        job.handle.put(JobDone())
-
-    def _generate(self, job: Job, index: int, ids: list[int], params: SamplingParams, drafter: Drafter | None) -> bool:
-        """Run one choice, posting its text round by round. -> False when the client went away."""
-        speculative = drafter is not None
-        chunks = self.served.engine.generate_iter(ids, params, spec=job.spec, use_drafter=speculative,
-                                                  drafter=drafter)
-        self.metrics.prompt_tokens.inc(len(ids))
-        first = last = None
-        num_tokens = 0
-        finish = "length"
-        outcome = "error"
-        started = False
-        stats: GenerationStats | None = None
+        seqs: list[Sequence] = []
         try:
-            while True:
-                if job.handle.cancelled:  # checked before each round, so a cancelled job runs no further round
-                    outcome = "cancelled"
-                    return False
-                started = True
-                chunk = next(chunks, None)
-                if chunk is None:
-                    break
-                now = time.perf_counter()
-                self.metrics.observe_round(len(chunk.token_ids))
-                if chunk.token_ids:
-                    if job.first_token_at is None:
-                        job.first_token_at = now
-                        self.metrics.time_to_first_token.observe(now - job.arrival)
-                    first = first or now
-                    last = now
-                    num_tokens += len(chunk.token_ids)
-                finish = chunk.finish_reason or finish
-                if chunk.text:
-                    job.handle.put(TextDelta(index, chunk.text))
-                stats = chunk.stats or stats
-            outcome = "ok"
-        finally:
-            chunks.close()  # a cancelled generation stops here, between two rounds
-            if outcome != "ok":  # the engine still finalised what the closed generation did
-                stats = self.served.engine.last_stats if started else None
-            self.metrics.observe_generation(stats, speculative, outcome)
-        if num_tokens > 1:
-            self.metrics.time_per_output_token.observe((last - first) / (num_tokens - 1))
-        job.handle.put(ChoiceDone(index, finish, stats))
-        return True
+            for ids, params in plans:
+                seqs.append(self.engine.add_request(ids, params, spec=job.spec, use_drafter=drafter is not None,
+                                                    drafter=drafter))
+        except BaseException:
+            for seq in seqs:
+                self.engine.abort(seq)
+            raise
+        job.handle.put(Started(sum(len(ids) for ids in prompts), drafter is not None))
+        return seqs, drafter is not None
+
+    def _drop_cancelled(self) -> None:
+        """Abort the choices of cancelled jobs: their rows are gone before the next step."""
+        for active in [a for a in self._active if a.job.handle.cancelled]:
+            for choice in active.choices.values():
+                self.engine.abort(choice.seq)
+                if choice.admitted:  # a choice still queued never ran: no generation to count
+                    self.metrics.observe_generation(choice.seq.stats, active.speculative, "cancelled")
+            self._end(active)
+
+    def _post(self, stepped: list[Sequence]) -> None:
+        """Each stepped sequence's round: its text, and its end once it finished."""
+        self._note_admissions()
+        now = time.perf_counter()
+        if stepped:  # else the step only prefilled
+            report = self.engine.last_step
+            self.metrics.observe_step(report.rows, report.speculative_ks)
+        for seq in stepped:
+            active, choice = self._by_seq[seq.seq_id]
+            job = active.job
+            token_ids, text = seq.take()
+            self.metrics.observe_round(len(token_ids))
+            if token_ids:
+                if job.first_token_at is None:
+                    job.first_token_at = now
+                    self.metrics.time_to_first_token.observe(now - job.arrival)
+                choice.first_at = choice.first_at or now
+                choice.last_at = now
+                choice.tokens += len(token_ids)
+            if text:
+                job.handle.put(TextDelta(choice.index, text))
+            if seq.finished:
+                self.metrics.observe_generation(seq.stats, active.speculative, "ok")
+                if choice.tokens > 1:
+                    self.metrics.time_per_output_token.observe((choice.last_at - choice.first_at) / (choice.tokens - 1))
+                job.handle.put(ChoiceDone(choice.index, seq.finish_reason, seq.stats))
+                del active.choices[seq.seq_id]
+                if not active.choices:
+                    job.handle.put(JobDone())
+                    self._end(active)
+
+    def _fail_all(self, error: APIError) -> None:
+        """After a failed step: every running job gets the error and its sequences leave the engine."""
+        for active in list(self._active):
+            for choice in active.choices.values():
+                try:
+                    self.engine.abort(choice.seq)
+                except Exception:  # noqa: BLE001 - the step left the engine half-updated; drop what remains
+                    logger.exception("aborting a sequence after a failed step")
+                if choice.admitted:
+                    self.metrics.observe_generation(choice.seq.stats, active.speculative, "error")
+            active.job.handle.put(JobFailed(error))
+            self._end(active)
+
+    def _end(self, active: _Active) -> None:
+        for seq_id in active.choices:
+            self._by_seq.pop(seq_id, None)
+        active.choices.clear()
+        self._active.remove(active)
+        if active.admitted:
+            self.metrics.running.dec()
+        else:
+            self.metrics.queued.dec()
+
+    def _note_admissions(self) -> None:
+        """Choices that got a slot since the last look start their generation; their job runs, no longer queued."""
+        for active in self._active:
+            for choice in active.choices.values():
+                seq = choice.seq
+                if not choice.admitted and (seq.slot >= 0 or seq.prefilled > 0 or seq.stats.rounds > 0):
+                    choice.admitted = True
+                    self.metrics.prompt_tokens.inc(seq.prompt_len)
+                    if not active.admitted:
+                        active.admitted = True
+                        self.metrics.queued.dec()
+                        self.metrics.running.inc()
+
+    def _update_gauges(self) -> None:
+        self._note_admissions()
+        self.metrics.batch_rows.set(len(self.engine.running))
+        self.metrics.waiting_sequences.set(len(self.engine.scheduler))

@@ -1,0 +1,46 @@
+"""`verispec bench --serve`: a real `verispec serve` subprocess driven by the async openai client at two
+concurrencies, on the tiny trained pair; report.json, report.md and the plot are written and consistent."""
+
+import json
+
+import pytest
+
+from verispec.bench.serve_load import parse_concurrency
+from verispec.cli import main as cli_main
+
+
+def test_parse_concurrency():
+    assert parse_concurrency("8, 2,2") == [1, 2, 8]  # 1 is always measured: scaling is against it
+    for bad in ("", "two", "0,4", "300"):
+        with pytest.raises(ValueError, match="--concurrency"):
+            parse_concurrency(bad)
+
+
+def test_bench_serve_writes_its_report(model_dirs, tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": "c", "turns": [text]})
+                                 for i, text in enumerate(["the cat sat", "one two three", "Paris is the"])))
+    out = tmp_path / "out"
+    assert cli_main(["bench", "--serve", "--concurrency", "2", "--model", str(model_dirs["target"]),
+                     "--draft-model", str(model_dirs["draft"]), "--prompts", str(prompts), "--max-new-tokens", "12",
+                     "--threads", "1", "--out", str(out), "--serve-args", "--max-len 256"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    [run] = report["runs"]
+    assert set(run["results"]) == {"1", "2"} and "--max-num-seqs 2" in run["server_command"]
+    for clients, figures in run["results"].items():
+        assert figures["on_vs_off"] > 0
+        for mode in ("on", "off"):
+            row = figures[mode]
+            assert row["failed"] == 0 and row["requests"] == 2 * max(3, 2 * int(clients))  # two repeats: A B B A
+            assert len(row["per_request"]) == row["requests"]
+            assert row["tokens"] == 12 * row["requests"] and row["tokens_per_s"] > 0
+            assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] and 0 < row["tpot_p50_s"] <= row["tpot_p99_s"]
+            assert row["identical_to_alone"] == row["compared"] == row["requests"]  # greedy, fp32
+        assert figures["on"]["draft_tokens"] > 0 and figures["off"]["draft_tokens"] == 0
+        assert sum(figures["on"]["chosen_k"].values()) > 0 and not figures["off"]["chosen_k"]
+    assert run["results"]["1"]["on"]["identical_to_off"] == "3/3"
+    assert {g["goal"].split(":")[0] for g in run["goals"]} >= {"greedy outputs under load identical to the same "
+                                                               "request alone"}
+    text = (out / "report.md").read_text()
+    assert "| clients |" in text and "### Goals" in text and (out / run["plot"]).stat().st_size > 1000
+    assert (out / "server_float32.log").exists()
