@@ -29,16 +29,21 @@ MAX_BATCH_SIZE = 256
 BATCH_FAMILIES = ("target", "adaptive")
 
 
+def parse_int_list(text: str, flag: str, example: str, maximum: int) -> list[int]:
+    """'1,4,16' -> [1, 4, 16] (sorted, unique, each in 1..maximum); ValueError naming `flag` and the fix."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be a comma-separated list of integers such as {example}, "
+                         f"got {text!r}") from None
+    if not values or any(not 1 <= v <= maximum for v in values):
+        raise ValueError(f"{flag} values must be between 1 and {maximum}, got {text!r}")
+    return sorted(set(values))
+
+
 def parse_batch_sizes(text: str) -> list[int]:
     """'1,4,16' -> [1, 4, 16] (sorted, unique); ValueError with the fix for anything else."""
-    try:
-        sizes = [int(b) for b in text.split(",") if b.strip()]
-    except ValueError:
-        raise ValueError(f"--batch-sizes must be a comma-separated list of integers such as 1,4,16, "
-                         f"got {text!r}") from None
-    if not sizes or any(not 1 <= b <= MAX_BATCH_SIZE for b in sizes):
-        raise ValueError(f"--batch-sizes values must be between 1 and {MAX_BATCH_SIZE}, got {text!r}")
-    return sorted(set(sizes))
+    return parse_int_list(text, "--batch-sizes", "1,4,16", MAX_BATCH_SIZE)
 
 
 def batch_rows(prompts: int, batch_size: int) -> list[list[int]]:

@@ -92,9 +92,8 @@ def peer_table(section: dict) -> list[str]:
     vllm = section["vllm"]
     vt, vs = vllm.get("none", {}).get("tokens_per_s"), vllm.get("ngram", {}).get("tokens_per_s")
     if vt:
-        ratio = f"{vs / vt:.2f}x" if vs else "-"
-        lines.append(f"| vLLM-CPU (ngram) | {vt:.1f} | {vs:.1f} | {ratio} |" if vs else
-                     f"| vLLM-CPU | {vt:.1f} | - | - |")
+        speculative = f"{vs:.1f} | {vs / vt:.2f}x" if vs else "- | -"
+        lines.append(f"| vLLM-CPU{' (ngram)' if vs else ''} | {vt:.1f} | {speculative} |")
     if "target_vs_vllm_target" in section:
         lines.append(f"verispec / vLLM: target alone {section['target_vs_vllm_target']:.2f}x"
                      + (f", speculative vs vLLM's best {section['speculative_vs_vllm_best']:.2f}x"

@@ -35,6 +35,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from .batching import parse_int_list
 from .machine import describe_machine, machine_line
 from .prompts import BenchPrompt
 from .serve_report import add_ratios, markdown, plot
@@ -46,14 +47,7 @@ START_TIMEOUT_S = 600  # loading (and on first use converting) the default model
 
 def parse_concurrency(text: str) -> list[int]:
     """'1,4,8' -> [1, 4, 8] (sorted, unique, 1 added); ValueError with the fix for anything else."""
-    try:
-        values = [int(c) for c in text.split(",") if c.strip()]
-    except ValueError:
-        raise ValueError(f"--concurrency must be a comma-separated list of integers such as 1,4,8,16, "
-                         f"got {text!r}") from None
-    if not values or any(not 1 <= c <= MAX_CONCURRENCY for c in values):
-        raise ValueError(f"--concurrency values must be between 1 and {MAX_CONCURRENCY}, got {text!r}")
-    return sorted({1, *values})
+    return sorted({1, *parse_int_list(text, "--concurrency", "1,4,8,16", MAX_CONCURRENCY)})
 
 
 @dataclass(frozen=True)

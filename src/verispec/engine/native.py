@@ -71,6 +71,24 @@ def load_safetensors(folder: str | Path, dtype: torch.dtype, max_len: int, devic
     return LlamaModel(spec, weights, rope_table(config, max_len), pack=pack)
 
 
+def _twin(hf_model, max_len: int) -> LlamaModel:
+    """The shared native copy of hf_model's weights. A copy: rebuilt when the HF weights were replaced or changed
+    in place (training) since, unless they were released to it (then it is the only copy left)."""
+    spec = LlamaSpec.from_config(hf_model.config, max_len)
+    if getattr(hf_model, "_verispec_released", False):
+        model = _TWINS[hf_model][0]
+        if model.cos.shape[0] < max_len:
+            raise ValueError(f"max_len {max_len} exceeds the native model's rotary table ({model.cos.shape[0]})")
+        return model
+    fingerprint = tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
+    model, seen = _TWINS.get(hf_model, (None, None))
+    if model is None or seen != fingerprint or model.cos.shape[0] < max_len:
+        positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions))
+        _TWINS[hf_model] = (model, fingerprint)
+    return model
+
+
 class NativeRunner(SlotRunner):
     """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.ModelRunner."""
 
@@ -96,22 +114,7 @@ class NativeRunner(SlotRunner):
     def from_hf(cls, hf_model, max_len: int, num_slots: int = 1, compile: bool = False) -> NativeRunner:
         """The native twin of a loaded Hugging Face Llama-family model (UnsupportedModel if it is not one). The
         twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
-        spec = LlamaSpec.from_config(hf_model.config, max_len)
-        if getattr(hf_model, "_verispec_released", False):  # its weights live on in the twin only
-            model = _TWINS[hf_model][0]
-            if model.cos.shape[0] < max_len:
-                raise ValueError(f"max_len {max_len} exceeds the native model's rotary table ({model.cos.shape[0]})")
-            runner = cls(model, hf_model.config, max_len, num_slots, compile)
-            runner.hf_model = hf_model
-            return runner
-        # The twin is a copy: rebuilt when the HF weights were replaced or changed in place (training) since.
-        fingerprint = tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
-        model, seen = _TWINS.get(hf_model, (None, None))
-        if model is None or seen != fingerprint or model.cos.shape[0] < max_len:
-            positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
-            model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions))
-            _TWINS[hf_model] = (model, fingerprint)
-        runner = cls(model, hf_model.config, max_len, num_slots, compile)
+        runner = cls(_twin(hf_model, max_len), hf_model.config, max_len, num_slots, compile)
         runner.hf_model = hf_model  # the source, for release_hf_weights
         return runner
 
