@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -45,10 +45,20 @@ CORPUS = (
 ) * 4
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + CHARS)}
+# Characters JSON needs beyond CHARS: the vocabulary of the structured-output tests (CHARS keep their ids).
+JSON_CHARS = CHARS + list('{}"[]_')
+
+
+def make_tokenizer(chars: list[str] = CHARS) -> PreTrainedTokenizerFast:
+    """A character-level byte-level-BPE tokenizer (one token per character, GPT-2's byte-to-unicode alphabet, as
+    real BPE tokenizers store it, so grammar engines read it like a real one)."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    alphabet = bytes_to_unicode()
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + ["".join(alphabet[b] for b in c.encode()) for c in chars])}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    core.decoder = decoders.Fuse()
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
     tok = PreTrainedTokenizerFast(
         tokenizer_object=core, bos_token="<s>", eos_token="<|im_end|>", unk_token="<unk>", pad_token="</s>",
         additional_special_tokens=["<|im_start|>"],

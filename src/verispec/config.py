@@ -5,12 +5,39 @@ Every `ValueError` raised here names the field and what to change.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 
 def _check(condition: bool, message: str) -> None:
     if not condition:
         raise ValueError(message)
+
+
+STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
+MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint the output must follow, compiled to a token mask by llguidance (sampling/grammar.py).
+
+    kind "json_object": any JSON object; "json_schema": `spec` is the schema (JSON text); "regex": `spec` is the
+    regular expression; "choice": `choices` are the allowed outputs; "grammar": `spec` is a Lark grammar.
+    """
+
+    kind: str
+    spec: str = ""
+    choices: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "choices", tuple(self.choices))
+        _check(self.kind in STRUCTURED_KINDS, f"structured output kind must be one of {', '.join(STRUCTURED_KINDS)}, "
+                                              f"got {self.kind!r}")
+        if self.kind == "choice":
+            _check(len(self.choices) > 0, "structured output 'choice' needs at least one choice")
+        elif self.kind != "json_object":
+            _check(bool(self.spec), f"structured output {self.kind!r} needs its spec (the schema, regex or grammar)")
 
 
 @dataclass(frozen=True)
@@ -43,6 +70,13 @@ class SamplingParams:
     """Extra token ids that end generation, besides the model's EOS ids."""
     ignore_eos: bool = False
     """Keep generating past the model's EOS ids (benchmarks use this for equal lengths)."""
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
+    """OpenAI's logit_bias: token id -> bias in [-100, 100], added to that token's logit (stored as sorted pairs)."""
+    logprobs: int | None = None
+    """Return the log-probability of every generated token under the processed target distribution, and the
+    `logprobs` most likely alternatives at each position (0..20); None returns none."""
+    structured: StructuredOutput | None = None
+    """A grammar (JSON schema, regex, choice, Lark) every output follows; tokens it forbids are masked."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -63,6 +97,19 @@ class SamplingParams:
             value = getattr(self, name)
             _check(-2.0 <= value <= 2.0, f"{name} must be in [-2, 2] (0 is off), got {value}")
         _check(all(s != "" for s in self.stop), "stop strings must not be empty")
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, Mapping) else self.logit_bias
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(b)) for t, b in bias)))
+        for token, value in self.logit_bias:
+            _check(token >= 0, f"logit_bias token ids must be >= 0, got {token}")
+            _check(-100 <= value <= 100, f"logit_bias values must be in [-100, 100], got {value} for token {token}")
+        if self.logprobs is not None:
+            _check(0 <= self.logprobs <= MAX_LOGPROBS,
+                   f"logprobs must be in [0, {MAX_LOGPROBS}] (alternatives per token), got {self.logprobs}")
+        if self.structured is not None:
+            _check(not self.ignore_eos, "ignore_eos cannot be combined with structured output: the grammar decides "
+                                        "where the output ends")
+            _check(self.min_new_tokens == 0, "min_new_tokens cannot be combined with structured output: the grammar "
+                                             "decides where the output ends")
 
     @property
     def greedy(self) -> bool:

@@ -35,12 +35,13 @@ from ..config import RunnerOptions, SamplingParams, SpeculativeConfig
 from ..detokenize import StopChecker
 from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow
 from ..fallback import DrafterBackoff
-from ..sampling import RowSamplingState, SamplingBatch, check_finite, process_logits, stable_softmax
+from ..sampling import Grammar, RowSamplingState, SamplingBatch, check_finite, process_logits, stable_softmax
 from ..stats import GenerationStats
 from ..verify import SpecDecodeMetadata, greedy_verify, rejection_verify, top_n_accept
 from .runner import make_runner
 from .scheduler import PrefillChunk, Scheduler, SchedulerConfig
-from .sequence import GenerationChunk, GenerationResult, Sequence
+from .logprobs import round_logprobs
+from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob
 
 logger = logging.getLogger("verispec")
 
@@ -167,19 +168,23 @@ class SpeculativeEngine:
         else:
             generator.seed()
         eos = self.eos_token_ids | set(params.stop_token_ids)
+        grammar = None
+        if params.structured is not None:
+            grammar = Grammar(params.structured, self.tokenizer, self.target.vocab_size, self.eos_token_ids)
         seq = Sequence(
             tokens=tokens,
             length=prompt.numel(),
             prompt_len=prompt.numel(),
             params=params,
             spec=spec,
-            sampling=RowSamplingState(params, eos, prompt.tolist(), self.target.vocab_size, device),
+            sampling=RowSamplingState(params, eos, prompt.tolist(), self.target.vocab_size, device, grammar),
             generator=generator,
             stopper=StopChecker(params, self.eos_token_ids, self.tokenizer, params.max_new_tokens),
             drafter=drafter,
             stats=GenerationStats(prompt_tokens=prompt.numel(), requests=1, acceptance_mode=acceptance_label(spec),
                                   lossy=not spec.lossless),
             wall_start=time.perf_counter(),
+            logprobs=None if params.logprobs is None else [],
         )
         self.waiting.append(seq)
         return seq
@@ -208,8 +213,8 @@ class SpeculativeEngine:
         if not self.running:
             return []
         plan = self._propose()
-        num_accepted, next_token, verify_s = self._verify(plan)
-        return self._commit(plan, num_accepted, next_token, verify_s)
+        num_accepted, next_token, logprobs, verify_s = self._verify(plan)
+        return self._commit(plan, num_accepted, next_token, logprobs, verify_s)
 
     def _admit(self) -> None:
         chunks = self.scheduler.schedule(decode_tokens=len(self.running) * self._last_width,
@@ -293,6 +298,8 @@ class SpeculativeEngine:
             for i, member in enumerate(members):
                 if member:
                     proposals[i] = made[i]
+        for i, seq in enumerate(rows):
+            proposals[i] = _grammar_cut(seq, proposals[i])
         max_k = max(p.token_ids.numel() for p in proposals)
         device = self.target.device
         draft_ids = torch.zeros(batch, max_k, dtype=torch.long, device=device)  # [batch, max_k], padded
@@ -311,7 +318,7 @@ class SpeculativeEngine:
         self.last_step.speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
         return StepPlan(ks, policies, proposals, meta, draft_probs, torch.tensor(has_probs, device=device), sampling)
 
-    def _verify(self, plan: StepPlan) -> tuple[list[int], list[int], float]:
+    def _verify(self, plan: StepPlan) -> tuple[list[int], list[int], dict[int, list[TokenLogprob]], float]:
         rows = self.running
         start = time.perf_counter()
         last = torch.stack([seq.tokens[seq.length - 1] for seq in rows]).unsqueeze(1)  # [batch, 1]
@@ -340,10 +347,12 @@ class SpeculativeEngine:
             result.next_token = torch.where(greedy, result.next_token, drawn.next_token)
         # The one host sync of the step: the loop branches on how many tokens each row accepted.
         packed = torch.cat([result.num_accepted, result.next_token]).tolist()
+        logprobs = round_logprobs(rows, plan.meta, processed, result)
         verify_s = time.perf_counter() - start
-        return packed[: len(rows)], packed[len(rows) :], verify_s
+        return packed[: len(rows)], packed[len(rows) :], logprobs, verify_s
 
-    def _commit(self, plan: StepPlan, num_accepted: list[int], next_token: list[int], verify_s: float) -> list[Sequence]:
+    def _commit(self, plan: StepPlan, num_accepted: list[int], next_token: list[int],
+                logprobs: dict[int, list[TokenLogprob]], verify_s: float) -> list[Sequence]:
         rows = list(self.running)
         self._last_width = plan.meta.draft_token_ids.shape[1] + 1
         tokens_fed = len(rows) * self._last_width
@@ -358,7 +367,7 @@ class SpeculativeEngine:
                 kept += 1
                 if seq.stopper.push(t) is not None:
                     break
-            seq.append(committed[:kept])
+            seq.append(committed[:kept], logprobs.get(seq.slot, [])[:kept])
             # Rollback is bookkeeping: the slot keeps seq[:length-1] (the last committed token is fed next round).
             self.target.truncate(seq.length - 1, seq.slot)
             # A round cut short by a stop counts only the draft positions in front of the stop.
@@ -418,7 +427,8 @@ class SpeculativeEngine:
             while not seq.finished:
                 if seq in self.step():
                     token_ids, text = seq.take()
-                    yield GenerationChunk(token_ids, text, seq.finish_reason, seq.stats if seq.finished else None)
+                    yield GenerationChunk(token_ids, text, seq.finish_reason, seq.stats if seq.finished else None,
+                                          seq.take_logprobs())
         finally:
             if not seq.finished:
                 self.abort(seq)
@@ -448,8 +458,8 @@ class SpeculativeEngine:
             for seq in seqs:
                 if not seq.finished:
                     self.abort(seq)
-        return [GenerationResult(list(seq.stopper.token_ids), seq.take()[1], seq.finish_reason, seq.stats)
-                for seq in seqs]
+        return [GenerationResult(list(seq.stopper.token_ids), seq.take()[1], seq.finish_reason, seq.stats,
+                                 seq.logprobs) for seq in seqs]
 
     def draft_policy(self, spec: SpeculativeConfig, drafter: Drafter | None = None):
         """The draft-length policy for a request: fixed K, or with `spec.adaptive` the drafter's AdaptivePolicy,
@@ -492,6 +502,20 @@ class SpeculativeEngine:
             logger.warning("drafter %s failed (%s: %s); its request(s) continue on the target alone, the next %d "
                            "request(s) skip the drafter", drafter.name, type(exc).__name__, exc, skip)
             return None
+
+
+def _grammar_cut(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
+    """A structured-output row's draft, cut before the first token its grammar forbids: such a token has p = 0
+    and would be rejected anyway, so it is not verified (the recovered token is then drawn from p there)."""
+    grammar = seq.sampling.grammar
+    n = proposal.token_ids.numel()
+    if grammar is None or n == 0:
+        return proposal
+    valid = grammar.valid_prefix(proposal.token_ids.tolist())
+    if valid == n:
+        return proposal
+    probs = None if proposal.probs is None else proposal.probs[:valid]
+    return DraftProposal(proposal.token_ids[:valid], probs, proposal.seconds)
 
 
 def acceptance_label(spec: SpeculativeConfig) -> str:

@@ -18,6 +18,16 @@ from ..stats import GenerationStats
 _ids = itertools.count()
 
 
+@dataclass
+class TokenLogprob:
+    """A generated token's log-probability under the processed target distribution it was committed from (the
+    verify pass's, the same numbers as the target alone), and the most likely alternatives there."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first; as many as the request asked for
+
+
 @dataclass(eq=False)  # a request is itself: compared (and found in queues) by identity, never by its tensors
 class Sequence:
     """One request. Invariant: tokens[:length] are the committed tokens (prompt, then generated)."""
@@ -36,6 +46,8 @@ class Sequence:
     slot: int = -1  # row in the runner's cache while being prefilled or decoding; -1 while waiting and after
     prefilled: int = 0  # prompt tokens already in the target's cache (chunked prefill; the scheduler's count)
     new_token_ids: list[int] = field(default_factory=list)  # committed since the caller last took them
+    logprobs: list[TokenLogprob] | None = None  # per generated token, when the request asked for logprobs
+    new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids
     wall_start: float = 0.0
 
     @property
@@ -60,19 +72,29 @@ class Sequence:
         """count draws of U(0, 1) from this request's generator, on its device: [count]."""
         return torch.rand(count, generator=self.generator, device=self.tokens.device)
 
-    def append(self, token_ids: list[int]) -> None:
-        """Commit tokens (already passed through the stop checker)."""
+    def append(self, token_ids: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
+        """Commit tokens (already passed through the stop checker), with their logprobs when asked for."""
         end = self.length + len(token_ids)
         # One small host-to-device copy per row and round: the tokens were decided on the host (stop checks).
         self.tokens[self.length : end] = torch.tensor(token_ids, dtype=torch.long, device=self.tokens.device)
         self.length = end
         self.sampling.commit(token_ids)
         self.new_token_ids += token_ids
+        if self.logprobs is not None and logprobs is not None:
+            self.logprobs += logprobs
+            self.new_logprobs += logprobs
 
     def take(self) -> tuple[list[int], str]:
         """The tokens committed and the text made safe to show since the last call."""
         token_ids, self.new_token_ids = self.new_token_ids, []
         return token_ids, self.stopper.take_text()
+
+    def take_logprobs(self) -> list[TokenLogprob] | None:
+        """The logprobs of the tokens committed since the last call (None when the request did not ask)."""
+        if self.logprobs is None:
+            return None
+        taken, self.new_logprobs = self.new_logprobs, []
+        return taken
 
 
 @dataclass
@@ -83,6 +105,7 @@ class GenerationChunk:
     text: str
     finish_reason: str | None = None  # 'stop' | 'length' on the last chunk
     stats: GenerationStats | None = None  # the request's statistics, on the last chunk
+    logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked for logprobs
 
 
 @dataclass
@@ -91,3 +114,4 @@ class GenerationResult:
     text: str
     finish_reason: str
     stats: GenerationStats = field(default_factory=GenerationStats)
+    logprobs: list[TokenLogprob] | None = None  # one per generated token, when the request asked for logprobs

@@ -4,6 +4,7 @@
 `sample_from_probs`). tests/reference_sampler.py keeps the one-sequence reference it is tested against.
 """
 
+from .grammar import Grammar
 from .processors import (
     NumericalError,
     RowSamplingState,
@@ -15,6 +16,7 @@ from .processors import (
 )
 
 __all__ = [
+    "Grammar",
     "NumericalError",
     "RowSamplingState",
     "SamplingBatch",

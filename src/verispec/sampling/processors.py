@@ -1,8 +1,8 @@
 """Batched logits processing with per-row parameters, shared by the target (p) and the drafter (q).
 
 The same transforms, in the same order as Hugging Face `generate`, are applied to both distributions before
-verification: repetition penalty, presence/frequency penalties, min-new-tokens EOS mask, then (sampled rows only)
-temperature, top-k, top-p, min-p. That is what makes speculative sampling follow the *processed* target
+verification: repetition penalty, presence/frequency penalties, logit bias, min-new-tokens EOS mask, the
+structured-output grammar mask, then (sampled rows only) temperature, top-k, top-p, min-p. That is what makes speculative sampling follow the *processed* target
 distribution exactly.
 
 Each row (sequence) has its own `SamplingParams`; a `RowSamplingState` keeps what its penalties see, and
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..config import SamplingParams
+from .grammar import Grammar, grammar_masks
 
 NEG_INF = float("-inf")
 
@@ -60,7 +61,9 @@ class RowSamplingState:
         prompt_ids: Sequence[int] | Tensor,
         vocab_size: int,
         device: torch.device | str = "cpu",
+        grammar: Grammar | None = None,
     ) -> None:
+        """Raises ValueError for a logit_bias token outside the vocabulary."""
         self.params = params
         self.vocab_size = vocab_size
         self.device = torch.device(device)
@@ -75,11 +78,22 @@ class RowSamplingState:
         self.output_counts: Tensor | None = None  # [vocab] int32: occurrences in the output (presence/frequency)
         if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
             self.output_counts = torch.zeros(vocab_size, dtype=torch.int32, device=self.device)
+        self.logit_bias: Tensor | None = None  # [vocab] float32: OpenAI logit_bias, dense
+        if params.logit_bias:
+            ids, values = zip(*params.logit_bias)
+            outside = [t for t in ids if t >= vocab_size]
+            if outside:
+                raise ValueError(f"logit_bias token id {outside[0]} is outside the vocabulary [0, {vocab_size})")
+            self.logit_bias = torch.zeros(vocab_size, dtype=torch.float32, device=self.device)
+            self.logit_bias[list(ids)] = torch.tensor(values, dtype=torch.float32, device=self.device)
+        self.grammar = grammar  # the structured-output state: consumed = the committed output
 
     def commit(self, token_ids: Sequence[int] | Tensor) -> None:
         """Record tokens appended to the output (they are now context for every later position)."""
         count = len(token_ids)
         self.num_generated += count
+        if self.grammar is not None:
+            self.grammar.commit([int(t) for t in token_ids])
         if count == 0 or (self.context_mask is None and self.output_counts is None):
             return
         ids = _in_vocab(token_ids, self.vocab_size, self.device)  # [count]
@@ -120,6 +134,10 @@ class SamplingBatch:
     """Tokens of prompt + output per row; None when no row has a repetition penalty."""
     output_counts: Tensor | None  # [batch, vocab] int32
     """Occurrences of each token in the output per row; None when no row has presence/frequency penalties."""
+    logit_bias: Tensor | None  # [batch, vocab] float32
+    """Added to each row's logits (OpenAI logit_bias); None when no row has one."""
+    grammars: list[tuple[int, Grammar]]
+    """(row, grammar) of rows with structured output; their masks are computed per position on the host."""
     greedy: Tensor  # [batch] bool
     """Rows decoded by argmax (temperature 0)."""
     all_greedy: bool
@@ -161,6 +179,10 @@ class SamplingBatch:
         if any(row.output_counts is not None for row in rows):
             zero = torch.zeros(vocab_size, dtype=torch.int32, device=device)  # [vocab]
             output_counts = torch.stack([zero if r.output_counts is None else r.output_counts.to(device) for r in rows])
+        logit_bias = None
+        if any(row.logit_bias is not None for row in rows):
+            zero = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # [vocab]
+            logit_bias = torch.stack([zero if r.logit_bias is None else r.logit_bias.to(device) for r in rows])
         top_p_rows = [i for i, value in enumerate(top_p) if value < 1.0]
         return cls(
             temperature=column([p.temperature for p in params], torch.float32),
@@ -175,6 +197,8 @@ class SamplingBatch:
             eos_mask=eos_mask,
             context_mask=context_mask,
             output_counts=output_counts,
+            logit_bias=logit_bias,
+            grammars=[(i, row.grammar) for i, row in enumerate(rows) if row.grammar is not None],
             greedy=column(greedy, torch.bool),
             all_greedy=all(greedy),
             max_top_k=max(top_k, default=0),
@@ -232,10 +256,15 @@ def process_logits(
         frequency = batch.frequency_penalty.view(rows, 1, 1)  # [batch, 1, 1]
         presence = batch.presence_penalty.view(rows, 1, 1)  # [batch, 1, 1]
         logits = logits - frequency * counts - presence * (counts > 0).float()
+    if batch.logit_bias is not None:
+        logits = logits + batch.logit_bias.unsqueeze(1)
     if batch.eos_mask is not None:
         generated = batch.num_generated.unsqueeze(1) + offset  # [batch, n]
         too_early = (generated < batch.min_new_tokens.unsqueeze(1)).unsqueeze(-1)  # [batch, n, 1]
         logits = logits.masked_fill(too_early & batch.eos_mask.unsqueeze(1), NEG_INF)
+    if batch.grammars:
+        allowed = grammar_masks(batch.grammars, rows, pending, offset, n, vocab, device)  # [batch, n, vocab]
+        logits = logits.masked_fill(~allowed, NEG_INF)
     if batch.all_greedy:
         return logits
     # Greedy rows divide by 1 and carry the "off" value of every later stage: they stay the penalised logits.
