@@ -127,14 +127,18 @@ def chisquare_pvalue(counts: torch.Tensor, p: torch.Tensor) -> float:
     return float(chisquare(observed.numpy(), expected.numpy()).pvalue)
 
 
-def target_probs(params, logits, prompt, eos_token_ids=(), generated=(), pending=None):
+def target_probs(params, logits, prompt, eos_token_ids=(), generated=(), pending=None, tokenizer=None):
     """The processed target distribution p of one sequence, through the engine's own processing: logits
     [n, vocab] after `prompt` then `generated` (+ pending draft tokens [m], row i seeing pending[:i]) -> [n, vocab].
-    Penalties over the output (presence, frequency) count `generated`, not the prompt."""
-    from verispec.sampling import RowSamplingState, SamplingBatch, process_logits, stable_softmax
+    Penalties over the output (presence, frequency) count `generated`, not the prompt; structured output
+    (params.structured) compiles its grammar with `tokenizer`."""
+    from verispec.sampling import Grammar, RowSamplingState, SamplingBatch, process_logits, stable_softmax
 
     vocab = logits.shape[-1]
-    state = RowSamplingState(params, set(eos_token_ids), list(prompt), vocab, "cpu")
+    grammar = None
+    if params.structured is not None:
+        grammar = Grammar(params.structured, tokenizer, vocab, eos_token_ids)
+    state = RowSamplingState(params, set(eos_token_ids), list(prompt), vocab, "cpu", grammar)
     state.commit(list(generated))
     batch = SamplingBatch.stack([state], vocab, "cpu")
     pending = None if pending is None else torch.as_tensor(pending, dtype=torch.long).view(1, -1)

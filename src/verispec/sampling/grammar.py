@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 import torch
@@ -28,6 +29,10 @@ _TOKENIZERS: dict[tuple, tuple[object, object]] = {}  # (id(tokenizer), vocab, e
 # JSON without free whitespace between tokens (a schema's "x-guidance" may say otherwise): small models otherwise
 # fill the output with newlines, a known failure of flexible-whitespace JSON grammars.
 _COMPACT = {"whitespace_flexible": False}
+# Compiled grammars in their initial state, most recently used last: requests repeating a schema (the usual case)
+# copy one instead of compiling it again.
+MAX_CACHED_GRAMMARS = 64
+_MATCHERS: OrderedDict[tuple, object] = OrderedDict()
 _BITS = torch.arange(32, dtype=torch.int32)  # [32]
 
 
@@ -102,10 +107,18 @@ class Grammar:
         for eos in self.eos_ids:
             words[eos // 32] |= 1 << (eos % 32)
         self._eos_only = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # as int32 bit patterns
-        self.matcher = LLMatcher(_ll_tokenizer(tokenizer, vocab_size, sorted(eos_ids)), grammar_source(structured),
+        key = (structured, id(tokenizer), vocab_size, tuple(self.eos_ids))
+        compiled = _MATCHERS.get(key)
+        if compiled is None:
+            compiled = LLMatcher(_ll_tokenizer(tokenizer, vocab_size, self.eos_ids), grammar_source(structured),
                                  log_level=0)
-        if self.matcher.is_error():
-            raise ValueError(f"the {structured.kind} constraint cannot be compiled: {self.matcher.get_error()}")
+            if compiled.is_error():
+                raise ValueError(f"the {structured.kind} constraint cannot be compiled: {compiled.get_error()}")
+            _MATCHERS[key] = compiled
+            while len(_MATCHERS) > MAX_CACHED_GRAMMARS:
+                _MATCHERS.popitem(last=False)
+        _MATCHERS.move_to_end(key)
+        self.matcher = compiled.deep_copy()  # a fresh state: the cached one never consumes a token
 
     def commit(self, token_ids: Sequence[int]) -> None:
         """Advance over tokens appended to the output (sampled under this grammar's masks, so all allowed)."""
