@@ -1,6 +1,6 @@
 """verispec: exact speculative decoding for Hugging Face causal language models."""
 
-from .config import SamplingParams, SpeculativeConfig
+from .config import SamplingParams, SpeculativeConfig, StructuredOutput
 from .engine import GenerationResult, SpeculativeEngine
 from .generator import SpeculativeGenerator
 from .stats import GenerationStats
@@ -12,5 +12,6 @@ __all__ = [
     "SpeculativeConfig",
     "SpeculativeEngine",
     "SpeculativeGenerator",
+    "StructuredOutput",
 ]
 __version__ = "0.1.0"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 import torch
 
@@ -139,6 +140,47 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     g.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID", help="repeatable")
+    g.add_argument("--logit-bias", action="append", type=_bias, default=[], metavar="ID=BIAS",
+                   help="add BIAS (-100..100) to token ID's logit, as OpenAI's logit_bias (repeatable)")
+    g.add_argument("--logprobs", type=int, default=None, metavar="N",
+                   help="with --json: each generated token's logprob and the N (0..20) most likely alternatives")
+    s = parser.add_argument_group("structured output (one of)").add_mutually_exclusive_group()
+    s.add_argument("--json-schema", type=Path, metavar="FILE", help="the output is JSON valid against this schema")
+    s.add_argument("--json-object", action="store_true", help="the output is a JSON object")
+    s.add_argument("--regex", metavar="REGEX", help="the output matches this regular expression")
+    s.add_argument("--choice", action="append", metavar="TEXT", help="the output is one of these (repeatable)")
+    s.add_argument("--grammar", type=Path, metavar="FILE", help="the output follows this Lark grammar")
+
+
+def _bias(text: str) -> tuple[int, float]:
+    token, sep, bias = text.partition("=")
+    try:
+        return int(token), float(bias)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected TOKEN_ID=BIAS (e.g. 198=-100), got {text!r}") from None
+
+
+def structured_output(args: argparse.Namespace):
+    """The StructuredOutput the structured-output flags ask for, or None. Raises CliError for an unreadable file."""
+    from ..config import StructuredOutput
+
+    def read(path: Path) -> str:
+        try:
+            return path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"cannot read {path}: {exc.strerror}") from None
+
+    if args.json_schema:
+        return StructuredOutput("json_schema", read(args.json_schema))
+    if args.json_object:
+        return StructuredOutput("json_object")
+    if args.regex:
+        return StructuredOutput("regex", args.regex)
+    if args.choice:
+        return StructuredOutput("choice", choices=tuple(args.choice))
+    if args.grammar:
+        return StructuredOutput("grammar", read(args.grammar))
+    return None
 
 
 def sampling_kwargs(args: argparse.Namespace) -> dict:
@@ -147,6 +189,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
         seed=args.seed, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id),
+        logit_bias=tuple(args.logit_bias), logprobs=args.logprobs, structured=structured_output(args),
     )
 
 

@@ -27,7 +27,7 @@ from .common import (
     spec_kwargs,
     warn_if_lossy,
 )
-from .prompts_file import read_prompts_file, result_line
+from .prompts_file import logprobs_json, read_prompts_file, result_line
 
 
 def add_parser(sub) -> None:
@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
                "model": args.model, "draft_model": loaded.name, "drafter_warning": loaded.warning,
                "runner": runner_info(gen.engine.target),
                "stats": result.stats.to_dict()}
+        if result.logprobs is not None:
+            out["logprobs"] = logprobs_json(result.logprobs, tokenizer)
         print(json.dumps(out))
         return 0
     for piece in gen.stream(ids, **sampling):
@@ -117,7 +119,7 @@ def run_batch(gen, lines, output) -> int:
     start = time.perf_counter()
     results = gen.engine.generate_batch(prompts, [line.params for line in lines])
     seconds = time.perf_counter() - start
-    out = "\n".join(result_line(line, index, result) for index, (line, result) in enumerate(zip(lines, results)))
+    out = "\n".join(result_line(line, index, result, gen.tokenizer) for index, (line, result) in enumerate(zip(lines, results)))
     if output is None:
         print(out)
     else:

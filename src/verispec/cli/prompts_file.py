@@ -72,6 +72,20 @@ def read_prompts_file(path: Path, defaults: dict, chat: bool) -> list[PromptLine
     return out
 
 
-def result_line(line: PromptLine, index: int, result) -> str:
-    return json.dumps({"id": line.id, "index": index, "text": result.text, "token_ids": result.token_ids,
-                       "finish_reason": result.finish_reason, "stats": result.stats.to_dict()})
+def result_line(line: PromptLine, index: int, result, tokenizer=None) -> str:
+    out = {"id": line.id, "index": index, "text": result.text, "token_ids": result.token_ids,
+           "finish_reason": result.finish_reason, "stats": result.stats.to_dict()}
+    if result.logprobs is not None:
+        out["logprobs"] = logprobs_json(result.logprobs, tokenizer)
+    return json.dumps(out)
+
+
+def logprobs_json(logprobs, tokenizer=None) -> list[dict]:
+    """One entry per generated token: its id, text, logprob and the alternatives asked for."""
+
+    def text(token_id: int) -> str | None:
+        return None if tokenizer is None else tokenizer.decode([token_id])
+
+    return [{"token_id": lp.token_id, "token": text(lp.token_id), "logprob": lp.logprob,
+             "top_logprobs": [{"token_id": t, "token": text(t), "logprob": v} for t, v in lp.top]}
+            for lp in logprobs]
