@@ -37,7 +37,9 @@ class ServerThread:
     """uvicorn on a free port of 127.0.0.1, in a background thread (bound before it starts: no port race)."""
 
     def __init__(self, app) -> None:
-        self.sock = socket.socket()
+        # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say so, and with it on,
+        # every response after a connection's first waits ~40 ms for the client's delayed ACK.
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
@@ -72,6 +74,8 @@ def base_url(model_dirs, one_torch_thread):
     config = ServerConfig(
         model=str(model_dirs["target"]), draft_model=str(model_dirs["draft"]), enable_speculative=True,
         spec=SpeculativeConfig(num_draft_tokens=4), max_len=MAX_LEN,
+        allowed_draft_models=("ngram", str(model_dirs["target"]), f"odd={model_dirs['odd_vocab']}",
+                              "missing=/no/such/model"),
     )
     with ServerThread(create_app(config)) as running:
         yield running.url
@@ -337,9 +341,29 @@ ERROR_CASES = [
      "speculative.draft_tokens"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "speculative": {"draft_tokens": 65}}, 400,
      "speculative.draft_tokens"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "speculative": {"draft_model": "/no/such/model"}}, 404,
-     "speculative.draft_model"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "presence_penalty": 0.5}, 400, "presence_penalty"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "speculative": {"draft_model": "/no/such/model"}}, 400,
+     "speculative.draft_model"),  # not on --allowed-draft-models
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "speculative": {"draft_model": "missing"}}, 404,
+     "speculative.draft_model"),  # allowed, but its model is not there
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "presence_penalty": 2.5}, 400, "presence_penalty"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"cat": 5}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"99999": 5}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"7": 101}}, 400, "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+     400, "top_logprobs"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "guided_regex": "(unclosed"}, 400, "response_format"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "guided_regex": "a", "guided_choice": ["b"]}, 400,
+     "guided_choice"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "response_format": {"type": "json_schema"}}, 400,
+     "response_format"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "response_format": {"type": "xml"}}, 400,
+     "response_format.type"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "guided_choice": ["a"], "ignore_eos": True}, 400,
+     "ignore_eos"),
     ("/v1/completions", [{"prompt": "x"}], 400, None),
     ("/v1/completions", {"model": "gpt-4o", "prompt": "x"}, 404, "model"),
     ("/v1/models/gpt-4o", None, 404, "model"),
@@ -366,7 +390,7 @@ def test_errors_through_the_client_and_server_keeps_serving(client, model_dirs):
         client.completions.create(model="gpt-4o", prompt="x", max_tokens=2)
     assert info.value.body["code"] == "model_not_found"
     with pytest.raises(openai.BadRequestError) as info:
-        complete(client, speculative={"draft_model": str(model_dirs["odd_vocab"])})
+        complete(client, speculative={"draft_model": "odd"})
     assert info.value.body["param"] == "speculative.draft_model"
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model=MODEL, messages=[], max_tokens=2)
@@ -429,6 +453,14 @@ def test_metrics_move(http, client):
     ["--speculative-threshold", "1.5"],
     ["--port", "70000"],
     ["--max-len", "0"],
+    ["--allowed-draft-models", ","],
+    ["--allowed-draft-models", "a=x,a=y"],
+    ["--max-queued-requests", "0"],
+    ["--request-timeout", "-1"],
+    ["--max-request-bytes", "10"],
+    ["--max-choices", "65"],
+    ["--shutdown-timeout", "-1"],
+    ["--api-key", " "],
 ])
 def test_serve_rejects_bad_flags(argv, model_dirs, capsys):
     with pytest.raises(SystemExit) as info:

@@ -24,6 +24,8 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Add one token; -> the text it completes (possibly '' while a multi-byte character is split)."""
         self.token_ids.append(token_id)
+        if self.tokenizer is None:  # ids in, ids out (SpeculativeGenerator(..., tokenizer=None)): no text
+            return ""
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.token_ids[self.prefix_offset :])
         if new_text.endswith(_REPLACEMENT) or len(new_text) <= len(prefix_text):

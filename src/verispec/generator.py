@@ -82,6 +82,9 @@ class SpeculativeGenerator:
         """Text (optionally through the chat template), chat messages, or token ids -> a fresh list of ids."""
         if isinstance(prompt, torch.Tensor):
             return prompt.flatten().tolist()
+        if self.tokenizer is None and (isinstance(prompt, str) or chat or (prompt and isinstance(prompt[0], dict))):
+            raise ValueError("this generator has no tokenizer (tokenizer=None), so it takes token ids only: pass a "
+                             "list of ints or a tensor, or build it with a tokenizer to use text or chat prompts")
         if isinstance(prompt, str):
             if not chat:
                 return self.tokenizer(prompt, add_special_tokens=True)["input_ids"]
@@ -123,7 +126,7 @@ class SpeculativeGenerator:
         prompts = prompt_or_ids if batched else [prompt_or_ids]
         if sampling is not None and len(sampling) != len(prompts):
             raise ValueError(f"sampling has {len(sampling)} entries for {len(prompts)} prompts: give one per prompt")
-        params = [SamplingParams(**{**kwargs, **(sampling[i] if sampling else {})}) for i in range(len(prompts))]
+        params = [self._params(**{**kwargs, **(sampling[i] if sampling else {})}) for i in range(len(prompts))]
         ids = [self.encode(prompt, chat) for prompt in prompts]
         results = self.engine.generate_batch(ids, params, use_drafter=speculative is not False)
         self.last_stats = GenerationStats()
@@ -140,11 +143,17 @@ class SpeculativeGenerator:
     ) -> Iterator[str]:
         """Yield text pieces as tokens are committed (a multi-token acceptance arrives as one piece)."""
         ids = self.encode(prompt_or_ids, chat)
-        for chunk in self.engine.generate_iter(ids, SamplingParams(**sampling), use_drafter=speculative is not False):
+        for chunk in self.engine.generate_iter(ids, self._params(**sampling), use_drafter=speculative is not False):
             if chunk.stats is not None:
                 self.last_stats = chunk.stats
             if chunk.text:
                 yield chunk.text
+
+    def _params(self, **sampling: Any) -> SamplingParams:
+        params = SamplingParams(**sampling)
+        if self.tokenizer is None and params.stop:
+            raise ValueError("stop strings need a tokenizer (this generator has tokenizer=None): use stop_token_ids")
+        return params
 
     def get_stats(self) -> dict:
         """{'last': this generator's last call, 'total': cumulative since construction}."""

@@ -6,6 +6,8 @@ Requests may turn speculation on or off and change K per request (`"speculative"
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import socket
 import sys
 
@@ -49,8 +51,37 @@ def add_parser(sub) -> None:
                         "long (default 128)")
     b.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
                    help="bound on the target's KV cache in GiB; each slot holds --max-len tokens, so it caps the "
-                        "sequences decoding at once (default: no bound beyond --max-num-seqs)")
+                        "sequences decoding at once (default: what fits in free memory, up to --max-num-seqs)")
+    g = p.add_argument_group("running it safely (docs/server.md, \"Running it safely\")")
+    g.add_argument("--api-key", default=os.environ.get("VERISPEC_API_KEY"), metavar="KEY",
+                   help="require `Authorization: Bearer KEY` on every /v1 request (default: $VERISPEC_API_KEY; "
+                        "unset: no authentication). /health and /metrics stay open")
+    g.add_argument("--allowed-draft-models", type=_name_list, default=None, metavar="LIST",
+                   help="comma-separated drafters requests may name in speculative.draft_model: NAME (a drafter "
+                        "value such as ngram or a hub id) or NAME=PATH (requests say NAME). The served "
+                        "--draft-model and none are always allowed (default: also ngram)")
+    g.add_argument("--max-cached-drafters", type=int, default=4, metavar="N",
+                   help="request-named drafters kept loaded, least recently used dropped first (default 4)")
+    g.add_argument("--max-queued-requests", type=positive_int, default=128, metavar="N",
+                   help="requests waiting for a slot; more get 429 with Retry-After (default 128)")
+    g.add_argument("--request-timeout", type=float, default=600.0, metavar="SECONDS",
+                   help="a request still running this long after it arrived ends with a 408 error and frees its "
+                        "row (default 600; 0: no limit)")
+    g.add_argument("--max-request-bytes", type=positive_int, default=4 * 2**20, metavar="N",
+                   help="largest request body; larger ones get 413 (default 4194304, 4 MiB)")
+    g.add_argument("--max-choices", type=positive_int, default=64, metavar="N",
+                   help="most choices per request: n, times the prompts of a completion (default 64)")
+    g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM / SIGINT: new requests get 503, running ones get this long to finish before "
+                        "they are cancelled with an error; then the server exits 0 (default 30)")
     p.set_defaults(run=run)
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one drafter name")
+    return names
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -79,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..config import SpeculativeConfig
     from ..server import ServerConfig, create_app
+    from ..server.shutdown import GracefulServer
 
     apply_runtime(args)
     setup_logging()
@@ -89,8 +121,14 @@ def run(args: argparse.Namespace) -> int:
         draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=DTYPES[args.dtype],
         device=args.device, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
-        runner=runner_options(args),
+        runner=runner_options(args), api_key=args.api_key, allowed_draft_models=args.allowed_draft_models,
+        max_cached_drafters=args.max_cached_drafters, max_queued_requests=args.max_queued_requests,
+        request_timeout=args.request_timeout or None, max_request_bytes=args.max_request_bytes,
+        max_choices=args.max_choices, shutdown_timeout=args.shutdown_timeout,
     )
+    if config.api_key is None and not _loopback(args.host):
+        print(f"[verispec] warning: listening on {args.host} without --api-key: anyone who can reach it can use it",
+              file=sys.stderr, flush=True)
     sock = _listen(args.host, args.port)
     app = create_app(config)
     port = sock.getsockname()[1]
@@ -99,11 +137,17 @@ def run(args: argparse.Namespace) -> int:
     speculation = f"on (draft {config.draft_model}, {k})" if config.speculates_by_default \
         else "off unless a request asks for it"
     slots = app.state.server.served.max_num_seqs
+    auth = "API key required" if config.api_key else "no API key"
     print(f"[verispec] serving {config.model_id} on http://{args.host}:{port}/v1; speculation {speculation}; "
-          f"up to {slots} sequences per batch", file=sys.stderr, flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5))
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it shut down on: a deliberate stop, not a failure
-        pass
+          f"up to {slots} sequences per batch; {auth}", file=sys.stderr, flush=True)
+    # The drain (GracefulServer) already let requests finish: uvicorn's own grace period only closes connections.
+    server = GracefulServer(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5), app)
+    server.run(sockets=[sock])
     return 0
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -32,7 +32,7 @@ def round_logprobs(rows: list[Sequence], meta: SpecDecodeMetadata, processed: to
     chosen = chosen.scatter(1, result.num_accepted[index].unsqueeze(1), result.next_token[index].unsqueeze(1))
     chosen_logprobs = logprobs.gather(-1, chosen.unsqueeze(-1)).squeeze(-1)  # [r, max_k + 1]
     top = max(rows[slot].params.logprobs for slot in wanted)
-    top_values, top_ids = logprobs.topk(top, dim=-1) if top else (chosen_logprobs[..., :0], chosen[..., :0])
+    top_values, top_ids = logprobs.topk(top, dim=-1)  # [r, max_k + 1, top]; top may be 0
     out = {}
     for slot, ids, values, alt_ids, alt_values in zip(wanted, chosen.tolist(), chosen_logprobs.tolist(),
                                                       top_ids.tolist(), top_values.tolist()):

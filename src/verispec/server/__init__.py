@@ -9,6 +9,8 @@
 | `app.py` | `create_app`: routes, request -> job, events -> JSON or SSE |
 | `responses.py` | response bodies and stream chunks |
 | `errors.py`, `metrics.py` | OpenAI error objects; Prometheus metrics in the app's own registry |
+| `guard.py` | the ASGI middleware in front of the routes: API key, body size limit, fast 429s, 503 while draining |
+| `shutdown.py` | `GracefulServer`: on SIGTERM / SIGINT, drain (finish or cancel running requests), then exit 0 |
 """
 
 from .app import create_app

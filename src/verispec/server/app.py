@@ -21,9 +21,9 @@ from ..drafters.factory import NONE
 from ..stats import GenerationStats
 from .config import ServerConfig
 from .errors import APIError, install_error_handlers, invalid, model_not_found
+from .guard import install_guard
 from .metrics import ServerMetrics
 from .protocol import (
-    MAX_CHOICES,
     ChatCompletion,
     ChatCompletionRequest,
     Completion,
@@ -35,14 +35,15 @@ from .protocol import (
     SpeculativeMetrics,
     SpeculativeOptions,
 )
-from .responses import DONE, ResponseBuilder, speculative_metrics, sse, usage
+from .constraints import check_supported, constraint_field, logit_bias, requested_logprobs, structured_output
+from .responses import DONE, ResponseBuilder, TokenText, speculative_metrics, sse, usage
 from .runtime import Prompt, ServedModel
 from .worker import ChoiceDone, EngineWorker, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 
 API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
 CLIENT_GONE = 499  # nginx's "client closed request": the status metrics give requests whose client went away
-_API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}  # SamplingParams -> request field
+_API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "ignore_eos": "ignore_eos"}  # SamplingParams -> request field
 _ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
 
 
@@ -65,9 +66,7 @@ class Server:
             raise model_not_found(name, hint=f"this server serves `{self.model_id}` (see GET /v1/models)")
 
     def sampling(self, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
-        if body.presence_penalty or body.frequency_penalty:
-            param = "presence_penalty" if body.presence_penalty else "frequency_penalty"
-            raise invalid(f"{param} is not supported; use repetition_penalty (1.0 is off).", param=param)
+        check_supported(body)
         if max_tokens is not None and body.min_tokens > max_tokens:
             raise invalid(f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens}).",
                           param="min_tokens")
@@ -78,10 +77,13 @@ class Server:
                 min_new_tokens=body.min_tokens, temperature=body.temperature, top_k=max(0, body.top_k),
                 top_p=body.top_p, min_p=body.min_p, repetition_penalty=body.repetition_penalty, seed=body.seed,
                 stop=tuple(stop), stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
+                presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                logit_bias=logit_bias(body, self.served.engine.target.vocab_size), logprobs=requested_logprobs(body),
+                structured=structured_output(body),
             )
         except ValueError as exc:
             field = str(exc).split()[0]
-            raise invalid(str(exc), param=_API_NAMES.get(field, field)) from exc
+            raise invalid(str(exc), param=_API_NAMES.get(field, constraint_field(body, field))) from exc
 
     def speculation(self, option: SpeculativeOptions | bool | None,
                     params: SamplingParams) -> tuple[SpeculativeConfig, str | None]:
@@ -117,8 +119,9 @@ class Server:
                      prompt_param: str, max_tokens: int | None) -> Response:
         arrival = request.state.arrival = time.perf_counter()
         self.check_model(body.model)
-        if len(prompts) * body.n > MAX_CHOICES:
-            raise invalid(f"{len(prompts)} prompts times n={body.n} is more than {MAX_CHOICES} choices.", param="n")
+        if len(prompts) * body.n > self.config.max_choices:
+            raise invalid(f"{len(prompts)} prompts times n={body.n} is more than this server's limit of "
+                          f"{self.config.max_choices} choices (--max-choices).", param="n")
         params = self.sampling(body, max_tokens)
         spec, drafter = self.speculation(body.speculative, params)
         if not self.worker.alive:
@@ -139,7 +142,7 @@ class Server:
         drafter = drafter if first.speculative else None
         reply = _Reply(
             handle=handle, builder=ResponseBuilder(chat, self.model_id), count=len(prompts) * body.n,
-            prompt_tokens=first.prompt_tokens, drafter=drafter, spec=spec,
+            prompt_tokens=first.prompt_tokens, drafter=drafter, spec=spec, logprobs=params.logprobs is not None,
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -161,7 +164,7 @@ class Server:
         """The job's next event; gives up (and cancels the job) once the client has disconnected."""
         while True:
             try:
-                return await asyncio.wait_for(handle.events.get(), timeout=DISCONNECT_POLL_S)
+                return await asyncio.wait_for(handle.next(), timeout=DISCONNECT_POLL_S)
             except TimeoutError:
                 if await request.is_disconnected():
                     handle.cancel()
@@ -169,12 +172,14 @@ class Server:
 
     async def _collect(self, request: Request, reply: _Reply) -> ChatCompletion | Completion:
         texts: list[list[str]] = [[] for _ in range(reply.count)]
+        logprobs: list[list[TokenText]] = [[] for _ in range(reply.count)]
         finish_reasons = ["length"] * reply.count
         total = GenerationStats()
         while True:
             event = await self._next(reply.handle, request)
             if isinstance(event, TextDelta):
                 texts[event.index].append(event.text)
+                logprobs[event.index] += event.logprobs or []
             elif isinstance(event, ChoiceDone):
                 finish_reasons[event.index] = event.finish_reason
                 total.merge(event.stats)
@@ -183,7 +188,8 @@ class Server:
             elif isinstance(event, JobDone):
                 break
         return reply.builder.response(["".join(t) for t in texts], finish_reasons,
-                                      usage(reply.prompt_tokens, total.generated_tokens), reply.metrics(total))
+                                      usage(reply.prompt_tokens, total.generated_tokens), reply.metrics(total),
+                                      logprobs if reply.logprobs else None)
 
     async def _stream(self, reply: _Reply, include_usage: bool, outcome: _Outcome) -> AsyncIterator[str]:
         """SSE: role chunks (chat), a chunk per round that produced text, a finish chunk per choice, the usage
@@ -194,9 +200,9 @@ class Server:
                 yield builder.role_chunk(index)
         total = GenerationStats()
         while True:
-            event = await reply.handle.events.get()
+            event = await reply.handle.next()
             if isinstance(event, TextDelta):
-                yield builder.text_chunk(event.index, event.text)
+                yield builder.text_chunk(event.index, event.text, event.logprobs)
             elif isinstance(event, ChoiceDone):
                 total.merge(event.stats)
                 yield builder.finish_chunk(event.index, event.finish_reason, reply.metrics(event.stats))
@@ -225,6 +231,7 @@ class _Reply:
     prompt_tokens: int
     drafter: str | None  # None: the target alone
     spec: SpeculativeConfig
+    logprobs: bool  # the request asked for logprobs
 
     def metrics(self, stats: GenerationStats) -> SpeculativeMetrics:
         return speculative_metrics(stats, self.drafter, self.spec)
@@ -289,18 +296,15 @@ def create_app(config: ServerConfig | None = None, served: ServedModel | None = 
                                      None if arrival is None else time.perf_counter() - arrival)
 
     install_error_handlers(app, on_error=count_error)
+    app.state.gate = install_guard(app, config, on_reject=count_error, queue_full=server.worker.queue_full)
 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        if body.logprobs:
-            raise invalid("logprobs are not supported.", param="logprobs")
         max_tokens = body.max_completion_tokens or body.max_tokens
         return await server.handle(request, body, True, [_chat_messages(body)], "messages", max_tokens)
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        if body.logprobs:
-            raise invalid("logprobs are not supported.", param="logprobs")
         return await server.handle(request, body, False, _completion_prompts(body), "prompt", body.max_tokens)
 
     @app.get("/v1/models", response_model=ModelList)

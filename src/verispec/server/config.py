@@ -10,6 +10,9 @@ import torch
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.factory import NONE
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
+from .protocol import MAX_CHOICES
+
+NGRAM = "ngram"
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,24 @@ class ServerConfig:
     (sequences decoding at once) below max_num_seqs (--kv-cache-memory). None: max_num_seqs slots."""
     runner: RunnerOptions = field(default_factory=RunnerOptions)
     """What runs the models: the native Llama-family runner or Hugging Face modeling (--runner, --compile)."""
+    # -- limits for untrusted clients (docs/server.md, "Running it safely") --
+    api_key: str | None = None
+    """Every /v1 request must send `Authorization: Bearer <api_key>` (--api-key, VERISPEC_API_KEY); None: open."""
+    allowed_draft_models: tuple[str, ...] | None = None
+    """Drafters a request may name in `speculative.draft_model`: entries NAME (a drafter value, named as itself)
+    or NAME=VALUE (requests say NAME, the server loads VALUE: a path stays private). The served draft_model and
+    'none' are always allowed; None: also 'ngram' (--allowed-draft-models)."""
+    max_queued_requests: int = 128
+    """Requests waiting for a slot at once; one more is refused with 429 and Retry-After (--max-queued-requests)."""
+    request_timeout: float | None = 600.0
+    """Seconds from arrival after which a request ends with a 408 error and its row is freed; None: no limit
+    (--request-timeout)."""
+    max_request_bytes: int = 4 * 2**20
+    """Largest request body; a larger one is refused with 413 (--max-request-bytes)."""
+    max_choices: int = MAX_CHOICES
+    """Most choices one request may ask for: n, times the prompts of a completion request (--max-choices)."""
+    shutdown_timeout: float = 30.0
+    """On SIGTERM / SIGINT, seconds running requests get to finish before they are cancelled (--shutdown-timeout)."""
 
     def __post_init__(self) -> None:
         if self.max_len < 1:
@@ -64,6 +85,34 @@ class ServerConfig:
                              f"({self.max_num_seqs}): every decoding row feeds one token or more per step")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("api_key must not be empty: give a secret, or leave it out to serve without one")
+        if self.max_queued_requests < 1:  # a request counts as queued from its arrival until it gets a slot
+            raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError(f"request_timeout must be > 0 seconds (or None for no limit), got {self.request_timeout}")
+        if self.max_request_bytes < 1024:
+            raise ValueError(f"max_request_bytes must be >= 1024, got {self.max_request_bytes}")
+        if not 1 <= self.max_choices <= MAX_CHOICES:
+            raise ValueError(f"max_choices must be in 1..{MAX_CHOICES}, got {self.max_choices}")
+        if self.shutdown_timeout < 0:
+            raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        _ = self.draft_models  # a bad entry fails here, at start-up, not on the first request naming it
+
+    @property
+    def draft_models(self) -> dict[str, str]:
+        """The drafters requests may name: name -> the drafter value the server loads for it."""
+        allowed = {self.draft_model: self.draft_model, NONE: NONE}
+        for entry in (NGRAM,) if self.allowed_draft_models is None else self.allowed_draft_models:
+            name, _, value = entry.partition("=")
+            name, value = name.strip(), value.strip() or name.strip()
+            if not name:
+                raise ValueError(f"allowed draft model {entry!r} has no name: give NAME or NAME=VALUE")
+            if allowed.get(name, value) != value:
+                raise ValueError(f"allowed draft model name {name!r} is given twice, for {allowed[name]!r} and "
+                                 f"{value!r}: give each name once")
+            allowed[name] = value
+        return allowed
 
     @property
     def model_id(self) -> str:

@@ -15,27 +15,34 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 logger = logging.getLogger("verispec.server")
 
-_TYPE_BY_STATUS = {400: "invalid_request_error", 404: "invalid_request_error", 405: "invalid_request_error",
-                   413: "invalid_request_error", 503: "service_unavailable"}
+_TYPE_BY_STATUS = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+                   405: "invalid_request_error", 408: "timeout_error", 413: "invalid_request_error",
+                   429: "rate_limit_error", 503: "service_unavailable"}
 
 
 class APIError(Exception):
     """An error to send to the client as an OpenAI error object with this HTTP status."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None) -> None:
+                 type: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
-        self.message = message
+        self.message = _utf8(message)  # it may quote the request (a model name): lone surrogates cannot be sent
         self.param = param
         self.code = code
         self.type = type or _TYPE_BY_STATUS.get(status, "invalid_request_error" if status < 500 else "server_error")
+        self.headers = headers  # e.g. Retry-After on a 429
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _utf8(text: str) -> str:
+    """`text` with what UTF-8 cannot encode (a JSON body's lone surrogate, "\\ud800") replaced by '?'."""
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def invalid(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -47,6 +54,21 @@ def model_not_found(name: str, param: str = "model", hint: str = "") -> APIError
     return APIError(404, message, param=param, code="model_not_found")
 
 
+def queue_full(limit: int) -> APIError:
+    return APIError(429, f"The server is busy: {limit} requests already wait for a slot (--max-queued-requests). "
+                         "Retry later.", code="queue_full", headers={"Retry-After": "1"})
+
+
+def timed_out(seconds: float | None) -> APIError:
+    return APIError(408, f"The request took longer than this server's --request-timeout ({seconds:g} s) and was "
+                         "stopped; ask for fewer tokens or retry later.", code="request_timeout")
+
+
+def shutting_down(detail: str = "it accepts no new requests") -> APIError:
+    return APIError(503, f"The server is shutting down: {detail}.", code="server_shutting_down",
+                    headers={"Connection": "close"})
+
+
 def _is_type_tag(part: object) -> bool:
     """pydantic puts the union member it tried into `loc` ('str', 'list[int]', 'SpeculativeOptions')."""
     return isinstance(part, str) and (
@@ -54,13 +76,21 @@ def _is_type_tag(part: object) -> bool:
     )
 
 
-def validation_error(exc: RequestValidationError) -> APIError:
-    """The first schema violation as a 400, naming the field by its dotted path (`messages.0.role`)."""
-    first = exc.errors()[0]
-    loc = [part for part in first.get("loc", ()) if not _is_type_tag(part)]
+def _param(error: dict) -> str | None:
+    loc = [part for part in error.get("loc", ()) if not _is_type_tag(part)]
     if loc and loc[0] == "body":
         loc = loc[1:]
-    param = ".".join(str(part) for part in loc) or None
+    return ".".join(str(part) for part in loc) or None
+
+
+def validation_error(exc: RequestValidationError) -> APIError:
+    """The first schema violation as a 400, naming the field by its dotted path (`messages.0.role`).
+
+    pydantic reports every member of a union that failed; of those at the first one's field, the member whose
+    type matched (only a constraint failed: a list too long) says what to change."""
+    errors = exc.errors()
+    param = _param(errors[0])
+    first = next((e for e in errors if _param(e) == param and not e.get("type", "").endswith("_type")), errors[0])
     kind = first.get("type", "")
     if kind == "json_invalid":
         detail = (first.get("ctx") or {}).get("error") or first.get("msg")

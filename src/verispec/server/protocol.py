@@ -7,15 +7,19 @@ OpenAI fields and, in addition, `speculative_metrics`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
 MAX_CHOICES = 64  # most choices (n, times the prompts of a completion request) one request may ask for
+MAX_STOP_STRINGS = 16  # stop strings, and separately stop_token_ids, one request may give
+MAX_STOP_CHARS = 256  # longest stop string: the stop check searches a window this long at every token
+StopString = Annotated[str, Field(max_length=MAX_STOP_CHARS)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)  # JSON parsing accepts NaN
 
 
 class SpeculativeOptions(_Request):
@@ -37,6 +41,26 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: "text" (no constraint), "json_object", or "json_schema" with its schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+# OpenAI fields verispec does not implement: a request that sets one gets a 400 naming it, never silence.
+UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
+                      "modalities", "prediction", "web_search_options", "reasoning_effort", "echo", "suffix",
+                      "best_of", "service_tier", "store", "metadata")
+
+
 class SamplingFields(_Request):
     """Fields shared by chat and completion requests."""
 
@@ -45,14 +69,14 @@ class SamplingFields(_Request):
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0, le=2)
     top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int = Field(default=0, ge=-1)  # -1 or 0: off (vLLM uses -1)
+    top_k: int = Field(default=0, ge=-1, le=2**31 - 1)  # -1 or 0: off (vLLM uses -1)
     min_p: float = Field(default=0.0, ge=0, lt=1)
     repetition_penalty: float = Field(default=1.0, gt=0)
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)  # int64, as OpenAI; choice i uses seed + i
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[int] | None = Field(default=None, max_length=MAX_STOP_STRINGS)
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
@@ -60,6 +84,34 @@ class SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     user: str | None = None
     speculative: SpeculativeOptions | bool | None = None
+    logit_bias: dict[str, float] | None = None
+    """Token id (as a string, as OpenAI's) -> bias in [-100, 100], added to that token's logit."""
+    response_format: ResponseFormat | None = None
+    guided_json: dict | str | None = None
+    """vLLM's extension: a JSON schema the output follows (as response_format json_schema)."""
+    guided_regex: str | None = None
+    """vLLM's extension: a regular expression the output matches."""
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    """vLLM's extension: the output is exactly one of these strings."""
+    guided_grammar: str | None = None
+    """vLLM's extension: a Lark grammar the output follows."""
+    # Unsupported OpenAI fields, declared so that setting one is a clear 400 (see UNSUPPORTED_FIELDS).
+    tools: object | None = None
+    tool_choice: object | None = None
+    functions: object | None = None
+    function_call: object | None = None
+    parallel_tool_calls: object | None = None
+    audio: object | None = None
+    modalities: object | None = None
+    prediction: object | None = None
+    web_search_options: object | None = None
+    reasoning_effort: object | None = None
+    echo: object | None = None
+    suffix: object | None = None
+    best_of: object | None = None
+    service_tier: object | None = None
+    store: object | None = None
+    metadata: object | None = None
 
 
 class TextPart(_Request):
@@ -83,11 +135,12 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
 
 
@@ -120,6 +173,35 @@ class SpeculativeMetrics(BaseModel):
     fallbacks: int
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprobEntry(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """Chat logprobs: one entry per generated token (`content`)."""
+
+    content: list[TokenLogprobEntry] | None
+    refusal: None = None
+
+
+class CompletionLogprobs(BaseModel):
+    """Legacy completions logprobs: parallel lists, one item per generated token."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -128,7 +210,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"]
 
 
@@ -146,7 +228,7 @@ class ChatCompletion(BaseModel):
 class CompletionChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"]
 
 
@@ -169,7 +251,7 @@ class Delta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 
@@ -187,7 +269,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChunkChoice(BaseModel):
     index: int
     text: str
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"] | None = None
 
 

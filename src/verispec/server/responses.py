@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 
 from ..config import SpeculativeConfig
+from ..engine import TokenLogprob
 from ..stats import GenerationStats
 from .protocol import (
     AssistantMessage,
@@ -14,16 +16,64 @@ from .protocol import (
     ChatChunkChoice,
     ChatCompletion,
     ChatCompletionChunk,
+    ChatLogprobs,
     Completion,
     CompletionChoice,
     CompletionChunk,
     CompletionChunkChoice,
+    CompletionLogprobs,
     Delta,
     SpeculativeMetrics,
+    TokenLogprobEntry,
+    TopLogprob,
     Usage,
 )
 
 DONE = "data: [DONE]\n\n"
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf: a token the sampling transforms removed reports this (as vLLM does)
+
+
+@dataclass
+class TokenText:
+    """A generated token's logprob with the token and its alternatives as text (decoded on the model thread)."""
+
+    token: str
+    logprob: float
+    top: list[tuple[str, float]]
+
+
+def decode_logprobs(logprobs: list[TokenLogprob], tokenizer) -> list[TokenText]:
+    def text(token_id: int) -> str:
+        return tokenizer.decode([token_id])
+
+    return [TokenText(text(lp.token_id), max(lp.logprob, LOGPROB_FLOOR),
+                      [(text(t), max(value, LOGPROB_FLOOR)) for t, value in lp.top]) for lp in logprobs]
+
+
+def constraint_param(params) -> str:
+    """The request field a SamplingParams' constraint came from, named in its errors."""
+    return "response_format" if params.structured is not None else "logit_bias"
+
+
+def _utf8(text: str) -> list[int]:
+    return list(text.encode("utf-8"))
+
+
+def chat_logprobs(tokens: list[TokenText]) -> ChatLogprobs:
+    return ChatLogprobs(content=[
+        TokenLogprobEntry(token=t.token, logprob=t.logprob, bytes=_utf8(t.token),
+                          top_logprobs=[TopLogprob(token=a, logprob=v, bytes=_utf8(a)) for a, v in t.top])
+        for t in tokens])
+
+
+def completion_logprobs(tokens: list[TokenText], offset: int) -> CompletionLogprobs:
+    """`offset`: characters of the choice's text before these tokens (text_offset continues from there)."""
+    offsets = []
+    for t in tokens:
+        offsets.append(offset)
+        offset += len(t.token)
+    return CompletionLogprobs(tokens=[t.token for t in tokens], token_logprobs=[t.logprob for t in tokens],
+                              top_logprobs=[dict(t.top) for t in tokens], text_offset=offsets)
 
 
 def speculative_metrics(stats: GenerationStats, draft_model: str | None, spec: SpeculativeConfig) -> SpeculativeMetrics:
@@ -74,6 +124,7 @@ class ResponseBuilder:
     def __init__(self, chat: bool, model: str) -> None:
         self.chat = chat
         self.model = model
+        self._offsets: dict[int, int] = {}  # choice -> characters of its tokens streamed (completions text_offset)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -85,12 +136,22 @@ class ResponseBuilder:
         """The first chunk of a chat choice: the role and empty content (chat only)."""
         return sse(self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))]))
 
-    def text_chunk(self, index: int, text: str) -> str:
+    def text_chunk(self, index: int, text: str, logprobs: list[TokenText] | None = None) -> str:
+        """A round's text, with its tokens' logprobs when asked for (a round may carry logprobs and no text yet:
+        the detokenizer holds back an incomplete character or a possible stop string)."""
         if self.chat:
-            choice = ChatChunkChoice(index=index, delta=Delta(content=text))
+            choice = ChatChunkChoice(index=index, delta=Delta(content=text),
+                                     logprobs=None if logprobs is None else chat_logprobs(logprobs))
         else:
-            choice = CompletionChunkChoice(index=index, text=text)
+            choice = CompletionChunkChoice(index=index, text=text, logprobs=self._completion_logprobs(index, logprobs))
         return sse(self._chunk([choice]))
+
+    def _completion_logprobs(self, index: int, logprobs: list[TokenText] | None) -> CompletionLogprobs | None:
+        if logprobs is None:
+            return None
+        out = completion_logprobs(logprobs, self._offsets.get(index, 0))
+        self._offsets[index] = self._offsets.get(index, 0) + sum(len(t.token) for t in logprobs)
+        return out
 
     def finish_chunk(self, index: int, finish_reason: str, metrics: SpeculativeMetrics) -> str:
         """The last chunk of a choice: no text, its finish reason, and the speculation metrics of this choice."""
@@ -104,14 +165,18 @@ class ResponseBuilder:
         """After all choices, when the client asked for `stream_options.include_usage`: no choices, the usage."""
         return sse(self._chunk([], usage=usage, speculative_metrics=metrics))
 
-    def response(self, texts: list[str], finish_reasons: list[str], usage: Usage,
-                 metrics: SpeculativeMetrics) -> ChatCompletion | Completion:
+    def response(self, texts: list[str], finish_reasons: list[str], usage: Usage, metrics: SpeculativeMetrics,
+                 logprobs: list[list[TokenText]] | None = None) -> ChatCompletion | Completion:
+        """logprobs: per choice, its tokens' logprobs (None when the request did not ask)."""
+        per_choice = logprobs or [None] * len(texts)
         if self.chat:
-            choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=finish)
-                       for i, (text, finish) in enumerate(zip(texts, finish_reasons))]
+            choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=finish,
+                                  logprobs=None if lps is None else chat_logprobs(lps))
+                       for i, (text, finish, lps) in enumerate(zip(texts, finish_reasons, per_choice))]
             return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage,
                                   speculative_metrics=metrics)
-        choices = [CompletionChoice(index=i, text=text, finish_reason=finish)
-                   for i, (text, finish) in enumerate(zip(texts, finish_reasons))]
+        choices = [CompletionChoice(index=i, text=text, finish_reason=finish,
+                                    logprobs=None if lps is None else completion_logprobs(lps, 0))
+                   for i, (text, finish, lps) in enumerate(zip(texts, finish_reasons, per_choice))]
         return Completion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage,
                           speculative_metrics=metrics)

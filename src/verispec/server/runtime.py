@@ -2,22 +2,29 @@
 
 Only the worker thread calls into it once the server runs (tokenizers and the engine are not shared across
 threads); `load` runs before the worker starts.
+
+Memory: the target's KV cache grows slot by slot up to `max_num_seqs` slots of `max_len` tokens, so the slots are
+capped at start-up to what fits in free memory (`kv_bounded_slots`): further requests wait for a slot instead of
+running the machine out of memory. A drafter a request names must be on the operator's allow-list; a model
+drafter's weights and KV cache are checked against free memory (less the target KV still to come) before it
+loads, and at most `max_cached_drafters` of them stay loaded (least recently used dropped first).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections import OrderedDict
 from dataclasses import replace
 
 from ..config import SamplingParams
 from ..drafters.base import Drafter
-from ..drafters.factory import NONE, make_drafter
+from ..drafters.factory import NONE, make_drafter, model_part
 from ..engine import CACHE_SLACK, SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
-from ..memory import kv_cache_bytes
-from ..fallback import load_drafter_or_fallback
-from ..models import ModelLoadError, load_model, load_tokenizer
+from ..memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
+from ..fallback import _read_config, load_drafter_or_fallback
+from ..models import ModelLoadError, load_model, load_tokenizer, resolve_model_path
 from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found
 
@@ -27,22 +34,38 @@ logger = logging.getLogger("verispec.server")
 Prompt = str | list[int] | list[dict]
 
 
-def kv_bounded_slots(config: ServerConfig, target) -> int:
-    """max_num_seqs, lowered to the slots the KV bound holds (a slot keeps max_len tokens of the target's KV).
+def kv_slot_bytes(config: ServerConfig, target) -> int:
+    """The target's KV cache of one slot (max_len tokens)."""
+    return kv_cache_bytes(target.config, config.max_len + CACHE_SLACK, next(target.parameters()).dtype)
 
-    Raises ValueError when the bound holds no slot at all."""
-    if config.kv_cache_memory_gb is None:
-        return config.max_num_seqs
-    dtype = next(target.parameters()).dtype
-    per_slot = kv_cache_bytes(target.config, config.max_len + CACHE_SLACK, dtype)
-    slots = int(config.kv_cache_memory_gb * 2**30 // per_slot)
-    if slots < 1:
-        raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_gb:g} GiB holds no sequence: one slot of "
-                         f"max_len {config.max_len} tokens needs {per_slot / 2**30:.3f} GiB; raise it or lower "
-                         f"--max-len")
-    if slots < config.max_num_seqs:
-        logger.info("KV bound: %d slots of %d tokens fit in %g GiB (max_num_seqs %d)", slots, config.max_len,
-                    config.kv_cache_memory_gb, config.max_num_seqs)
+
+def kv_bounded_slots(config: ServerConfig, target, free_bytes: int | None = None) -> int:
+    """max_num_seqs, lowered to the slots the KV bound holds (a slot keeps max_len tokens of the target's KV) and
+    to those that fit in HEADROOM x free memory (`free_bytes`, measured by default): the cache grows slot by slot,
+    so without this a busy server would run out of memory mid-request instead of queueing.
+
+    Raises ValueError when the bound or the free memory holds no slot at all."""
+    per_slot = kv_slot_bytes(config, target)
+    slots = config.max_num_seqs
+    if config.kv_cache_memory_gb is not None:
+        slots = int(config.kv_cache_memory_gb * 2**30 // per_slot)
+        if slots < 1:
+            raise ValueError(f"--kv-cache-memory {config.kv_cache_memory_gb:g} GiB holds no sequence: one slot of "
+                             f"max_len {config.max_len} tokens needs {per_slot / 2**30:.3f} GiB; raise it or lower "
+                             f"--max-len")
+        if slots < config.max_num_seqs:
+            logger.info("KV bound: %d slots of %d tokens fit in %g GiB (max_num_seqs %d)", slots, config.max_len,
+                        config.kv_cache_memory_gb, config.max_num_seqs)
+    free = free_memory_bytes(config.device) if free_bytes is None else free_bytes
+    if free is not None:
+        fit = int(HEADROOM * free // per_slot)
+        if fit < 1:
+            raise ValueError(f"free memory ({gib(free)}) holds no KV cache slot of max_len {config.max_len} tokens "
+                             f"({gib(per_slot)}): lower --max-len or free memory")
+        if fit < min(slots, config.max_num_seqs):
+            logger.warning("only %d KV cache slots of %d tokens fit in free memory (%s): at most %d sequences "
+                           "decode at once, more wait for a slot", fit, config.max_len, gib(free), fit)
+        slots = min(slots, fit)
     return min(slots, config.max_num_seqs)
 
 
@@ -58,6 +81,7 @@ class ServedModel:
                                         max_batch_size=self.max_num_seqs, scheduler=scheduler, runner=config.runner)
         self.spec = config.spec  # the default speculation of requests (K may come from an 'auto' pair once loaded)
         self.vocab_size = len(tokenizer)
+        self.draft_models = config.draft_models  # request name -> drafter value (the operator's allow-list)
         self._default: tuple[str, Drafter | None] | None = None  # the server's --draft-model, never evicted
         self._cache: OrderedDict[str, Drafter | None] = OrderedDict()  # request-named drafters, LRU order
 
@@ -78,30 +102,66 @@ class ServedModel:
     def drafter(self, name: str | None) -> Drafter | None:
         """The drafter called `name` ('none' or None: no drafter), loading and caching it on first use.
 
-        Raises APIError: 404 when the model cannot be found or read, 400 when it cannot draft for this target.
+        Raises APIError: 400 when the operator does not allow that name or it cannot draft for this target, 404
+        when its model cannot be found or read, 503 when it does not fit in memory.
         """
         if name is None or name == NONE:
             return None
+        value = self.draft_models.get(name)
+        if value is None:  # checked before anything touches the filesystem: a request never names a path
+            names = ", ".join(f"`{allowed}`" for allowed in self.draft_models)
+            raise APIError(400, f"The drafter `{name}` is not allowed on this server; requests may name {names}. "
+                                "The operator allows more with --allowed-draft-models.",
+                           param="speculative.draft_model", code="draft_model_not_allowed")
         if self._default is not None and name == self._default[0]:
             return self._default[1]
         if name in self._cache:
             self._cache.move_to_end(name)
             return self._cache[name]
         try:
-            drafter = self._load_drafter(name)
+            self._make_room(name, value)
+            drafter = self._load_drafter(value)
         except ModelLoadError as exc:
             raise model_not_found(name, param="speculative.draft_model", hint=str(exc).rstrip(".")) from exc
         except ValueError as exc:  # e.g. a vocabulary that does not match the target's
             raise invalid(f"draft model {name!r} cannot draft for this target: {exc}",
                           param="speculative.draft_model") from exc
-        if name == self.config.draft_model:
-            self._default = (name, drafter)
+        if value == self.config.draft_model:
+            self._default = (value, drafter)
         elif self.config.max_cached_drafters > 0:
             self._cache[name] = drafter
             while len(self._cache) > self.config.max_cached_drafters:
                 evicted, _ = self._cache.popitem(last=False)
                 logger.info("dropped drafter %s from the cache", evicted)
         return drafter
+
+    def _make_room(self, name: str, value: str) -> None:
+        """Check that a model drafter fits in free memory before it loads (its weights, and its KV cache for every
+        slot), dropping cached drafters when that makes it fit. Raises APIError 503 when it cannot."""
+        model = model_part(value)
+        if model is None:  # n-gram and other drafters without weights
+            return
+        path = resolve_model_path(model)
+        config = _read_config(path)
+        weights = weights_bytes(path, self.config.dtype)
+        if config is None or weights is None:
+            return  # unknown size: loading reports any real problem
+        needed = weights + self.max_num_seqs * kv_cache_bytes(config, self.config.max_len + CACHE_SLACK,
+                                                              self.config.dtype)
+        while True:
+            free = free_memory_bytes(self.config.device)
+            # The target's cache grows into its slots later: what it has not taken yet is spoken for.
+            spoken_for = self.max_num_seqs * kv_slot_bytes(self.config, self.target) - _kv_allocated(self.engine)
+            if free is None or needed <= HEADROOM * free - spoken_for:
+                return
+            if not self._cache:
+                raise APIError(503, f"The drafter `{name}` needs {gib(needed)} (weights and KV cache for "
+                                    f"{self.max_num_seqs} slots) and only {gib(int(HEADROOM * free - spoken_for))} "
+                                    "is free for it; use another drafter or none.",
+                               param="speculative.draft_model", code="insufficient_memory")
+            evicted, _ = self._cache.popitem(last=False)
+            gc.collect()
+            logger.info("dropped drafter %s from the cache to make room for %s", evicted, name)
 
     def _load_drafter(self, name: str) -> Drafter | None:
         """The server's --draft-model loads as for `verispec generate`: a valid draft that does not fit in memory
@@ -123,7 +183,7 @@ class ServedModel:
     def encode(self, prompt: Prompt, param: str) -> list[int]:
         """Text, token ids, or chat messages (through the tokenizer's chat template) -> token ids."""
         if isinstance(prompt, str):
-            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            return self._tokenize(prompt, param, add_special_tokens=True)
         if prompt and isinstance(prompt[0], dict):
             return self._encode_chat(prompt)
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
@@ -140,14 +200,31 @@ class ServedModel:
         except Exception as exc:  # noqa: BLE001 - a template may raise anything (jinja's TemplateError, ...)
             raise invalid(f"The chat template rejected these messages: {exc}", param="messages") from exc
         # The template already wrote any BOS it wants; adding special tokens again would double it.
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._tokenize(text, "messages", add_special_tokens=False)
+
+    def _tokenize(self, text: str, param: str, add_special_tokens: bool) -> list[int]:
+        try:
+            return list(self.tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"])
+        except (TypeError, ValueError, UnicodeError) as exc:  # a lone surrogate ("\\ud800") is valid JSON
+            raise invalid(f"The text cannot be tokenized ({type(exc).__name__}); send valid UTF-8 text.",
+                          param=param) from exc
 
     def check_request(self, prompt_len: int, params: SamplingParams, param: str) -> None:
         """The engine's length checks as a 400 (the engine would raise the same ValueError when it starts)."""
         if prompt_len < 1:
             raise invalid("The prompt is empty: give at least one token.", param=param)
+        bad = [t for t in params.stop_token_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise invalid(f"stop token id {bad[0]} is outside the vocabulary [0, {self.vocab_size}).",
+                          param="stop_token_ids")
         try:
             self.engine.check_request(prompt_len, params)
         except ValueError as exc:
             raise APIError(400, f"{exc} (this model's context is {self.config.max_len} tokens).", param=param,
                            code="context_length_exceeded") from exc
+
+
+def _kv_allocated(engine: SpeculativeEngine) -> int:
+    """Bytes the target's KV cache holds now (its buffers grow as slots are first used)."""
+    return sum(layer.keys.nbytes + layer.values.nbytes for layer in engine.target.cache.layers
+               if layer.is_initialized)

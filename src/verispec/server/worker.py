@@ -12,6 +12,10 @@ through `loop.call_soon_threadsafe`. Between two engine steps the worker
 3. runs one `engine.step()` and posts, for every sequence that committed tokens, the text of its round, and its
    end (finish reason and statistics) once it finished.
 
+A step that raises fails only the jobs it touched (those holding a slot); jobs still waiting for one run
+afterwards as if nothing happened. Bounds: at most `max_queued_requests` jobs wait for a slot (`submit` refuses
+more with a 429), and a job's events stop at its deadline (`request_timeout`) with a 408 and its cancellation.
+
 Every sequence has its own sampler state, generator and speculation settings, so what a request gets does not
 depend on what else the server runs (see docs/server.md, "Concurrency").
 """
@@ -28,8 +32,9 @@ from dataclasses import dataclass, field, replace
 from ..config import SamplingParams, SpeculativeConfig
 from ..engine import Sequence, SpeculativeEngine
 from ..stats import GenerationStats
-from .errors import APIError, invalid
+from .errors import APIError, invalid, queue_full, timed_out
 from .metrics import ServerMetrics
+from .responses import TokenText, constraint_param, decode_logprobs
 from .runtime import Prompt, ServedModel
 
 logger = logging.getLogger("verispec.server")
@@ -50,6 +55,7 @@ class Started:
 class TextDelta:
     index: int  # choice
     text: str  # newly committed text (one engine round)
+    logprobs: list[TokenText] | None = None  # of the round's tokens, when the request asked for logprobs
 
 
 @dataclass
@@ -79,6 +85,18 @@ class JobHandle:
         self._loop = loop
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
+        self.deadline: float | None = None  # perf_counter time at which the job times out (set by `submit`)
+        self.timeout: float | None = None  # the request timeout it came from, for the error message
+
+    async def next(self) -> Event:
+        """The job's next event; past its deadline, a 408 JobFailed (and the job is cancelled)."""
+        if self.deadline is None:
+            return await self.events.get()
+        try:
+            return await asyncio.wait_for(self.events.get(), self.deadline - time.perf_counter())
+        except TimeoutError:
+            self.cancel()
+            return JobFailed(timed_out(self.timeout))
 
     def cancel(self) -> None:
         """Stop the job before the next step (or skip it, when it is still queued)."""
@@ -135,6 +153,11 @@ class _Active:
     choices: dict[int, _Choice]  # seq_id -> choice still running
     admitted: bool = False  # one of its choices got a slot: the job counts as running, no longer queued
 
+    @property
+    def touched(self) -> bool:
+        """A step has worked on one of its choices (it holds a slot, or has been prefilled or decoded)."""
+        return any(c.seq.slot >= 0 or c.seq.prefilled > 0 or c.seq.stats.rounds > 0 for c in self.choices.values())
+
 
 # -- the worker ------------------------------------------------------------------------------------------------------
 
@@ -149,6 +172,9 @@ class EngineWorker:
         self._thread: threading.Thread | None = None
         self._active: list[_Active] = []  # in arrival order
         self._by_seq: dict[int, tuple[_Active, _Choice]] = {}  # seq_id -> its job and choice
+        self._lock = threading.Lock()  # guards `queued`: submit runs on the event loop, admission on this thread
+        self.queued = 0  # jobs none of whose choices has a slot yet (submitted, not yet taken, or waiting)
+        self._closing: APIError | None = None  # once set (shutdown), every job still there fails with it
 
     @property
     def engine(self) -> SpeculativeEngine:
@@ -170,15 +196,37 @@ class EngineWorker:
             except queue.Empty:
                 break
             if job is not None:
-                self.metrics.queued.dec()
+                self._count_queued(-1)
                 job.handle.cancel()
         self._jobs.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
 
+    def close(self, error: APIError) -> None:
+        """Fail every job, running or queued, with `error` before the next step, and every job submitted later
+        (graceful shutdown, once its deadline passed): streams end with it as their last chunk."""
+        self._closing = error
+
+    def queue_full(self) -> bool:
+        return self.queued >= self.served.config.max_queued_requests
+
     def submit(self, job: Job) -> None:
+        """Queue a job, or raise a 429 when `max_queued_requests` jobs already wait for a slot."""
+        config = self.served.config
+        with self._lock:
+            if self.queue_full():
+                raise queue_full(config.max_queued_requests)
+            self.queued += 1
         self.metrics.queued.inc()
+        if config.request_timeout is not None:
+            job.handle.deadline = job.arrival + config.request_timeout
+            job.handle.timeout = config.request_timeout
         self._jobs.put(job)
+
+    def _count_queued(self, delta: int) -> None:
+        with self._lock:
+            self.queued += delta
+        self.metrics.queued.inc(delta)
 
     # -- the loop --------------------------------------------------------------------------------------------------
 
@@ -189,16 +237,15 @@ class EngineWorker:
                     active.job.handle.cancel()
                 self._drop_cancelled()
                 return
+            if self._closing is not None:
+                self._fail(list(self._active), self._closing)
             self._drop_cancelled()
             if self.engine.has_unfinished:
                 try:
-                    stepped = self.engine.step()
-                except Exception as exc:  # noqa: BLE001 - a failed step fails its jobs, never the worker
+                    self._post(self.engine.step())
+                except Exception as exc:  # noqa: BLE001 - a failed step fails the jobs it touched, never the worker
                     logger.exception("engine step failed")
-                    self._fail_all(APIError(500, f"Generation failed ({type(exc).__name__}: {exc}).",
-                                            type="server_error"))
-                else:
-                    self._post(stepped)
+                    self._fail([a for a in self._active if a.touched], _internal(exc))
             self._update_gauges()
 
     def _take_jobs(self, block: bool) -> bool:
@@ -216,19 +263,18 @@ class EngineWorker:
     def _start(self, job: Job) -> None:
         """Check a job and queue its choices in the engine, or answer it with its error."""
         if job.handle.cancelled:
-            self.metrics.queued.dec()
+            self._count_queued(-1)
             return
         try:
             seqs, speculative = self._queue_choices(job)
         except APIError as error:
-            self.metrics.queued.dec()
+            self._count_queued(-1)
             job.handle.put(JobFailed(error))
             return
         except Exception as exc:  # noqa: BLE001 - one bad job must never take the worker down
             logger.exception("starting a generation failed")
-            self.metrics.queued.dec()
-            job.handle.put(JobFailed(APIError(500, f"Generation failed ({type(exc).__name__}: {exc}).",
-                                              type="server_error")))
+            self._count_queued(-1)
+            job.handle.put(JobFailed(_internal(exc)))
             return
         active = _Active(job, speculative, {seq.seq_id: _Choice(index, seq) for index, seq in enumerate(seqs)})
         self._active.append(active)
@@ -256,9 +302,11 @@ class EngineWorker:
             for ids, params in plans:
                 seqs.append(self.engine.add_request(ids, params, spec=job.spec, use_drafter=drafter is not None,
                                                     drafter=drafter))
-        except BaseException:
+        except BaseException as exc:
             for seq in seqs:
                 self.engine.abort(seq)
+            if isinstance(exc, ValueError):  # the request's grammar does not compile
+                raise invalid(str(exc), param=constraint_param(job.params)) from exc
             raise
         job.handle.put(Started(sum(len(ids) for ids in prompts), drafter is not None))
         return seqs, drafter is not None
@@ -291,8 +339,10 @@ class EngineWorker:
                 choice.first_at = choice.first_at or now
                 choice.last_at = now
                 choice.tokens += len(token_ids)
-            if text:
-                job.handle.put(TextDelta(choice.index, text))
+            logprobs = seq.take_logprobs()
+            if text or logprobs:
+                tokens = None if logprobs is None else decode_logprobs(logprobs, self.served.tokenizer)
+                job.handle.put(TextDelta(choice.index, text, tokens))
             if seq.finished:
                 self.metrics.observe_generation(seq.stats, active.speculative, "ok")
                 if choice.tokens > 1:
@@ -303,9 +353,10 @@ class EngineWorker:
                     job.handle.put(JobDone())
                     self._end(active)
 
-    def _fail_all(self, error: APIError) -> None:
-        """After a failed step: every running job gets the error and its sequences leave the engine."""
-        for active in list(self._active):
+    def _fail(self, jobs: list[_Active], error: APIError) -> None:
+        """These jobs get the error and their sequences leave the engine (after a failed step: rows it may have
+        left half-updated)."""
+        for active in jobs:
             for choice in active.choices.values():
                 try:
                     self.engine.abort(choice.seq)
@@ -324,7 +375,7 @@ class EngineWorker:
         if active.admitted:
             self.metrics.running.dec()
         else:
-            self.metrics.queued.dec()
+            self._count_queued(-1)
 
     def _note_admissions(self) -> None:
         """Choices that got a slot since the last look start their generation; their job runs, no longer queued."""
@@ -336,10 +387,14 @@ class EngineWorker:
                     self.metrics.prompt_tokens.inc(seq.prompt_len)
                     if not active.admitted:
                         active.admitted = True
-                        self.metrics.queued.dec()
+                        self._count_queued(-1)
                         self.metrics.running.inc()
 
     def _update_gauges(self) -> None:
         self._note_admissions()
         self.metrics.batch_rows.set(len(self.engine.running))
         self.metrics.waiting_sequences.set(len(self.engine.scheduler))
+
+
+def _internal(exc: Exception) -> APIError:
+    return APIError(500, f"Generation failed ({type(exc).__name__}: {exc}).", type="server_error")
