@@ -267,3 +267,44 @@ def test_speculation_really_ran(client):
         extra_body={"speculative": speculative("cascade", 4)})
     metrics = response.model_extra["speculative_metrics"]
     assert metrics["enabled"] and metrics["draft_tokens"] > 0 and metrics["accepted_tokens"] > 0, metrics
+
+
+# -- the real default pair (slow) ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_real_default_pair_conformance():
+    """SmolLM2-135M with its shipped draft, fp32: logprobs, logit_bias, penalties, a JSON schema and a regex give
+    the same tokens and logprobs with every drafter and K as the target alone."""
+    from verispec.config import SamplingParams, StructuredOutput
+    from verispec.drafters.factory import make_drafter
+    from verispec.engine import CACHE_SLACK, SpeculativeEngine
+    from verispec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+
+    target, tokenizer = load_model(DEFAULT_TARGET), load_tokenizer(DEFAULT_TARGET)
+    draft = load_model(DEFAULT_DRAFT)
+    engine = SpeculativeEngine(target, tokenizer, None, max_len=1024)
+    drafters = {name: make_drafter(name, target, tokenizer, 1024 + CACHE_SLACK, draft_model=draft)
+                for name in ("ngram", DEFAULT_DRAFT, f"ngram+{DEFAULT_DRAFT}")}
+    question = "Extract the city and the year from: the first modern Olympics were held in Athens in 1896."
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+    schema = json.dumps({"type": "object", "properties": {"city": {"type": "string"}, "year": {"type": "integer"}},
+                         "required": ["city", "year"]})
+    cases = [SamplingParams(max_new_tokens=48, logprobs=5),
+             SamplingParams(max_new_tokens=48, logprobs=2, logit_bias={330: 5.0, 28: -100}, presence_penalty=0.5,
+                            frequency_penalty=0.5, repetition_penalty=1.1),
+             SamplingParams(max_new_tokens=64, logprobs=1, structured=StructuredOutput("json_schema", schema)),
+             SamplingParams(max_new_tokens=32, structured=StructuredOutput("regex", "The city is [A-Z][a-z]+\\."))]
+    alone = engine.generate_batch([prompt] * len(cases), cases, use_drafter=False)
+    assert json.loads(alone[2].text)["year"] == 1896 and re.fullmatch("The city is [A-Z][a-z]+\\.", alone[3].text)
+    for name, drafter in drafters.items():
+        for k in KS:
+            spec = SpeculativeConfig(num_draft_tokens=k)
+            got = engine.generate_batch([prompt] * len(cases), cases, spec=spec, drafter=drafter)
+            for case, (want, result) in enumerate(zip(alone, got)):
+                what = f"{name}/K={k}/case {case}"
+                assert result.token_ids == want.token_ids and result.finish_reason == want.finish_reason, what
+                for a, b in zip(result.logprobs or [], want.logprobs or []):
+                    assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-5, what
+                    assert all(abs(x[1] - y[1]) < 1e-5 for x, y in zip(a.top, b.top)), what

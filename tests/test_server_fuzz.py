@@ -3,8 +3,8 @@ think of. Whatever arrives, the answer is a documented status below 500 with a s
 answers the next request correctly.
 
 The fuzz runs against a real uvicorn server (API key on, as it would be exposed) with Hypothesis derandomized, so
-a run is reproducible. VERISPEC_FUZZ_EXAMPLES sets the examples per operation and generation mode (default 60:
-about 900 requests, ~1 minute on two cores); VERISPEC_FUZZ_REPORT=path writes the status histogram as JSON.
+a run is reproducible. VERISPEC_FUZZ_EXAMPLES sets the examples per operation and generation mode (default 150:
+over 1,000 requests, under a minute on two cores); VERISPEC_FUZZ_REPORT=path writes the status histogram as JSON.
 """
 
 from __future__ import annotations

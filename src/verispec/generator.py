@@ -109,8 +109,10 @@ class SpeculativeGenerator:
         **kwargs: Any,
     ) -> str | list[int] | GenerationResult | list:
         """Generate a continuation. Sampling keywords: max_new_tokens, temperature, top_p, top_k, min_p,
-        repetition_penalty, presence_penalty, frequency_penalty, seed, stop, stop_token_ids, min_new_tokens,
-        ignore_eos (see SamplingParams).
+        repetition_penalty, presence_penalty, frequency_penalty, logit_bias ({token id: bias}), seed, stop,
+        stop_token_ids, min_new_tokens, ignore_eos, logprobs (N alternatives; the GenerationResult of
+        `return_dict=True` carries them), structured (a StructuredOutput: JSON schema, regex, choice, Lark grammar)
+        (see SamplingParams).
 
         Returns the text for a text prompt, the generated ids for an id prompt, or the whole GenerationResult
         with `return_dict=True`. `speculative=False` runs the target alone.

@@ -62,7 +62,8 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
     drafter = make_drafter(config.draft, target, tokenizer, max_len + CACHE_SLACK, draft_model=draft)
-    return BenchModels.build(target, draft, tokenizer, max_len, drafter, config.runner), encoded
+    models = BenchModels.build(target, draft, tokenizer, max_len, drafter, config.runner, config.settings.structured)
+    return models, encoded
 
 
 def new_report(config: BenchConfig, prompts_file: str) -> dict:

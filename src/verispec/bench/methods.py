@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..config import SamplingParams, SpeculativeConfig
+from ..config import SamplingParams, SpeculativeConfig, StructuredOutput
 from ..drafters.cascade import CascadeDrafter
 from ..engine import FixedK, SpeculativeEngine
 from ..models import model_weight_bytes
@@ -37,13 +37,15 @@ class BenchModels:
     tokenizer: object
     engine: SpeculativeEngine
     device: torch.device
+    structured: StructuredOutput | None = None  # the constraint our methods generate under (None: free text)
 
     @classmethod
-    def build(cls, target, draft, tokenizer, max_len: int, drafter, runner=None) -> BenchModels:
+    def build(cls, target, draft, tokenizer, max_len: int, drafter, runner=None,
+              structured: StructuredOutput | None = None) -> BenchModels:
         """`draft`: the draft model HF assisted generation uses (None: HF assisted is skipped); `drafter`: what our
         methods draft with (None: only the target-only methods run)."""
         engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len, runner=runner)
-        return cls(target, draft, tokenizer, engine, engine.target.device)
+        return cls(target, draft, tokenizer, engine, engine.target.device, structured)
 
 
 @dataclass
@@ -111,14 +113,20 @@ class EngineMethod(Method):
         else:
             self.spec = SpeculativeConfig(num_draft_tokens=k or 1)
 
+    def params(self, max_new_tokens: int, seed: int) -> SamplingParams:
+        """Exactly max_new_tokens tokens (EOS masked), or, under a constraint, until the constraint completes."""
+        if self.models.structured is not None:
+            return SamplingParams(max_new_tokens=max_new_tokens, seed=seed, structured=self.models.structured)
+        return SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
+
     def generate(self, prompt_ids, max_new_tokens, seed):
-        params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
+        params = self.params(max_new_tokens, seed)
         result = self.models.engine.generate(prompt_ids, params, spec=self.spec, use_drafter=self.uses_draft)
         return result.token_ids, result.stats
 
     def run_batch(self, prompts: list[list[int]], max_new_tokens: int, seed: int) -> BatchRun:
         """All prompts through one `engine.generate_batch` call, timed as a whole (prefill included)."""
-        params = SamplingParams(max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, seed=seed)
+        params = self.params(max_new_tokens, seed)
         torch.manual_seed(seed)
         if self.models.device.type == "cuda":
             torch.cuda.synchronize(self.models.device)  # earlier queued work must not count against this call
@@ -201,7 +209,9 @@ def build_methods(families: list[str], ks: list[int], models: BenchModels) -> tu
     methods: list[Method] = []
     notes: list[str] = []
     for family in families:
-        if family == "hf-assisted" and models.draft is None:
+        if family.startswith("hf-") and models.structured is not None:
+            notes.append(f"{family}: skipped, transformers generate has no structured output")
+        elif family == "hf-assisted" and models.draft is None:
             notes.append(f"{family}: skipped, HF assisted generation needs a draft model")
         elif family not in ("target", "hf-target") and models.engine.drafter is None:
             notes.append(f"{family}: skipped, no drafter")

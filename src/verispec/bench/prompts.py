@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_PROMPTS_NAME = "spec_bench_dev.jsonl"
+JSON_EXTRACTION = "json-extraction"  # `verispec bench --json-schema json-extraction`: the packaged set below
 PROMPTS_ENV = "VERISPEC_BENCH_PROMPTS"
 
 
@@ -26,6 +27,12 @@ class BenchPrompt:
     category: str
     text: str  # the first turn
     token_ids: tuple[int, ...] = ()  # the encoded prompt (chat template applied)
+
+
+def json_extraction_files() -> tuple[Path, Path]:
+    """The packaged JSON-extraction workload: (prompts file, JSON schema) for measuring structured output."""
+    folder = Path(__file__).resolve().parent.parent / "assets" / "bench"
+    return folder / "json_extraction.jsonl", folder / "json_extraction.schema.json"
 
 
 def default_prompts_path() -> Path | None:

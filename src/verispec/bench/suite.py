@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from tqdm.auto import tqdm
 
+from ..config import StructuredOutput
 from .aggregate import OVERALL, summarize
 from .batching import BATCH_FAMILIES
 from .costs import CostProbe, probe_costs
@@ -29,15 +30,21 @@ class BenchSettings:
     probe_repeats: int = 5  # timed repeats per width in the cost probe (0: no prediction)
     progress: bool = True
     batch_sizes: list[int] | None = None  # the batch-size sweep (batching.py) instead of the K sweep; None: K sweep
+    structured: StructuredOutput | None = None  # an output constraint for our methods (HF's are skipped)
 
     def to_dict(self) -> dict:
         if self.batch_sizes:
             mode = {"mode": "batch sizes", "batch_sizes": self.batch_sizes, "methods": list(BATCH_FAMILIES)}
         else:
             mode = {"mode": "K sweep", "ks": self.ks, "methods": self.families, "probe_repeats": self.probe_repeats}
-        return {**mode, "max_new_tokens": self.max_new_tokens, "seed": self.seed, "warmup_tokens": self.warmup_tokens,
-                "token_count": "generated tokens, prompt excluded; EOS masked so every method generates exactly "
-                               "max_new_tokens", "decoding": "greedy"}
+        count = ("generated tokens, prompt excluded; EOS masked so every method generates exactly max_new_tokens"
+                 if self.structured is None else "generated tokens, prompt excluded; each output ends where its "
+                 "constraint completes (identical for our methods, which all decode greedily)")
+        out = {**mode, "max_new_tokens": self.max_new_tokens, "seed": self.seed, "warmup_tokens": self.warmup_tokens,
+               "token_count": count, "decoding": "greedy"}
+        if self.structured is not None:
+            out["structured_output"] = self.structured.kind
+        return out
 
 
 @dataclass

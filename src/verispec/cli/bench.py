@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ..bench.prompts import JSON_EXTRACTION, json_extraction_files
+from ..config import StructuredOutput
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
 from .common import DTYPES, add_runner_args, positive_int, runner_options
@@ -42,6 +44,9 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--prompts", default=None, metavar="FILE",
                    help="JSON lines with question_id, category, turns (default: shared/data/spec_bench_dev.jsonl)")
+    g.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="our methods generate JSON valid against this schema (structured output; HF methods are "
+                        f"skipped); '{JSON_EXTRACTION}' selects the packaged JSON-extraction prompts and schema")
     g.add_argument("--categories", default=None, metavar="LIST", help="comma-separated categories (default: all)")
     g.add_argument("--limit", type=positive_int, default=None, metavar="N",
                    help="first N prompts of EACH category (default: all)")
@@ -104,11 +109,20 @@ def build_config(args: argparse.Namespace):
         raise CliError("--demo needs a draft model: drop --draft-model none")
     if batch_sizes and args.demo:
         raise CliError("--batch-sizes and --demo do not combine: drop one of them")
+    structured = None
+    if args.json_schema == JSON_EXTRACTION:
+        prompts, schema = json_extraction_files()
+        args.json_schema, args.prompts = str(schema), args.prompts or str(prompts)
+    if args.json_schema:
+        try:
+            structured = StructuredOutput("json_schema", Path(args.json_schema).read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise CliError(f"--json-schema {args.json_schema}: {exc.strerror}") from None
     settings = BenchSettings(
         max_new_tokens=args.max_new_tokens or (64 if args.demo else 128),
         ks=ks or [int(k) for k in DEFAULT_KS.split(",")], families=families, seed=args.seed,
         warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
-        batch_sizes=batch_sizes,
+        batch_sizes=batch_sizes, structured=structured,
     )
     if args.vllm_python and (batch_sizes or args.demo):
         raise CliError("--vllm-python runs with the batch-1 suite: drop --batch-sizes / --demo")

@@ -172,8 +172,8 @@ def document(app: FastAPI, config: ServerConfig) -> None:
                 if path.startswith("/v1") and config.api_key is not None:
                     operation["security"] = [{"bearer": []}]
                 if method == "post":
-                    responses["200"].setdefault("content", {})["text/event-stream"] = {
-                        "schema": {"type": "string", "description": "server-sent events, with \"stream\": true"}}
+                    # With "stream": true: events of the chunk objects, then `data: [DONE]` (docs/server.md).
+                    responses["200"].setdefault("content", {})["text/event-stream"] = {}
                 if path == "/metrics":
                     responses["200"]["content"] = {"text/plain": {"schema": {"type": "string"}}}
         app.openapi_schema = schema
