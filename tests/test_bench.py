@@ -194,6 +194,28 @@ def test_bench_with_a_model_free_drafter(model_dirs, prompts_file, tmp_path):
     assert run["results"]["overall"]["verispec-k2"]["equal_to_target"] == 3
 
 
+def test_bench_with_a_json_schema(model_dirs, prompts_file, tmp_path):
+    """`--json-schema`: our methods generate under the schema (outputs still equal the target's), HF's are skipped;
+    the packaged JSON-extraction workload exists and parses."""
+    from verispec.bench.prompts import json_extraction_files, load_prompts
+
+    schema = tmp_path / "schema.json"
+    schema.write_text('{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}')
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(model_dirs["target"]), "--draft-model", "ngram", "--prompts",
+               str(prompts_file), "--limit", "1", "--max-new-tokens", "12", "--k", "2", "--json-schema", str(schema),
+               "--methods", "target,verispec,hf-target", "--probe-repeats", "0", "--out", str(out), *FAST])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    run = report["runs"][0]
+    assert [m["name"] for m in run["methods"]] == ["target", "verispec-k2"]
+    assert any(note.startswith("hf-target: skipped") for note in run["notes"])
+    assert report["settings"]["structured_output"] == "json_schema"
+    assert run["results"]["overall"]["verispec-k2"]["equal_to_target"] == 3
+    prompts, packaged = json_extraction_files()
+    assert len(load_prompts(prompts)) == 8 and json.loads(packaged.read_text())["required"]
+
+
 def test_bench_demo_basic_prints_side_by_side(model_dirs, tmp_path, capsys):
     rc = main(["bench", "--demo", "basic", "--model", str(model_dirs["target"]), "--draft-model",
                str(model_dirs["draft"]), "--max-new-tokens", "8", "--k", "2", "--out", str(tmp_path), *FAST])
@@ -219,6 +241,7 @@ def test_bench_demo_basic_prints_side_by_side(model_dirs, tmp_path, capsys):
         (["--batch-sizes", "1,257"], "--batch-sizes values must be between 1 and 256"),
         (["--batch-sizes", "1,2.5"], "--batch-sizes must be a comma-separated list"),
         (["--batch-sizes", "4", "--demo", "basic"], "--batch-sizes and --demo do not combine"),
+        (["--json-schema", "/nonexistent/schema.json"], "--json-schema /nonexistent/schema.json"),
     ],
 )
 def test_bench_bad_input_exits_2(prompts_file, extra, message, capsys, tmp_path):

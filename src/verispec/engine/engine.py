@@ -47,6 +47,7 @@ logger = logging.getLogger("verispec")
 
 # Room past max_len for the k + 1 positions a verify pass writes beyond the committed sequence.
 CACHE_SLACK = 66
+MAX_FORCED_DRAFT = 32  # most grammar-forced tokens drafted in one round (a verify pass's width stays < CACHE_SLACK)
 
 
 def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:
@@ -284,12 +285,17 @@ class SpeculativeEngine:
         chosen = {id(policy): policy.choose(batch, rows_of[id(policy)]) for policy in policies}
         ks = [max(0, min(chosen[id(policy)], seq.remaining - 1)) for seq, policy in zip(rows, policies)]
         proposals = [DraftProposal(seq.committed.new_empty(0), None) for seq in rows]
-        for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, ks) if k > 0}.values():
+        # A speculating row whose grammar forces the next tokens drafts them instead of asking its drafter (whose
+        # cache then only catches up): forced tokens are the only ones the mask allows, so they are accepted.
+        forced = {i: draft for i, (seq, k) in enumerate(zip(rows, ks)) if k > 0
+                  and (draft := _forced_draft(seq)) is not None}
+        draft_ks = [0 if i in forced else k for i, k in enumerate(ks)]
+        for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, draft_ks) if k > 0}.values():
             members = [seq.drafter is drafter for seq in rows]
             draft_batch = DraftBatch([
                 DraftRow(seq.committed, k if member else 0, seq.slot, seq.generator, member,
                          seq.spec.speculative_threshold, stage)
-                for seq, k, member, stage in zip(rows, ks, members, routed)
+                for seq, k, member, stage in zip(rows, draft_ks, members, routed)
             ], sampling)
             made = self._safe(drafter, None, lambda d: d.propose(draft_batch), returns=True, rows=[
                 seq for seq, member in zip(rows, members) if member])
@@ -298,6 +304,7 @@ class SpeculativeEngine:
             for i, member in enumerate(members):
                 if member:
                     proposals[i] = made[i]
+        proposals = [forced.get(i, proposal) for i, proposal in enumerate(proposals)]
         for i, seq in enumerate(rows):
             proposals[i] = _grammar_cut(seq, proposals[i])
         max_k = max(p.token_ids.numel() for p in proposals)
@@ -516,6 +523,18 @@ def _grammar_cut(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
         return proposal
     probs = None if proposal.probs is None else proposal.probs[:valid]
     return DraftProposal(proposal.token_ids[:valid], probs, proposal.seconds)
+
+
+def _forced_draft(seq: Sequence) -> DraftProposal | None:
+    """The tokens a structured-output row's grammar forces next (e.g. `","year":` between two JSON values), as a
+    point-mass draft; None when nothing is forced."""
+    grammar = seq.sampling.grammar
+    if grammar is None:
+        return None
+    tokens = grammar.forced_tokens()[: min(seq.remaining - 1, MAX_FORCED_DRAFT)]
+    if not tokens:
+        return None
+    return DraftProposal(torch.tensor(tokens, dtype=torch.long, device=seq.tokens.device), None)
 
 
 def acceptance_label(spec: SpeculativeConfig) -> str:

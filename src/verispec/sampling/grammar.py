@@ -89,6 +89,14 @@ def grammar_source(structured: StructuredOutput) -> str:
     return LLMatcher.grammar_from_lark(structured.spec)
 
 
+def _bitmask(token_ids: Sequence[int], words: int) -> Tensor:
+    """[words] int32 with the bits of `token_ids` set (llguidance's layout: bit t % 32 of word t // 32)."""
+    bits = torch.zeros(words, dtype=torch.int64)
+    for token in token_ids:
+        bits[token // 32] |= 1 << (token % 32)
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)  # the same bits, as int32
+
+
 class Grammar:
     """One sequence's grammar state: consumed = the committed output tokens."""
 
@@ -103,10 +111,10 @@ class Grammar:
         self.words = (vocab_size + 31) // 32
         self.eos_ids = sorted(t for t in eos_ids if 0 <= t < vocab_size)
         self.broken = False  # the matcher refused a committed token (an engine fault): only EOS from then on
-        words = torch.zeros(self.words, dtype=torch.int64)  # [words]: the EOS-only bitmask
-        for eos in self.eos_ids:
-            words[eos // 32] |= 1 << (eos % 32)
-        self._eos_only = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)  # as int32 bit patterns
+        self._eos_only = _bitmask(self.eos_ids, self.words)  # [words] int32
+        # llguidance lets the unknown token through where nothing else fits; it never continues a grammar.
+        unk = getattr(tokenizer, "unk_token_id", None)
+        self._not_unk = None if unk is None or unk in self.eos_ids or unk >= vocab_size else ~_bitmask([unk], self.words)
         key = (structured, id(tokenizer), vocab_size, tuple(self.eos_ids))
         compiled = _MATCHERS.get(key)
         if compiled is None:
@@ -139,6 +147,13 @@ class Grammar:
                 return -1
         return len(token_ids)
 
+    def forced_tokens(self) -> list[int]:
+        """The tokens the grammar forces after the committed output (its only continuation, tokenized the
+        canonical way), or [] when the next token is a choice."""
+        if self.broken or self.matcher.is_stopped():
+            return []
+        return list(self.matcher.compute_ff_tokens())
+
     def valid_prefix(self, token_ids: Sequence[int]) -> int:
         """How many leading draft tokens the grammar allows (nothing is consumed)."""
         return self.matcher.validate_tokens(list(token_ids)) if token_ids else 0
@@ -162,6 +177,8 @@ class Grammar:
                 consumed = window
             row = bitmask[i]
             self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), self.words * 4)
+            if self._not_unk is not None:
+                row &= self._not_unk
             if self.broken or not row.any():
                 if window == 0 and not self.broken:
                     logger.warning("structured output: no token continues the %s constraint; ending the output",
