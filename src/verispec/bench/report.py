@@ -113,6 +113,13 @@ def batching_lines(run: dict) -> list[str]:
                     "token-identical to that prompt's output from the target alone at batch size 1.", ""]
 
 
+def length_line(settings: dict) -> str:
+    if settings.get("structured_output"):
+        return (f"structured output ({settings['structured_output']}): each output ends where its constraint "
+                f"completes, at most {settings['max_new_tokens']} new tokens")
+    return f"{settings['max_new_tokens']} new tokens per prompt for every method (EOS masked)"
+
+
 def render_markdown(report: dict) -> str:
     settings = report["settings"]
     order = ("one warm-up batch per method and batch size excluded, methods interleaved batch by batch"
@@ -122,8 +129,7 @@ def render_markdown(report: dict) -> str:
              f"- machine: {machine_line(report['machine'])}",
              f"- models: target `{report['models']['target']}`, draft `{report['models']['draft']}`",
              f"- prompts: {settings['prompts_file']} ({settings['limit_note']})",
-             f"- greedy, {settings['max_new_tokens']} new tokens per prompt for every method (EOS masked), "
-             f"seed {settings['seed']}, {order}", ""]
+             f"- greedy, {length_line(settings)}, seed {settings['seed']}, {order}", ""]
     for run in report["runs"]:
         lines += [f"## {run['dtype']}", ""]
         lines += [f"- note: {note}" for note in run["notes"]]

@@ -285,17 +285,22 @@ class SpeculativeEngine:
         chosen = {id(policy): policy.choose(batch, rows_of[id(policy)]) for policy in policies}
         ks = [max(0, min(chosen[id(policy)], seq.remaining - 1)) for seq, policy in zip(rows, policies)]
         proposals = [DraftProposal(seq.committed.new_empty(0), None) for seq in rows]
-        # A speculating row whose grammar forces the next tokens drafts them instead of asking its drafter (whose
-        # cache then only catches up): forced tokens are the only ones the mask allows, so they are accepted.
+        # A speculating row whose grammar forces the next tokens drafts them first (they are the only tokens its mask
+        # allows); a drafter without probabilities (n-gram) continues after them, from the context extended by them.
+        # A model drafter only catches up on them this round: its q would need the grammar state after them. Its
+        # cache then holds tokens of the verified sequence only, so `observe` rolls it back as usual.
         forced = {i: draft for i, (seq, k) in enumerate(zip(rows, ks)) if k > 0
                   and (draft := _forced_draft(seq)) is not None}
-        draft_ks = [0 if i in forced else k for i, k in enumerate(ks)]
-        for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, draft_ks) if k > 0}.values():
+        contexts = [torch.cat([seq.committed, forced[i]]) if i in forced else seq.committed
+                    for i, seq in enumerate(rows)]
+        draft_ks = [k if i not in forced else 0 if routed[i].provides_probs else
+                    max(0, min(k, rows[i].remaining - 1 - forced[i].numel())) for i, k in enumerate(ks)]
+        for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, ks) if k > 0}.values():
             members = [seq.drafter is drafter for seq in rows]
             draft_batch = DraftBatch([
-                DraftRow(seq.committed, k if member else 0, seq.slot, seq.generator, member,
+                DraftRow(context, k if member else 0, seq.slot, seq.generator, member,
                          seq.spec.speculative_threshold, stage)
-                for seq, k, member, stage in zip(rows, draft_ks, members, routed)
+                for seq, context, k, member, stage in zip(rows, contexts, draft_ks, members, routed)
             ], sampling)
             made = self._safe(drafter, None, lambda d: d.propose(draft_batch), returns=True, rows=[
                 seq for seq, member in zip(rows, members) if member])
@@ -304,7 +309,7 @@ class SpeculativeEngine:
             for i, member in enumerate(members):
                 if member:
                     proposals[i] = made[i]
-        proposals = [forced.get(i, proposal) for i, proposal in enumerate(proposals)]
+        proposals = [_after_forced(forced[i], p) if i in forced else p for i, p in enumerate(proposals)]
         for i, seq in enumerate(rows):
             proposals[i] = _grammar_cut(seq, proposals[i])
         max_k = max(p.token_ids.numel() for p in proposals)
@@ -525,16 +530,24 @@ def _grammar_cut(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
     return DraftProposal(proposal.token_ids[:valid], probs, proposal.seconds)
 
 
-def _forced_draft(seq: Sequence) -> DraftProposal | None:
-    """The tokens a structured-output row's grammar forces next (e.g. `","year":` between two JSON values), as a
-    point-mass draft; None when nothing is forced."""
+def _forced_draft(seq: Sequence) -> torch.Tensor | None:
+    """[f] the tokens a structured-output row's grammar forces next (e.g. `","year":` between two JSON values);
+    None when nothing is forced."""
     grammar = seq.sampling.grammar
     if grammar is None:
         return None
     tokens = grammar.forced_tokens()[: min(seq.remaining - 1, MAX_FORCED_DRAFT)]
-    if not tokens:
-        return None
-    return DraftProposal(torch.tensor(tokens, dtype=torch.long, device=seq.tokens.device), None)
+    return torch.tensor(tokens, dtype=torch.long, device=seq.tokens.device) if tokens else None
+
+
+def _after_forced(forced: torch.Tensor, proposal: DraftProposal) -> DraftProposal:
+    """The forced tokens (point masses: q = one-hot) followed by what the drafter proposed after them."""
+    tokens = torch.cat([forced, proposal.token_ids.to(forced.device)])
+    probs = None
+    if proposal.probs is not None and proposal.token_ids.numel():
+        one_hot = torch.nn.functional.one_hot(forced, proposal.probs.shape[-1]).to(proposal.probs)
+        probs = torch.cat([one_hot.to(proposal.probs.device), proposal.probs])
+    return DraftProposal(tokens, probs, proposal.seconds)
 
 
 def acceptance_label(spec: SpeculativeConfig) -> str:
