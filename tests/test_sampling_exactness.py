@@ -92,13 +92,12 @@ CASES = {
         max_new_tokens=NEW_TOKENS, temperature=0.7, top_k=2, presence_penalty=0.8, frequency_penalty=0.5,
         logit_bias={1: 1.5, 3: -2.0},
     ),
-    "point-mass-drafter-temperature": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.2),
     "point-mass-drafter-penalties-logit-bias": SamplingParams(
-        max_new_tokens=NEW_TOKENS, temperature=1.0, presence_penalty=-0.6, frequency_penalty=0.9,
+        max_new_tokens=NEW_TOKENS, temperature=1.2, presence_penalty=-0.6, frequency_penalty=0.9,
         logit_bias={0: -1.0, 2: 2.0},
     ),
 }
-ROWS_PER_CASE = 32  # per batch: 128 rows in every step
+ROWS_PER_CASE = 32  # per batch: 96 rows in every step
 
 
 def run_cases(cases=tuple(CASES)):
