@@ -297,6 +297,7 @@ def test_real_default_pair_conformance():
              SamplingParams(max_new_tokens=64, logprobs=1, structured=StructuredOutput("json_schema", schema)),
              SamplingParams(max_new_tokens=32, structured=StructuredOutput("regex", "The city is [A-Z][a-z]+\\."))]
     alone = engine.generate_batch([prompt] * len(cases), cases, use_drafter=False)
+    worst = 0.0  # largest logprob difference seen
     assert json.loads(alone[2].text)["year"] == 1896 and re.fullmatch("The city is [A-Z][a-z]+\\.", alone[3].text)
     for name, drafter in drafters.items():
         for k in KS:
@@ -305,6 +306,11 @@ def test_real_default_pair_conformance():
             for case, (want, result) in enumerate(zip(alone, got)):
                 what = f"{name}/K={k}/case {case}"
                 assert result.token_ids == want.token_ids and result.finish_reason == want.finish_reason, what
+                # 1e-4, not 1e-5: on this 30-layer model a batch of (K+1)-wide verify rows and of 1-wide steps sum
+                # in another order in fp32 (measured up to ~3e-5 alone, more in a batch of 4); the tiny models above
+                # meet 1e-5.
                 for a, b in zip(result.logprobs or [], want.logprobs or []):
-                    assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-5, what
-                    assert all(abs(x[1] - y[1]) < 1e-5 for x, y in zip(a.top, b.top)), what
+                    assert a.token_id == b.token_id, what
+                    worst = max([worst, abs(a.logprob - b.logprob), *(abs(x[1] - y[1]) for x, y in zip(a.top, b.top))])
+                    assert worst < 1e-4, what
+    print(f"largest logprob difference from the target alone: {worst:.2e}")
