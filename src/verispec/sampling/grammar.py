@@ -69,6 +69,15 @@ def _ll_tokenizer(tokenizer, vocab_size: int, eos_ids: Sequence[int]):
     return _TOKENIZERS[key][1]
 
 
+def prepare_tokenizer(tokenizer, vocab_size: int, eos_ids: Iterable[int]) -> None:
+    """Build llguidance's view of `tokenizer` now (a server does it at start-up, not on its first structured
+    request). A tokenizer llguidance cannot read is left for that request to report."""
+    try:
+        _ll_tokenizer(tokenizer, vocab_size, sorted(t for t in eos_ids if 0 <= t < vocab_size))
+    except Exception as exc:  # noqa: BLE001 - only a warm-up: the request that needs it raises a clear error
+        logger.info("structured output unavailable for this tokenizer: %s", exc)
+
+
 def grammar_source(structured: StructuredOutput) -> str:
     """The llguidance grammar of a constraint. Raises ValueError for a schema that is not JSON."""
     from llguidance import LLMatcher
