@@ -138,7 +138,7 @@ def _try_model_drafter(name, target, max_len, dtype, device, check_memory, free_
 
     path = resolve_model_path(name)
     if check_memory:
-        config = _read_config(path)
+        config = read_model_config(path)
         if config is not None:
             check = check_draft_memory(path, config, target.config, max_len, dtype, device, free_bytes=free_bytes)
             if not check.fits:
@@ -150,7 +150,7 @@ def _try_model_drafter(name, target, max_len, dtype, device, check_memory, free_
     return model_drafter(target, draft, max_len), None
 
 
-def _read_config(path):
+def read_model_config(path):
     """The model config without its weights (None when unreadable: loading will report why)."""
     from transformers import AutoConfig
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .machine import machine_line
+from .plots import log2_axis, pyplot, save_figure
 
 # The goals of the continuous-batching issue, checked on every run (CPU, the default pair).
 SCALING_GOALS = {8: 3.0, 16: 4.0}  # throughput at C clients over one client alone, speculation off and on
@@ -99,11 +100,7 @@ def markdown(report: dict) -> str:
 
 
 def plot(run: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     clients = [int(c) for c in run["results"]]
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     panels = [("tokens_per_s", None, "throughput (tokens/s, all clients)", 1.0),
@@ -117,15 +114,10 @@ def plot(run: dict, path: Path) -> Path:
             if p99:
                 ax.plot(clients, [_v(r[p99], scale) for r in rows], marker="x", linestyle="--", color=color,
                         label=f"speculation {mode} p99")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(clients, [str(c) for c in clients])
+        log2_axis(ax, clients)
         ax.set(title=f"{title} ({run['dtype']})", xlabel="concurrent clients")
-        ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _v(value, scale: float) -> float:

@@ -69,11 +69,16 @@ def _ll_tokenizer(tokenizer, vocab_size: int, eos_ids: Sequence[int]):
     return _TOKENIZERS[key][1]
 
 
+def _eos_in_vocab(eos_ids: Iterable[int], vocab_size: int) -> list[int]:
+    """The EOS ids a grammar ends with, sorted: part of the cache keys, so the warm-up finds what requests use."""
+    return sorted(t for t in eos_ids if 0 <= t < vocab_size)
+
+
 def prepare_tokenizer(tokenizer, vocab_size: int, eos_ids: Iterable[int]) -> None:
     """Build llguidance's view of `tokenizer` now (a server does it at start-up, not on its first structured
     request). A tokenizer llguidance cannot read is left for that request to report."""
     try:
-        _ll_tokenizer(tokenizer, vocab_size, sorted(t for t in eos_ids if 0 <= t < vocab_size))
+        _ll_tokenizer(tokenizer, vocab_size, _eos_in_vocab(eos_ids, vocab_size))
     except Exception as exc:  # noqa: BLE001 - only a warm-up: the request that needs it raises a clear error
         logger.info("structured output unavailable for this tokenizer: %s", exc)
 
@@ -118,7 +123,7 @@ class Grammar:
         self.structured = structured
         self.vocab_size = vocab_size
         self.words = (vocab_size + 31) // 32
-        self.eos_ids = sorted(t for t in eos_ids if 0 <= t < vocab_size)
+        self.eos_ids = _eos_in_vocab(eos_ids, vocab_size)
         self.broken = False  # the matcher refused a committed token (an engine fault): only EOS from then on
         self._eos_only = _bitmask(self.eos_ids, self.words)  # [words] int32
         # llguidance lets the unknown token through where nothing else fits; it never continues a grammar.

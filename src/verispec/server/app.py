@@ -43,7 +43,7 @@ from .worker import ChoiceDone, EngineWorker, Job, JobDone, JobFailed, JobHandle
 API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
 CLIENT_GONE = 499  # nginx's "client closed request": the status metrics give requests whose client went away
-_API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "ignore_eos": "ignore_eos"}  # SamplingParams -> request field
+_API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}  # SamplingParams -> request field
 _ERRORS = {400: {"model": ErrorResponse}, 404: {"model": ErrorResponse}}
 
 

@@ -32,7 +32,8 @@ def requested_logprobs(body: SamplingFields) -> int | None:
 
 
 def logit_bias(body: SamplingFields, vocab_size: int) -> dict[int, float]:
-    """OpenAI's map of token ids (strings) to biases, checked against the model's vocabulary."""
+    """OpenAI's map of token ids (strings) to biases, checked against the model's vocabulary (SamplingParams checks
+    the values)."""
     out = {}
     for key, bias in (body.logit_bias or {}).items():
         try:
@@ -41,9 +42,6 @@ def logit_bias(body: SamplingFields, vocab_size: int) -> dict[int, float]:
             raise invalid(f"logit_bias keys must be token ids, got {key!r}.", param="logit_bias") from None
         if not 0 <= token < vocab_size:
             raise invalid(f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size}).",
-                          param="logit_bias")
-        if not -100 <= bias <= 100:
-            raise invalid(f"logit_bias values must be in [-100, 100], got {bias} for token {token}.",
                           param="logit_bias")
         out[token] = bias
     return out
@@ -73,6 +71,12 @@ def structured_output(body: SamplingFields) -> StructuredOutput | None:
     if body.guided_choice is not None:
         return StructuredOutput("choice", choices=tuple(body.guided_choice))
     return StructuredOutput("grammar", body.guided_grammar)
+
+
+def constraint_param(params) -> str:
+    """The request field a SamplingParams' constraint came from, named in the errors the engine raises for it
+    (the worker has the SamplingParams, no longer the request body)."""
+    return "response_format" if params.structured is not None else "logit_bias"
 
 
 def constraint_field(body: SamplingFields, field: str) -> str:

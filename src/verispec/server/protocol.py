@@ -11,7 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
+from ..config import MAX_LOGPROBS
+
 MAX_CHOICES = 64  # most choices (n, times the prompts of a completion request) one request may ask for
 MAX_STOP_STRINGS = 16  # stop strings, and separately stop_token_ids, one request may give
 MAX_STOP_CHARS = 256  # longest stop string: the stop check searches a window this long at every token

@@ -50,11 +50,6 @@ def decode_logprobs(logprobs: list[TokenLogprob], tokenizer) -> list[TokenText]:
                       [(text(t), max(value, LOGPROB_FLOOR)) for t, value in lp.top]) for lp in logprobs]
 
 
-def constraint_param(params) -> str:
-    """The request field a SamplingParams' constraint came from, named in its errors."""
-    return "response_format" if params.structured is not None else "logit_bias"
-
-
 def _utf8(text: str) -> list[int]:
     return list(text.encode("utf-8"))
 

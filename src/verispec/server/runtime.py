@@ -23,7 +23,7 @@ from ..drafters.factory import NONE, make_drafter, model_part
 from ..engine import CACHE_SLACK, SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
 from ..memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
-from ..fallback import _read_config, load_drafter_or_fallback
+from ..fallback import read_model_config, load_drafter_or_fallback
 from ..models import ModelLoadError, load_model, load_tokenizer, resolve_model_path
 from ..sampling.grammar import prepare_tokenizer
 from .config import ServerConfig
@@ -145,7 +145,7 @@ class ServedModel:
         if model is None:  # n-gram and other drafters without weights
             return
         path = resolve_model_path(model)
-        config = _read_config(path)
+        config = read_model_config(path)
         weights = weights_bytes(path, self.config.dtype)
         if config is None or weights is None:
             return  # unknown size: loading reports any real problem

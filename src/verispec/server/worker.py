@@ -34,7 +34,8 @@ from ..engine import Sequence, SpeculativeEngine
 from ..stats import GenerationStats
 from .errors import APIError, invalid, queue_full, timed_out
 from .metrics import ServerMetrics
-from .responses import TokenText, constraint_param, decode_logprobs
+from .constraints import constraint_param
+from .responses import TokenText, decode_logprobs
 from .runtime import Prompt, ServedModel
 
 logger = logging.getLogger("verispec.server")
@@ -156,7 +157,7 @@ class _Active:
     @property
     def touched(self) -> bool:
         """A step has worked on one of its choices (it holds a slot, or has been prefilled or decoded)."""
-        return any(c.seq.slot >= 0 or c.seq.prefilled > 0 or c.seq.stats.rounds > 0 for c in self.choices.values())
+        return any(_started(c.seq) for c in self.choices.values())
 
 
 # -- the worker ------------------------------------------------------------------------------------------------------
@@ -382,7 +383,7 @@ class EngineWorker:
         for active in self._active:
             for choice in active.choices.values():
                 seq = choice.seq
-                if not choice.admitted and (seq.slot >= 0 or seq.prefilled > 0 or seq.stats.rounds > 0):
+                if not choice.admitted and _started(seq):
                     choice.admitted = True
                     self.metrics.prompt_tokens.inc(seq.prompt_len)
                     if not active.admitted:
@@ -394,6 +395,11 @@ class EngineWorker:
         self._note_admissions()
         self.metrics.batch_rows.set(len(self.engine.running))
         self.metrics.waiting_sequences.set(len(self.engine.scheduler))
+
+
+def _started(seq: Sequence) -> bool:
+    """The engine has begun the sequence: it holds a slot, or was prefilled or decoded."""
+    return seq.slot >= 0 or seq.prefilled > 0 or seq.stats.rounds > 0
 
 
 def _internal(exc: Exception) -> APIError:
