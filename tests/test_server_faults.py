@@ -203,10 +203,11 @@ def stream_body(**request) -> dict:
     return {"model": MODEL, "temperature": 0, "ignore_eos": True, "stream": True, **request}
 
 
-def test_a_client_that_leaves_while_queued(server, client):
+def test_a_client_that_leaves_while_queued(server, client, monkeypatch):
     other = dict(prompt="one two", max_tokens=60, speculative=False)
     [reference] = alone(client, [other])
     before = clean(server)
+    slow_steps(monkeypatch, server.worker.engine)  # the batch stays full long after the queued client leaves
     long = stream_body(prompt="the cat", max_tokens=120, n=SLOTS, speculative=False)
     with httpx.Client(base_url=server.url, timeout=60) as own:
         with own.stream("POST", "/v1/completions", json=long) as r:
