@@ -135,6 +135,8 @@ class SpeculativeConfig:
     """'exact' (lossless) or 'top_k' (LOSSY: also accept draft tokens in the target's top `acceptance_top_k`)."""
     acceptance_top_k: int = 1
     """N of the lossy 'top_k' acceptance mode."""
+    tree_nodes: int = 0
+    """Most draft tokens of a token tree per round, for drafters that propose trees (0 or <= K: chains)."""
 
     def __post_init__(self) -> None:
         _check(self.num_draft_tokens >= 1, f"num_draft_tokens (K, --draft-tokens) must be >= 1, got {self.num_draft_tokens}")
@@ -143,6 +145,7 @@ class SpeculativeConfig:
         _check(0 <= self.speculative_threshold < 1, f"speculative_threshold must be in [0, 1), got {self.speculative_threshold}")
         _check(self.acceptance in ACCEPTANCE_MODES, f"acceptance must be one of {ACCEPTANCE_MODES}, got {self.acceptance!r}")
         _check(self.acceptance_top_k >= 1, f"acceptance_top_k must be >= 1, got {self.acceptance_top_k}")
+        _check(0 <= self.tree_nodes <= 64, f"tree_nodes (--tree-nodes) must be in [0, 64], got {self.tree_nodes}")
 
     @property
     def lossless(self) -> bool:

@@ -80,7 +80,7 @@ def load_drafter_or_fallback(
     ValueError for a draft whose vocabulary differs from the target's: those are the user's to fix.
     """
     from .drafters.cascade import SEPARATOR, CascadeDrafter
-    from .drafters.factory import AUTO, NAMED_DRAFTERS, NONE, cascade_parts
+    from .drafters.factory import AUTO, NAMED_DRAFTERS, NONE, cascade_parts, head_path
     from .drafters.ngram import NgramDrafter
 
     requested = NONE if name is None else str(name)
@@ -119,6 +119,11 @@ def load_drafter_or_fallback(
         return DrafterLoad(NgramDrafter(), "ngram", requested, choice.num_draft_tokens)
     if requested in NAMED_DRAFTERS:
         return DrafterLoad(NAMED_DRAFTERS[requested](target, tokenizer, max_len), requested, requested)
+    head = head_path(requested)
+    if head is not None:  # a few MB, built on the target's own embeddings: a mismatch is the user's to fix
+        from .drafters.head import head_drafter
+
+        return DrafterLoad(head_drafter(head, target, max_len, requested), requested, requested)
     drafter, reason = _try_model_drafter(requested, target, max_len, dtype, device, check_memory, free_bytes)
     if drafter is not None:
         return DrafterLoad(drafter, requested, requested)

@@ -23,9 +23,11 @@ class GenerationStats:
     acceptance_mode: str = "exact"  # verification mode: 'exact' (lossless) or e.g. 'top_k:5' (LOSSY); 'mixed' if both
     lossy: bool = False  # True when a lossy acceptance mode changed the output distribution
 
-    def record_round(self, proposed: int, accepted: int, committed: int) -> None:
+    def record_round(self, proposed: int, accepted: int, committed: int, verified: int | None = None) -> None:
+        """One round: `proposed` draft positions (a tree's depth), the leading `accepted` of them accepted,
+        `committed` tokens kept; `verified` draft tokens (a tree's nodes; default: proposed)."""
         self.rounds += 1
-        self.draft_tokens += proposed
+        self.draft_tokens += proposed if verified is None else verified
         self.accepted_tokens += accepted
         self.generated_tokens += committed
         grow = proposed - len(self.proposed_by_position)

@@ -59,6 +59,19 @@ def add_parser(subparsers) -> None:
                    help=f"longest such document (default {d['document_tokens']})")
     g.add_argument("--gen-batch-size", type=_positive_int, default=d["gen_batch_size"],
                    help=f"prompts per generation batch (default {d['gen_batch_size']})")
+    g.add_argument("--teacher-dtype", choices=["bfloat16", "float16", "float32"], default=d["teacher_dtype"],
+                   help="the target's dtype while it writes the data (default %(default)s; float32 is faster on "
+                        "CPUs without AVX-512)")
+    g = p.add_argument_group("draft head (--head: a feature-level head on the target's hidden states, not a model)")
+    g.add_argument("--head", action="store_true",
+                   help="train a draft head (EAGLE-style, one decoder layer on the target's features) instead of a "
+                        "small draft model; use it with --draft-model head:OUT")
+    g.add_argument("--head-vocab", type=_positive_int, default=d["head_vocab"],
+                   help="draft vocabulary: the most frequent answer tokens (default %(default)s)")
+    g.add_argument("--head-unroll", type=_positive_int, default=d["head_unroll"],
+                   help="training-time unroll steps over the head's own predicted features (default %(default)s)")
+    g.add_argument("--head-tree-nodes", type=_non_negative_int, default=d["head_tree_nodes"],
+                   help="token-tree node budget evaluated beside the chain (default %(default)s)")
     g = p.add_argument_group("draft model")
     g.add_argument("--hidden-size", type=_positive_int, default=d["hidden_size"])
     g.add_argument("--layers", type=_positive_int, default=d["num_layers"])
@@ -109,6 +122,8 @@ def run(args: argparse.Namespace) -> int:
             target=str(args.target), corpus=[str(c) for c in args.corpus], seed=args.seed, tokens=args.tokens,
             max_new_tokens=args.max_new_tokens, documents=args.documents,
             document_tokens=args.document_tokens, gen_batch_size=args.gen_batch_size,
+            teacher_dtype=args.teacher_dtype, head=args.head, head_vocab=args.head_vocab,
+            head_unroll=args.head_unroll, head_tree_nodes=args.head_tree_nodes,
             hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size,
             num_heads=args.heads, num_kv_heads=args.kv_heads, steps=args.steps, lr=args.lr,
             batch_tokens=args.batch_tokens, max_length=args.max_length, train_length=args.train_length,

@@ -37,7 +37,7 @@ CHUNK_PROMPTS = 192  # prompts per answers file: the unit of resumption while ge
 # Settings that change the teacher data; a resumed run must keep them. (`tokens` may change: answers are generated
 # chunk by chunk in a fixed prompt order, so a larger budget extends the data and a smaller one uses a prefix.)
 DATA_FIELDS = ("target", "corpus", "seed", "max_new_tokens", "documents", "document_tokens",
-               "document_temperature", "topk", "max_length")
+               "document_temperature", "topk", "max_length", "teacher_dtype")
 
 
 class DistillError(ValueError):
@@ -46,24 +46,15 @@ class DistillError(ValueError):
 
 def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bool = False,
                 eval_data: Path | None = None, progress: bool = True, log=print) -> dict:
-    """Run every stage; returns the report also written into `out_dir/distill_recipe.json`."""
+    """Run every stage; returns the report also written into `out_dir/distill_recipe.json` (a draft head's run:
+    head_pipeline.py, when recipe.head)."""
     out_dir, work_dir = Path(out_dir), Path(work_dir)
-    _prepare_work_dir(recipe, work_dir, resume)
-    timings: dict[str, float] = {}
-    clock = time.perf_counter()
+    tokenizer, samples, pad_id, timings, clock = teacher_data(recipe, work_dir, resume, progress, log)
+    if recipe.head:
+        from .head_pipeline import run_head_distill
 
-    log(f"loading target {recipe.target}")
-    tokenizer = load_tokenizer(recipe.target)
-    teacher = load_model(recipe.target, dtype=torch.bfloat16)
-    eos = ev._eos_ids(teacher, tokenizer)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
-
-    documents = _documents_stage(recipe, work_dir, teacher, tokenizer, eos, pad_id, progress, log)
-    timings["documents"] = time.perf_counter() - clock
-    prompts = _prompts_stage(recipe, work_dir, documents, log)
-    samples = _answers_stage(recipe, work_dir, prompts, teacher, tokenizer, eos, pad_id, progress, log)
-    timings["answers"] = time.perf_counter() - clock - sum(timings.values())
-    del teacher
+        return run_head_distill(recipe, out_dir, work_dir, tokenizer, samples, timings, clock, eval_data,
+                                progress, log)
 
     target = load_model(recipe.target, dtype=torch.float32)
     config = draft_config(target.config, recipe.hidden_size, recipe.num_layers, recipe.intermediate_size,
@@ -114,6 +105,25 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     timings["total"] = time.perf_counter() - clock
     (out_dir / "distill_recipe.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def teacher_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: bool, log):
+    """The shared data stages (documents, prompts, the target's answers), resumable in `work_dir`.
+    -> (tokenizer, samples, pad id, timings so far, clock start)."""
+    _prepare_work_dir(recipe, work_dir, resume)
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    log(f"loading target {recipe.target}")
+    tokenizer = load_tokenizer(recipe.target)
+    teacher = load_model(recipe.target, dtype=getattr(torch, recipe.teacher_dtype))
+    eos = ev._eos_ids(teacher, tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
+    documents = _documents_stage(recipe, work_dir, teacher, tokenizer, eos, pad_id, progress, log)
+    timings["documents"] = time.perf_counter() - clock
+    prompts = _prompts_stage(recipe, work_dir, documents, log)
+    samples = _answers_stage(recipe, work_dir, prompts, teacher, tokenizer, eos, pad_id, progress, log)
+    timings["answers"] = time.perf_counter() - clock - sum(timings.values())
+    return tokenizer, samples, pad_id, timings, clock
 
 
 def _prepare_work_dir(recipe: DistillRecipe, work_dir: Path, resume: bool) -> None:

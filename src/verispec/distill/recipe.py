@@ -23,6 +23,12 @@ class DistillRecipe:
     topk: int = 8  # target log-probs kept per answer token, for the soft loss
     gen_batch_size: int = 48  # prompts per generation batch
     gen_batch_tokens: int = 16_384  # padded prompt tokens per generation batch
+    teacher_dtype: str = "bfloat16"  # the target's dtype while it writes the data (float32 where bf16 is slow: AVX2)
+    # --- a draft head instead of a draft model (`--head`: drafters/head.py, distill/head.py)
+    head: bool = False  # train a feature-level draft head on the target's hidden states
+    head_vocab: int = 8192  # the head's draft vocabulary: the most frequent answer tokens
+    head_unroll: int = 3  # training-time unroll steps (the head reads its own predicted features when drafting)
+    head_tree_nodes: int = 16  # token-tree node budget evaluated beside the chain
     # --- draft shape (a Llama with the target's vocabulary and tied embeddings)
     hidden_size: int = 128
     num_layers: int = 4
@@ -48,7 +54,7 @@ class DistillRecipe:
     eval_k: int = 4
 
     def __post_init__(self):
-        positive = ["tokens", "max_new_tokens", "document_tokens", "topk", "gen_batch_size", "gen_batch_tokens",
+        positive = ["head_vocab", "head_unroll", "tokens", "max_new_tokens", "document_tokens", "topk", "gen_batch_size", "gen_batch_tokens",
                     "hidden_size", "num_layers", "intermediate_size", "num_heads", "num_kv_heads", "max_positions",
                     "steps", "batch_tokens", "max_length", "train_length", "eval_max_new_tokens", "eval_k"]
         for name in positive:
@@ -67,6 +73,8 @@ class DistillRecipe:
             raise ValueError(f"copy-weight must be >= 0, got {self.copy_weight}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.teacher_dtype not in STORAGE_DTYPES:
+            raise ValueError(f"teacher dtype must be one of {STORAGE_DTYPES}, got {self.teacher_dtype!r}")
         if self.storage_dtype not in STORAGE_DTYPES:
             raise ValueError(f"storage dtype must be one of {STORAGE_DTYPES}, got {self.storage_dtype!r}")
         if self.max_length <= self.max_new_tokens:

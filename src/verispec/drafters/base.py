@@ -10,6 +10,7 @@ one forward over the contiguous slots and use idle rows to catch up on committed
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -29,6 +30,8 @@ class DraftRow:
     member: bool = True  # the sequence drafts with this drafter (`begin` was called for its slot)
     threshold: float = 0.0  # stop early once the drafter's top probability falls below this (0: never)
     routed: Drafter | None = None  # what `route` named for this row this round, when the caller already asked
+    tree_nodes: int = 0  # most draft tokens of a token tree this row may verify (0 or <= k: a chain only)
+    verify_cost: Callable[[int], float | None] | None = None  # seconds of a verify pass of a given width (measured)
 
 
 @dataclass
@@ -40,16 +43,33 @@ class DraftBatch:
 
     def with_k(self, ks: list[int]) -> DraftBatch:
         """The same rows asking for other draft lengths (a cascade hands each stage its rows)."""
-        rows = [DraftRow(r.token_ids, k, r.slot, r.generator, r.member, r.threshold, r.routed)
-                for r, k in zip(self.rows, ks)]
+        rows = [DraftRow(r.token_ids, k, r.slot, r.generator, r.member, r.threshold, r.routed, r.tree_nodes,
+                         r.verify_cost) for r, k in zip(self.rows, ks)]
         return DraftBatch(rows, self.sampling)
 
 
 @dataclass
 class DraftProposal:
-    token_ids: torch.Tensor  # [k'] long, 0 <= k' <= k
+    """A chain (parents None: token j follows token j - 1) or a token tree of draft tokens."""
+
+    token_ids: torch.Tensor  # [k'] long, 0 <= k' <= k (a tree: its nodes 1..k', in an order parents-first)
     probs: torch.Tensor | None  # [k', vocab] processed q, or None: a point mass at each draft token
     seconds: float = 0.0  # time of the drafter call that made it (shared by the rows of that call)
+    parents: torch.Tensor | None = None  # [k'] long: a tree's parent node of each token (0 = the last committed)
+
+    @property
+    def is_tree(self) -> bool:
+        return self.parents is not None
+
+    @property
+    def depth(self) -> int:
+        """Tokens on the longest path (a chain's length)."""
+        if self.parents is None:
+            return self.token_ids.numel()
+        depths = [0]
+        for parent in self.parents.tolist():
+            depths.append(depths[parent] + 1)
+        return max(depths)
 
 
 def empty_proposal(row: DraftRow, seconds: float = 0.0) -> DraftProposal:
@@ -61,6 +81,7 @@ class Drafter(ABC):
 
     name: str = "drafter"
     provides_probs: bool = False
+    wants_features: bool = False  # observe_features gets the target's last hidden states at committed positions
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         """The engine runs up to num_slots sequences at once (called before any `begin`); a drafter with a model
@@ -78,6 +99,10 @@ class Drafter(ABC):
 
     def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
         """After verification: the sequence in `slot` now has `committed_length` committed tokens."""
+
+    def observe_features(self, slot: int, features: torch.Tensor) -> None:
+        """(wants_features only) The target's last hidden states [m, hidden] at the sequence's next m committed
+        positions, in order: after the prompt's prefill (positions 0 .. P-2) and after each verify pass."""
 
     def move_slot(self, src: int, dst: int) -> None:
         """The sequence in slot src now lives in slot dst (dst's sequence has left)."""

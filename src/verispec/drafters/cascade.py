@@ -35,6 +35,7 @@ class CascadeDrafter(Drafter):
         self.stages = list(stages)
         self.name = SEPARATOR.join(stage.name for stage in self.stages)
         self.provides_probs = any(stage.provides_probs for stage in self.stages)
+        self.wants_features = any(stage.wants_features for stage in self.stages)
         self.last_stage: Drafter | None = None  # a stage that drafted in the latest step (stats, tests)
         self.last_stages: list[Drafter | None] = []  # [row]: the stage that drafted each row in the latest step
 
@@ -72,6 +73,11 @@ class CascadeDrafter(Drafter):
     def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
         for stage in self.stages:
             stage.observe(slot, committed_length, num_accepted, num_proposed)
+
+    def observe_features(self, slot: int, features: torch.Tensor) -> None:
+        for stage in self.stages:
+            if stage.wants_features:
+                stage.observe_features(slot, features)
 
     def move_slot(self, src: int, dst: int) -> None:
         for stage in self.stages:

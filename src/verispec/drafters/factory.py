@@ -1,6 +1,7 @@
 """Turn a user's `--draft-model` value into a Drafter.
 
-Values: 'none' (target alone), a model folder / .gguf / hub id / the embedded default draft's name, or a name in
+Values: 'none' (target alone), a model folder / .gguf / hub id / the embedded default draft's name, a draft head
+('head:PATH', a head folder, or the shipped head's name: see head.py), or a name in
 `NAMED_DRAFTERS`: 'ngram' (prompt lookup, no model), 'random' (uniform random tokens: a deliberately bad drafter
 for tests and benchmarks), 'auto' (the registered draft for the target, see pairs.py). New drafting methods
 register a name there. Several values joined by '+' make a cascade (cascade.py): 'ngram+MODEL' drafts by prompt
@@ -11,17 +12,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pathlib import Path
+
 import torch
 from transformers import PreTrainedModel
 
 from .base import Drafter
 from .cascade import CascadeDrafter, split_spec
+from .head import HEAD_PREFIX, head_drafter, is_head_folder
 from .model import ModelDrafter
 from .ngram import NgramDrafter
 from .random import RandomDrafter
 
 NONE = "none"
 AUTO = "auto"
+DEFAULT_HEAD = "verispec-head-smollm2-135m"  # the draft head shipped for the embedded default target
+DEFAULT_HEAD_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_head"
 
 # name -> factory(target_model, tokenizer, max_len) for drafters that need no model of their own.
 NAMED_DRAFTERS: dict[str, Callable[[PreTrainedModel, object, int], Drafter]] = {}
@@ -52,6 +58,21 @@ def check_vocab_match(target: PreTrainedModel, draft: PreTrainedModel) -> None:
         )
 
 
+def head_path(name: str) -> Path | None:
+    """The folder of the draft head a drafter value names ('head:PATH', the shipped head's name, or a folder holding
+    head_config.json); None when it names no head. ValueError when 'head:' names a folder without a head."""
+    if name == DEFAULT_HEAD:
+        return DEFAULT_HEAD_DIR
+    if name.startswith(HEAD_PREFIX):
+        rest = name[len(HEAD_PREFIX):]
+        path = DEFAULT_HEAD_DIR if rest == DEFAULT_HEAD else Path(rest).expanduser()
+        if not is_head_folder(path):
+            raise ValueError(f"--draft-model {name!r}: {path} holds no draft head (head_config.json); make one with "
+                             f"`verispec distill --head --target MODEL --out DIR`")
+        return path
+    return Path(name).expanduser() if is_head_folder(Path(name).expanduser()) else None
+
+
 def model_drafter(target: PreTrainedModel, draft: PreTrainedModel, max_len: int) -> ModelDrafter:
     check_vocab_match(target, draft)
     return ModelDrafter(draft.eval(), max_len)
@@ -68,7 +89,7 @@ def cascade_parts(name: str | None) -> list[str]:
     parts = split_spec(str(name))
     if len(parts) > 1 and NONE in parts:
         raise ValueError(f"--draft-model {name!r}: 'none' cannot be part of a '+' list; pass 'none' alone")
-    models = [part for part in parts if part not in NAMED_DRAFTERS]
+    models = [part for part in parts if part not in NAMED_DRAFTERS and head_path(part) is None]
     if len(models) > 1:
         raise ValueError(f"--draft-model {name!r}: a '+' list takes at most one draft model, got {', '.join(models)}")
     return parts
@@ -76,7 +97,8 @@ def cascade_parts(name: str | None) -> list[str]:
 
 def model_part(name: str | None) -> str | None:
     """The draft model a drafter value names, if any ('ngram+MODEL' -> 'MODEL'; 'ngram' -> None)."""
-    models = [part for part in cascade_parts(name) if part != NONE and part not in NAMED_DRAFTERS]
+    models = [part for part in cascade_parts(name)
+              if part != NONE and part not in NAMED_DRAFTERS and head_path(part) is None]
     return models[0] if models else None
 
 
@@ -101,6 +123,9 @@ def make_drafter(
         return None
     if name in NAMED_DRAFTERS:
         return NAMED_DRAFTERS[name](target, tokenizer, max_len)
+    head = head_path(name)
+    if head is not None:
+        return head_drafter(head, target, max_len, name)
     if draft_model is None:
         from ..models import load_model
 

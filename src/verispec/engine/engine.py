@@ -37,7 +37,8 @@ from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow
 from ..fallback import DrafterBackoff
 from ..sampling import Grammar, RowSamplingState, SamplingBatch, check_finite, process_logits, stable_softmax
 from ..stats import GenerationStats
-from ..verify import SpecDecodeMetadata, greedy_verify, rejection_verify, top_n_accept
+from ..verify import (SpecDecodeMetadata, TreeDraft, VerifyResult, greedy_tree_verify, greedy_verify, path_tokens,
+                      rejection_verify, top_n_accept, tree_rejection_verify)
 from .runner import make_runner
 from .scheduler import PrefillChunk, Scheduler, SchedulerConfig
 from .logprobs import round_logprobs
@@ -73,6 +74,21 @@ class StepPlan:
     draft_probs: torch.Tensor | None  # [batch, max_k, vocab] q of rows that carry it, zeros elsewhere; None if none
     has_draft_probs: torch.Tensor  # [batch] bool
     sampling: SamplingBatch
+    tree: TreeDraft | None = None  # set when a row proposed a token tree: every row is verified as a tree
+    # (draft_probs is then [batch, nodes, vocab], q of node i at index i, zeros at the root)
+    wants_features: bool = False  # a row's drafter reads the target's hidden states
+
+
+@dataclass
+class RoundOutcome:
+    """What one verify pass decided, per row (host lists: the commit branches on them)."""
+
+    accepted: list[list[int]]  # [batch][a]: the accepted draft tokens
+    path: list[list[int]] | None  # [batch][a + 1]: a tree's accepted nodes, root (0) first; None for chains
+    next_token: list[int]  # [batch]: the recovered or bonus token
+    logprobs: dict[int, list[TokenLogprob]]
+    verify_s: float
+    hidden: torch.Tensor | None  # [batch, width, hidden]: the target's hidden states, when a drafter reads them
 
 
 @dataclass
@@ -214,8 +230,8 @@ class SpeculativeEngine:
         if not self.running:
             return []
         plan = self._propose()
-        num_accepted, next_token, logprobs, verify_s = self._verify(plan)
-        return self._commit(plan, num_accepted, next_token, logprobs, verify_s)
+        outcome = self._verify_tree(plan) if plan.tree is not None else self._verify(plan)
+        return self._commit(plan, outcome)
 
     def _admit(self) -> None:
         chunks = self.scheduler.schedule(decode_tokens=len(self.running) * self._last_width,
@@ -232,8 +248,11 @@ class SpeculativeEngine:
             # Each chunk is its own forward, with boundaries set by the prompt alone: no padding, and the same
             # numbers as when the request runs alone.
             start = time.perf_counter()
-            self.target.forward(seq.committed[chunk.start : chunk.end].unsqueeze(0), start_slot=seq.slot,
-                                last_only=True)
+            features = _wants_features(seq.drafter)  # a draft head reads the prompt's hidden states
+            out = self.target.forward(seq.committed[chunk.start : chunk.end].unsqueeze(0), start_slot=seq.slot,
+                                      last_only=True, all_hidden=features)
+            if features:
+                seq.features.append(out.hidden[0])  # [chunk, hidden]
             seq.stats.prefill_s += time.perf_counter() - start
         if chunk.joins:
             self._join(seq)
@@ -265,6 +284,10 @@ class SpeculativeEngine:
         self.running.append(seq)
         if seq.drafter is not None:
             seq.drafter = self._safe(seq.drafter, seq.stats, lambda d: d.begin(seq.slot, seq.committed))
+        if _wants_features(seq.drafter) and seq.features:
+            features = torch.cat(seq.features)  # [prompt - 1, hidden]
+            seq.drafter = self._safe(seq.drafter, seq.stats, lambda d: d.observe_features(seq.slot, features))
+        seq.features = []
 
     def _propose(self) -> StepPlan:
         rows = self.running
@@ -295,12 +318,14 @@ class SpeculativeEngine:
                     for i, seq in enumerate(rows)]
         draft_ks = [k if i not in forced else 0 if routed[i].provides_probs else
                     max(0, min(k, rows[i].remaining - 1 - forced[i].numel())) for i, k in enumerate(ks)]
+        trees = self._tree_budgets(rows, policies)
         for drafter in {id(seq.drafter): seq.drafter for seq, k in zip(rows, ks) if k > 0}.values():
             members = [seq.drafter is drafter for seq in rows]
             draft_batch = DraftBatch([
                 DraftRow(context, k if member else 0, seq.slot, seq.generator, member,
-                         seq.spec.speculative_threshold, stage)
-                for seq, context, k, member, stage in zip(rows, contexts, draft_ks, members, routed)
+                         seq.spec.speculative_threshold, stage, nodes, cost)
+                for seq, context, k, member, stage, (nodes, cost) in zip(rows, contexts, draft_ks, members, routed,
+                                                                        trees)
             ], sampling)
             made = self._safe(drafter, None, lambda d: d.propose(draft_batch), returns=True, rows=[
                 seq for seq, member in zip(rows, members) if member])
@@ -312,6 +337,11 @@ class SpeculativeEngine:
         proposals = [_after_forced(forced[i], p) if i in forced else p for i, p in enumerate(proposals)]
         for i, seq in enumerate(rows):
             proposals[i] = _grammar_cut(seq, proposals[i])
+        self.last_step.rows = batch
+        self.last_step.speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
+        wants = any(_wants_features(seq.drafter) for seq in rows)
+        if any(p.is_tree for p in proposals):
+            return self._tree_plan(ks, policies, proposals, sampling, wants)
         max_k = max(p.token_ids.numel() for p in proposals)
         device = self.target.device
         draft_ids = torch.zeros(batch, max_k, dtype=torch.long, device=device)  # [batch, max_k], padded
@@ -325,17 +355,55 @@ class SpeculativeEngine:
             if has_probs[i]:
                 draft_probs[i, :n] = proposal.probs[:, : self.target.vocab_size].to(device)
         meta = SpecDecodeMetadata(draft_ids, torch.tensor([p.token_ids.numel() for p in proposals], device=device))
-        self.last_step.rows = batch
         self.last_step.tokens_fed = batch * (max_k + 1)
-        self.last_step.speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
-        return StepPlan(ks, policies, proposals, meta, draft_probs, torch.tensor(has_probs, device=device), sampling)
+        return StepPlan(ks, policies, proposals, meta, draft_probs, torch.tensor(has_probs, device=device), sampling,
+                        wants_features=wants)
 
-    def _verify(self, plan: StepPlan) -> tuple[list[int], list[int], dict[int, list[TokenLogprob]], float]:
+    def _tree_budgets(self, rows: list[Sequence], policies: list) -> list[tuple[int, object]]:
+        """[batch]: (tree node budget, verify cost of a width) per row. Trees need position-independent logits
+        processing (no penalties or grammar) and exact acceptance; the adaptive policy's measured verify costs let
+        the drafter size each tree (rows x width tokens fed: a wide tree costs every row of the step)."""
+        if any(not seq.spec.lossless for seq in rows):
+            return [(0, None)] * len(rows)
+        budgets = []
+        for seq, policy in zip(rows, policies):
+            nodes = seq.spec.tree_nodes if seq.sampling.allows_trees else 0
+            cost = None
+            if nodes and isinstance(policy, AdaptivePolicy):
+                cost = (lambda width, p=policy, b=len(rows): p.verify_cost(b * width))
+            budgets.append((nodes, cost))
+        return budgets
+
+    def _tree_plan(self, ks: list[int], policies: list, proposals: list[DraftProposal], sampling: SamplingBatch,
+                   wants: bool) -> StepPlan:
+        """A step where some row proposed a token tree: every row's draft becomes a tree (a chain: node j's parent
+        is node j - 1), verified together in one pass with a tree mask and tree positions."""
+        rows = self.running
+        device = self.target.device
+        roots = torch.stack([seq.tokens[seq.length - 1] for seq in rows]).tolist()
+        tokens = [p.token_ids.tolist() for p in proposals]
+        parents = [p.parents.tolist() if p.is_tree else list(range(p.token_ids.numel())) for p in proposals]
+        tree = TreeDraft.from_lists(roots, tokens, parents, device=device)
+        n = tree.token_ids.shape[1]
+        has_probs = [p.probs is not None and p.token_ids.numel() > 0 for p in proposals]
+        draft_probs = None
+        if any(has_probs):
+            draft_probs = torch.zeros(len(rows), n, self.target.vocab_size, device=device)  # [batch, nodes, vocab]
+            for i, p in enumerate(proposals):
+                if has_probs[i]:
+                    draft_probs[i, 1 : 1 + p.token_ids.numel()] = p.probs[:, : self.target.vocab_size].to(device)
+        chain = SpecDecodeMetadata(tree.token_ids[:, 1:], tree.num_nodes - 1)  # node order: a chain row's draft
+        self.last_step.tokens_fed = len(rows) * n
+        return StepPlan(ks, policies, proposals, chain, draft_probs, torch.tensor(has_probs, device=device), sampling,
+                        tree=tree, wants_features=wants)
+
+    def _verify(self, plan: StepPlan) -> RoundOutcome:
         rows = self.running
         start = time.perf_counter()
         last = torch.stack([seq.tokens[seq.length - 1] for seq in rows]).unsqueeze(1)  # [batch, 1]
         fed = torch.cat([last, plan.meta.draft_token_ids], dim=1)  # [batch, max_k + 1]
-        logits = self.target.forward(fed).logits  # [batch, max_k + 1, vocab]
+        out = self.target.forward(fed, want_hidden=plan.wants_features)
+        logits = out.logits  # [batch, max_k + 1, vocab]
         check_finite(logits, "target")
         processed = process_logits(logits, plan.sampling, plan.meta.draft_token_ids, start=0)  # [batch, max_k+1, V]
         extra = self._lossy_accept(plan, processed)
@@ -361,35 +429,96 @@ class SpeculativeEngine:
         packed = torch.cat([result.num_accepted, result.next_token]).tolist()
         logprobs = round_logprobs(rows, plan.meta, processed, result)
         verify_s = time.perf_counter() - start
-        return packed[: len(rows)], packed[len(rows) :], logprobs, verify_s
+        accepted = [p.token_ids[:a].tolist() for p, a in zip(plan.proposals, packed[: len(rows)])]
+        return RoundOutcome(accepted, None, packed[len(rows) :], logprobs, verify_s, out.hidden)
 
-    def _commit(self, plan: StepPlan, num_accepted: list[int], next_token: list[int],
-                logprobs: dict[int, list[TokenLogprob]], verify_s: float) -> list[Sequence]:
+    def _verify_tree(self, plan: StepPlan) -> RoundOutcome:
+        """Verify every row's token tree in one target pass: nodes at positions length + depth under the ancestor
+        mask; greedy rows walk the argmax path, sampled rows recursive rejection over siblings (verify.py)."""
+        rows = self.running
+        start = time.perf_counter()
+        tree = plan.tree
+        device = self.target.device
+        lengths = torch.tensor([self.target.lengths[seq.slot] for seq in rows], device=device)  # [batch]
+        positions = lengths.unsqueeze(1) + tree.depths()  # [batch, nodes]
+        out = self.target.forward(tree.token_ids, positions=positions, tree_mask=tree.ancestor_mask(),
+                                  want_hidden=plan.wants_features)
+        logits = out.logits  # [batch, nodes, vocab]
+        check_finite(logits, "target")
+        # Tree rows have no draft-dependent processing; a chain row's pending drafts are its nodes in order.
+        processed = process_logits(logits, plan.sampling, plan.meta.draft_token_ids, start=0)  # [batch, nodes, V]
+        result = greedy_tree_verify(tree, processed)
+        sampled = [seq for seq in rows if not seq.params.greedy]
+        if sampled:
+            n = tree.token_ids.shape[1]
+            uniform_accept = torch.zeros(len(rows), n, device=device)  # [batch, nodes]; index 0 unused
+            uniform_sample = torch.zeros(len(rows), device=device)  # [batch]
+            for seq in sampled:
+                m = plan.proposals[seq.slot].token_ids.numel()
+                u = seq.uniform(m + 1)  # as many draws as a chain of m tokens
+                uniform_accept[seq.slot, 1 : m + 1] = u[:m]
+                uniform_sample[seq.slot] = u[m]
+            drawn = tree_rejection_verify(tree, plan.draft_probs, plan.has_draft_probs, stable_softmax(processed),
+                                          uniform_accept, uniform_sample)
+            greedy = plan.sampling.greedy.to(device)
+            depth = max(result.path.shape[1], drawn.path.shape[1])
+            result.path = torch.where(greedy.unsqueeze(1), _pad_to(result.path, depth), _pad_to(drawn.path, depth))
+            result.num_accepted = torch.where(greedy, result.num_accepted, drawn.num_accepted)
+            result.next_token = torch.where(greedy, result.next_token, drawn.next_token)
+        # The one host sync of the step.
+        batch = len(rows)
+        packed = torch.cat([result.num_accepted, result.next_token, result.path.flatten()]).tolist()
+        num_accepted, next_token = packed[:batch], packed[batch : 2 * batch]
+        width = result.path.shape[1]
+        paths = [packed[2 * batch + i * width : 2 * batch + i * width + a + 1] for i, a in enumerate(num_accepted)]
+        tokens = tree.token_ids.tolist() if batch else []
+        accepted = [[tokens[i][node] for node in path[1:]] for i, path in enumerate(paths)]
+        along = result.path.unsqueeze(-1).expand(-1, -1, processed.shape[-1])  # [batch, depth + 1, vocab]
+        logprobs = round_logprobs(rows, path_tokens(tree, result), processed.gather(1, along),
+                                  VerifyResult(result.num_accepted, result.next_token))
+        verify_s = time.perf_counter() - start
+        return RoundOutcome(accepted, paths, next_token, logprobs, verify_s, out.hidden)
+
+    def _commit(self, plan: StepPlan, outcome: RoundOutcome) -> list[Sequence]:
         rows = list(self.running)
-        self._last_width = plan.meta.draft_token_ids.shape[1] + 1
+        self._last_width = (plan.tree.token_ids.shape[1] if plan.tree is not None
+                            else plan.meta.draft_token_ids.shape[1] + 1)
         tokens_fed = len(rows) * self._last_width
+        verify_s = outcome.verify_s
         by_policy: dict[int, tuple] = {}
-        for seq, proposal, accepted, token, policy, k in zip(rows, plan.proposals, num_accepted, next_token,
-                                                             plan.policies, plan.ks):
+        for i, (seq, proposal, token, policy, k) in enumerate(zip(rows, plan.proposals, outcome.next_token,
+                                                                  plan.policies, plan.ks)):
             draft = proposal.token_ids.tolist()
-            committed = draft[:accepted] + [token]
+            accepted = len(outcome.accepted[i])
+            committed = outcome.accepted[i] + [token]
+            base = seq.length - 1  # the target cache index of the round's first fed token (the root)
+            path = outcome.path[i] if outcome.path is not None else list(range(accepted + 1))
             # Stop checks run token by token; tokens after a stop are dropped and never counted.
             kept = 0
             for t in committed:
                 kept += 1
                 if seq.stopper.push(t) is not None:
                     break
-            seq.append(committed[:kept], logprobs.get(seq.slot, [])[:kept])
+            seq.append(committed[:kept], outcome.logprobs.get(seq.slot, [])[:kept])
+            if path[-1] != len(path) - 1:
+                # A tree's accepted path was fed at scattered indices: its entries move into place (the one copy).
+                self.target.keep_path(seq.slot, base, path)
             # Rollback is bookkeeping: the slot keeps seq[:length-1] (the last committed token is fed next round).
             self.target.truncate(seq.length - 1, seq.slot)
             # A round cut short by a stop counts only the draft positions in front of the stop.
-            proposed = len(draft) if kept == len(committed) else min(len(draft), kept)
+            depth = proposal.depth
+            proposed = depth if kept == len(committed) else min(depth, kept)
             if seq.drafter is not None:
                 seq.drafter = self._safe(seq.drafter, seq.stats,
                                          lambda d: d.observe(seq.slot, seq.length, accepted, len(draft)))
+                if outcome.hidden is not None and not seq.finished and _wants_features(seq.drafter):
+                    features = outcome.hidden[i, path]  # [accepted + 1, hidden]: the committed positions
+                    seq.drafter = self._safe(seq.drafter, seq.stats,
+                                             lambda d: d.observe_features(seq.slot, features))
                 entry = by_policy.setdefault(id(policy), (policy, [], proposal.seconds, k))
-                entry[1].append((len(draft), accepted))
-            seq.stats.record_round(proposed, min(accepted, kept), kept)
+                entry[1].append((depth, accepted))
+            verified = len(draft) if kept == len(committed) else None
+            seq.stats.record_round(proposed, min(accepted, kept), kept, verified)
             seq.stats.draft_s += proposal.seconds
             seq.stats.verify_s += verify_s
         for policy, pairs, draft_s, k in by_policy.values():
@@ -514,6 +643,15 @@ class SpeculativeEngine:
             logger.warning("drafter %s failed (%s: %s); its request(s) continue on the target alone, the next %d "
                            "request(s) skip the drafter", drafter.name, type(exc).__name__, exc, skip)
             return None
+
+
+def _wants_features(drafter: Drafter | None) -> bool:
+    return drafter is not None and drafter.wants_features
+
+
+def _pad_to(path: torch.Tensor, width: int) -> torch.Tensor:
+    """[batch, w] -> [batch, width], padded with 0 (the root) as TreeVerifyResult.path is."""
+    return torch.nn.functional.pad(path, (0, width - path.shape[1]))
 
 
 def _grammar_cut(seq: Sequence, proposal: DraftProposal) -> DraftProposal:

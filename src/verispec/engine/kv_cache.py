@@ -70,6 +70,12 @@ class SlotLayer(CacheLayerMixin):
     def reset(self) -> None:
         pass
 
+    def keep_path(self, slot: int, base: int, nodes: torch.Tensor) -> None:
+        if self.is_initialized and slot < self.keys.shape[0]:
+            src = base + nodes  # [m]
+            self.keys[slot, :, base : base + nodes.numel()] = self.keys[slot, :, src]
+            self.values[slot, :, base : base + nodes.numel()] = self.values[slot, :, src]
+
     def move(self, src: int, dst: int, length: int) -> None:
         if self.is_initialized and src < self.keys.shape[0]:
             self.keys[dst, :, :length] = self.keys[src, :, :length]
@@ -112,6 +118,17 @@ class SlotCache(Cache):
             layer.move(src, dst, length)
         self.lengths[dst] = length
         self.lengths[src] = 0
+
+    def keep_path(self, slot: int, base: int, nodes: list[int]) -> None:
+        """A token tree was written at indices base + node; its accepted path (node indices, root first, increasing)
+        moves to base, base + 1, ... and the slot keeps base + len(nodes) entries. Trees only: the one copy of
+        rollback, of the accepted entries alone (index_select reads before writing, so overlaps are safe)."""
+        assert base + len(nodes) <= self.lengths[slot] and all(a < b for a, b in zip(nodes, nodes[1:]))
+        index = torch.tensor(nodes, dtype=torch.long, device=self.layers[0].keys.device
+                             if self.layers[0].is_initialized else "cpu")
+        for layer in self.layers:
+            layer.keep_path(slot, base, index)
+        self.lengths[slot] = base + len(nodes)
 
     def reset(self) -> None:
         self.lengths = [0] * self.num_slots

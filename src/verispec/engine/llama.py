@@ -248,7 +248,8 @@ class LlamaModel(nn.Module):
         values: list[torch.Tensor],  # per layer [b, Hk, max_len, d]
         select: torch.Tensor | None = None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
         compiled: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m, hidden]
+        all_hidden: bool = False,  # hidden of all n fed tokens, not only the selected ones
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
         x = F.embedding(token_ids, self.embed)  # [b, n, hidden]
         cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [b, 1, n, d]
         sin = self.sin[positions].unsqueeze(1).to(x.dtype)
@@ -256,7 +257,9 @@ class LlamaModel(nn.Module):
         step = compiled_layer_step() if compiled else layer_step
         for layer, k, v in zip(self.layers, keys, values):
             x = step(x, cos, sin, k, v, index, mask, layer.weights(), self.spec, layer.packed)
+        if all_hidden:
+            every = rms_norm(x, self.norm, self.spec.rms_norm_eps)  # [b, n, hidden]
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [b, m, hidden]
         hidden = rms_norm(x, self.norm, self.spec.rms_norm_eps)
-        return self.lm_head(hidden), hidden
+        return self.lm_head(hidden), every if all_hidden else hidden

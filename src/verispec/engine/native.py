@@ -140,6 +140,7 @@ class NativeRunner(SlotRunner):
         logits_at: torch.Tensor | None = None,  # [batch, m] long
         last_only: bool = False,
         want_hidden: bool = False,
+        all_hidden: bool = False,
     ) -> RunnerOutput:
         start = time.perf_counter()
         token_ids = token_ids.to(self.device)
@@ -169,7 +170,7 @@ class NativeRunner(SlotRunner):
             torch._dynamo.mark_dynamic(mask, 3)
         rows = slice(start_slot, start_slot + batch)
         logits, hidden = self.model(token_ids, positions, write_index, mask, [k[rows] for k in keys],
-                                    [v[rows] for v in values], select, compiled=self.compiled)
+                                    [v[rows] for v in values], select, compiled=self.compiled, all_hidden=all_hidden)
         for slot, length in enumerate(lengths, start_slot):
             self.cache.lengths[slot] = length + n
         if self.device.type == "cuda":
@@ -177,7 +178,7 @@ class NativeRunner(SlotRunner):
         self.last_forward_s = time.perf_counter() - start
         if first:
             self.compile_s += self.last_forward_s
-        return RunnerOutput(logits, hidden if want_hidden else None)
+        return RunnerOutput(logits, hidden if want_hidden or all_hidden else None)
 
 
 def release_hf_weights(hf_model) -> int:

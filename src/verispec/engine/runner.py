@@ -27,7 +27,8 @@ logger = logging.getLogger("verispec")
 @dataclass
 class RunnerOutput:
     logits: torch.Tensor  # [batch, m, vocab]: at the positions asked for (all n, or logits_at)
-    hidden: torch.Tensor | None  # [batch, m, hidden]: the last hidden states there (want_hidden=True), else None
+    hidden: torch.Tensor | None  # [batch, m, hidden]: the last hidden states there (want_hidden=True; all n fed
+    # tokens with all_hidden=True), else None
 
 
 class SlotRunner:
@@ -60,6 +61,12 @@ class SlotRunner:
     @torch.inference_mode()  # the buffers were made under inference mode: in-place writes must be too
     def move_slot(self, src: int, dst: int) -> None:
         self.cache.move(src, dst)
+
+    @torch.inference_mode()
+    def keep_path(self, slot: int, base: int, nodes: list[int]) -> None:
+        """After a token tree was fed at cache indices base + node: keep the accepted path's entries (nodes, root
+        first) at base, base + 1, ...; the slot then holds base + len(nodes) entries. The only copy rollback makes."""
+        self.cache.keep_path(slot, base, nodes)
 
     def reset(self, slot: int | None = None) -> None:
         if slot is None:
@@ -109,6 +116,7 @@ class ModelRunner(SlotRunner):
         logits_at: torch.Tensor | None = None,  # [batch, m] long: fed-token indices whose logits are wanted
         last_only: bool = False,  # logits of the last fed token only (prefill)
         want_hidden: bool = False,
+        all_hidden: bool = False,  # hidden states of every fed token, whatever logits are kept (prefill for a head)
     ) -> RunnerOutput:
         start = time.perf_counter()
         token_ids = token_ids.to(self.device)
@@ -136,14 +144,16 @@ class ModelRunner(SlotRunner):
             past_key_values=self.cache,
             use_cache=True,
             logits_to_keep=keep,
-            output_hidden_states=want_hidden,
+            output_hidden_states=want_hidden or all_hidden,
         )
         for slot, length in enumerate(lengths, start_slot):
             self.cache.lengths[slot] = length + n
         hidden = None
-        if want_hidden:
+        if want_hidden or all_hidden:
             hidden = out.hidden_states[-1]  # [batch, n, hidden]
-            if last_only:
+            if all_hidden:
+                pass
+            elif last_only:
                 hidden = hidden[:, -1:]
             elif logits_at is not None:
                 hidden = hidden.gather(1, keep.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))

@@ -49,6 +49,7 @@ class Sequence:
     logprobs: list[TokenLogprob] | None = None  # per generated token, when the request asked for logprobs
     new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids
     wall_start: float = 0.0
+    features: list[torch.Tensor] = field(default_factory=list)  # prefill hidden states awaiting the drafter's begin
 
     @property
     def finished(self) -> bool:

@@ -88,6 +88,13 @@ class RowSamplingState:
             self.logit_bias[list(ids)] = torch.tensor(values, dtype=torch.float32, device=self.device)
         self.grammar = grammar  # the structured-output state: consumed = the committed output
 
+    @property
+    def allows_trees(self) -> bool:
+        """Whether a position's processing depends only on the committed output, not on the draft tokens before it
+        (no penalties, grammar, or EOS mask still to lift), so a token tree's nodes can be processed side by side."""
+        return (self.context_mask is None and self.output_counts is None and self.grammar is None
+                and self.num_generated >= self.params.min_new_tokens)
+
     def commit(self, token_ids: Sequence[int] | Tensor) -> None:
         """Record tokens appended to the output (they are now context for every later position)."""
         count = len(token_ids)

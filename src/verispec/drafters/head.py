@@ -1,0 +1,388 @@
+"""A trained feature-level draft head (EAGLE-style) as drafter, proposing chains or token trees.
+
+The head is one Llama decoder layer plus a projection, run on the TARGET's own last hidden states ("features":
+the post-norm states its LM head reads) and the target's frozen embeddings and LM head (restricted to a reduced
+draft vocabulary of frequent tokens, mapped back to target ids). Position i of the head holds the pair
+(f_i, x_{i+1}): the target's feature at position i and the token that followed it; its output there predicts
+f_{i+1}, and through the LM head the token x_{i+2}. Drafting feeds the head its own predicted features.
+
+Features come from the engine at no extra target pass (`observe_features`): the prefill's and each verify pass's
+hidden states at the committed positions.
+
+Cache invariant (per member slot, a sequence with N committed tokens): the head cache holds the pairs [0, D) and
+the drafter keeps the target features f_D .. f_{N-2} it has not fed yet (`pending`), so D + len(pending) = N - 1
+after every `observe_features`. A round feeds the pending pairs (real features; rows that do not draft catch up in
+the same forward), then draft nodes at cache indices N - 1 + node; afterwards the slot's length is set back to
+N - 1: draft entries are stale, and the accepted ones come back with the target's real features next round.
+
+Trees (EAGLE-2's dynamic shape): each depth expands the `beam` highest-scoring nodes of the previous depth into
+their `branch` most likely tokens (one head forward per depth, tree attention over the head's own cache); a node's
+score is the product of the draft confidences on its path, an estimate of the chance that the target accepts it.
+The tree proposed is the `N` best nodes (closed under ancestors, since scores only fall along a path), with N
+chosen up to the row's node budget to maximise (1 + sum of scores) / verify cost(N + 1) when the engine passes the
+measured verify costs. Tree nodes are point masses (distinct top tokens), verified exactly by recursive rejection
+over siblings; a chain (budget <= depth) samples its tokens from q under sampling and carries q.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..config import RunnerOptions
+from ..engine.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
+from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
+from .base import DraftBatch, DraftProposal, Drafter
+
+HEAD_CONFIG = "head_config.json"
+HEAD_WEIGHTS = "head.safetensors"
+HEAD_PREFIX = "head:"
+CACHE_SLACK = 160  # draft nodes a round may write past the committed sequence (depth x beam, with room to spare)
+TREE_BRANCH = 4  # children tried per expanded node
+TREE_BEAM = 4  # nodes expanded per depth
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """The shape of a draft head (one decoder layer of the target's width) and what it was trained for."""
+
+    target: str  # the target it reads (name or path, informative)
+    target_vocab_size: int  # the target's vocabulary: the head's token ids are the target's
+    hidden_size: int  # the target's hidden size (features, embeddings)
+    intermediate_size: int  # the decoder layer's MLP width
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    draft_vocab_size: int  # tokens the head can propose (the reduced vocabulary)
+
+    def spec(self) -> LlamaSpec:
+        return LlamaSpec(vocab_size=self.draft_vocab_size, hidden_size=self.hidden_size,
+                         intermediate_size=self.intermediate_size, num_layers=1, num_heads=self.num_heads,
+                         num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=self.rms_norm_eps,
+                         qkv_bias=False)
+
+    @classmethod
+    def for_target(cls, target_config, target: str, draft_vocab_size: int) -> HeadConfig:
+        c = target_config.get_text_config()
+        heads = c.num_attention_heads
+        return cls(target=target, target_vocab_size=c.vocab_size, hidden_size=c.hidden_size,
+                   intermediate_size=c.intermediate_size, num_heads=heads,
+                   num_kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads, rms_norm_eps=c.rms_norm_eps,
+                   draft_vocab_size=draft_vocab_size)
+
+
+def is_head_folder(path: str | Path) -> bool:
+    return (Path(path) / HEAD_CONFIG).is_file()
+
+
+def save_head(folder: Path, config: HeadConfig, weights: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """Write a head: head_config.json + head.safetensors (float weights in `dtype`, the vocabulary as int32)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: (v.to(torch.int32) if k == "vocab" else v.to(dtype)).contiguous() for k, v in weights.items()}
+    save_file(tensors, str(folder / HEAD_WEIGHTS))
+    (folder / HEAD_CONFIG).write_text(json.dumps({"format": "verispec-head", **asdict(config)}, indent=2) + "\n")
+
+
+def load_head(folder: str | Path) -> tuple[HeadConfig, dict[str, torch.Tensor]]:
+    """A head's config and weights (ValueError naming the fix when the folder is not a head)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder).expanduser()
+    if not is_head_folder(folder):
+        raise ValueError(f"{folder} is not a draft head folder (no {HEAD_CONFIG}); make one with "
+                         f"`verispec distill --head --target MODEL --out DIR`")
+    raw = json.loads((folder / HEAD_CONFIG).read_text())
+    raw.pop("format", None)
+    return HeadConfig(**raw), load_file(str(folder / HEAD_WEIGHTS))
+
+
+class HeadDrafter(Drafter):
+    """Drafts with a trained head on the target's features; one head forward per draft depth for all rows."""
+
+    name = "head"
+    provides_probs = True
+    wants_features = True
+
+    def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target, max_len: int,
+                 num_slots: int = 1, name: str = "head") -> None:
+        embed = target.get_input_embeddings().weight
+        if embed.shape[0] < config.target_vocab_size or embed.shape[1] != config.hidden_size:
+            raise ValueError(f"this draft head was trained for a target with hidden size {config.hidden_size} and "
+                             f"{config.target_vocab_size} tokens ({config.target}); the target has "
+                             f"{embed.shape[1]} and {embed.shape[0]}: pick the head made for this target")
+        self.config = config
+        self.name = name
+        self.max_len = max_len + CACHE_SLACK
+        self.spec = config.spec()
+        self.device, self.dtype = embed.device, embed.dtype
+        w = {k: v.to(self.device) for k, v in weights.items()}
+        self.vocab = w["vocab"].long()  # [draft_vocab] target ids
+        self.embed = embed  # the target's (shared, frozen)
+        lm = target.get_output_embeddings().weight.detach()[self.vocab]  # [draft_vocab, hidden]
+        self.lm_head = Linear(lm.to(self.dtype), None, pack=True)
+        self.fc = Linear(w["fc.weight"].to(self.dtype), None, pack=True)
+        self.block = Block(self.spec, {k.removeprefix("layer."): v.to(self.dtype) for k, v in w.items()
+                                       if k.startswith("layer.")}, pack=True)
+        self.norm = w["norm.weight"].to(self.dtype)
+        from ..engine.native import rope_table
+
+        cos, sin = rope_table(target, self.max_len)
+        self.cos, self.sin = cos.to(self.device), sin.to(self.device)  # [max_len, head_dim]
+        self.num_slots = 0
+        self.keys = self.values = None  # [slots, kv_heads, max_len, head_dim]
+        self.lengths: list[int] = []  # [slot]: pairs in the head cache (D)
+        self.pending: list[list[torch.Tensor]] = []  # [slot]: target features not fed yet, in order
+        self.reserve(num_slots)
+
+    # -- slots ---------------------------------------------------------------------------------------------------
+
+    def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
+        if num_slots <= self.num_slots:
+            return
+        shape = (num_slots, self.spec.num_kv_heads, self.max_len, self.spec.head_dim)
+        keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        values = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.keys is not None:
+            keys[: self.num_slots], values[: self.num_slots] = self.keys, self.values
+        self.keys, self.values = keys, values
+        self.lengths += [0] * (num_slots - self.num_slots)
+        self.pending += [[] for _ in range(num_slots - self.num_slots)]
+        self.num_slots = num_slots
+
+    def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        self.lengths[slot] = 0
+        self.pending[slot] = []
+
+    def observe_features(self, slot: int, features: torch.Tensor) -> None:
+        """The target's features at the next committed positions ([m, hidden], in order)."""
+        self.pending[slot].append(features.detach())
+
+    def move_slot(self, src: int, dst: int) -> None:
+        n = self.lengths[src]
+        self.keys[dst, :, :n] = self.keys[src, :, :n]
+        self.values[dst, :, :n] = self.values[src, :, :n]
+        self.lengths[dst], self.pending[dst] = n, self.pending[src]
+        self.begin(src, None)
+
+    def release(self, slot: int) -> None:
+        self.begin(slot, None)
+
+    def rebind_embeddings(self, embed: torch.Tensor) -> None:
+        """Use another copy of the target's embedding matrix (the native twin's, once HF's copy is freed)."""
+        self.embed = embed
+
+    # -- the head ------------------------------------------------------------------------------------------------
+
+    def _forward(self, rows: slice, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+                 write_index: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head pass. tokens, positions, write_index [b, n]; features [b, n, hidden]; visible [b, n, L] bool
+        (the cache entries each fed pair sees) -> predicted features [b, n, hidden], draft logits [b, n, V']."""
+        x = self.fc(torch.cat([F.embedding(tokens, self.embed), features.to(self.dtype)], dim=-1))  # [b, n, hidden]
+        cos = self.cos[positions].unsqueeze(1).to(self.dtype)  # [b, 1, n, d]
+        sin = self.sin[positions].unsqueeze(1).to(self.dtype)
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill_(~visible, torch.finfo(self.dtype).min).unsqueeze(1)  # [b, 1, n, L]
+        x = layer_step(x, cos, sin, self.keys[rows], self.values[rows], write_index.view(*tokens.shape, 1).unsqueeze(1),
+                       mask, self.block.weights(), self.spec, self.block.packed)
+        hidden = rms_norm(x, self.norm, self.spec.rms_norm_eps)
+        return hidden, self.lm_head(hidden)
+
+    def _full_logits(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Draft-vocabulary logits [..., V'] -> target-vocabulary logits [..., vocab] (-inf outside the draft vocab)."""
+        full = logits.new_full((*logits.shape[:-1], vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.vocab, logits)
+
+    @torch.inference_mode()
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
+        start = time.perf_counter()
+        rows = batch.rows
+        b = len(rows)
+        device = self.device
+        feeds = [torch.cat(self.pending[r.slot]) if r.member and self.pending[r.slot] else None for r in rows]
+        counts = [0 if f is None else f.shape[0] for f in feeds]
+        width = max(counts)
+        bases = [self.lengths[r.slot] for r in rows]  # D per row
+        # A row drafts from the output of its newest real pair, so it needs at least one pair fed now.
+        ks = [min(r.k, self.max_len - CACHE_SLACK - r.token_ids.numel()) if r.member and counts[i] > 0 else 0
+              for i, r in enumerate(rows)]
+        if width == 0 and not any(ks):
+            return [DraftProposal(r.token_ids.new_empty(0), None, 0.0) for r in rows]
+        rows_slice = slice(0, b)
+        assert all(r.slot == i for i, r in enumerate(rows))
+        # 1. the pending real pairs (f_i, x_{i+1}), i = D .. N-2, ragged and right-padded
+        kept = [bases[i] + counts[i] for i in range(b)]  # N - 1 for members
+        last_hidden = torch.zeros(b, self.spec.hidden_size, dtype=self.dtype, device=device)  # [b, hidden]
+        last_logits = None
+        if width > 0:
+            tokens = torch.zeros(b, width, dtype=torch.long, device=device)  # [b, width]
+            features = torch.zeros(b, width, self.spec.hidden_size, dtype=self.dtype, device=device)
+            for i, row in enumerate(rows):
+                if counts[i]:
+                    tokens[i, : counts[i]] = row.token_ids[bases[i] + 1 : kept[i] + 1]
+                    features[i, : counts[i]] = feeds[i]
+            base = torch.tensor(bases, device=device)  # [b]
+            write_index = base.unsqueeze(1) + torch.arange(width, device=device)  # [b, width]
+            kv_len = max(kept) if max(kept) > 0 else 1
+            visible = torch.arange(kv_len, device=device).view(1, 1, -1) <= write_index.unsqueeze(-1)  # [b, w, L]
+            hidden, logits = self._forward(rows_slice, tokens, features, write_index, write_index, visible)
+            at = torch.tensor([max(c - 1, 0) for c in counts], device=device)  # [b]
+            last_hidden = hidden[torch.arange(b, device=device), at]  # [b, hidden]
+            last_logits = logits[torch.arange(b, device=device), at]  # [b, V']
+        for i, row in enumerate(rows):
+            if row.member:
+                self.lengths[row.slot] = kept[i]
+                self.pending[row.slot] = []
+        if not any(ks):
+            return [DraftProposal(r.token_ids.new_empty(0), None, time.perf_counter() - start) for r in rows]
+        if last_logits is None:  # nothing new to feed (cannot happen after a verify pass; kept for safety)
+            return [DraftProposal(r.token_ids.new_empty(0), None, time.perf_counter() - start) for r in rows]
+        proposals = self._draft(batch, ks, kept, last_hidden, last_logits)
+        seconds = time.perf_counter() - start
+        for p in proposals:
+            p.seconds = seconds
+        return proposals
+
+    def _draft(self, batch: DraftBatch, ks: list[int], kept: list[int], root_hidden: torch.Tensor,
+               root_logits: torch.Tensor) -> list[DraftProposal]:
+        """Chains or trees from each drafting row's root output (root_hidden [b, hidden], root_logits [b, V'])."""
+        rows = batch.rows
+        b, device, vocab = len(rows), self.device, batch.sampling.vocab_size
+        trees = [rows[i].tree_nodes > ks[i] and ks[i] > 0 for i in range(b)]
+        sampled = [not g for g in batch.sampling.greedy.tolist()]
+        chain_sampled = [sampled[i] and not trees[i] for i in range(b)]
+        branch = [TREE_BRANCH if trees[i] else 1 for i in range(b)]
+        beam = max([TREE_BEAM if t else 1 for t in trees])
+        # Per row: nodes as (token, parent node index in this list + 1 (0 = root), log score, depth, q or None)
+        nodes: list[list[tuple]] = [[] for _ in range(b)]
+        frontier: list[list[int]] = [[] for _ in range(b)]  # node indices fed at the current depth
+        frontier_hidden = root_hidden.unsqueeze(1)  # [b, F, hidden]: the features their children read
+        frontier_logits = root_logits.unsqueeze(1)  # [b, F, V']
+        parents_of = [[0] for _ in range(b)]  # per row, per frontier entry: its node number (0 = root)
+        score_of = [[0.0] for _ in range(b)]
+        fed_ids: list[list[int]] = [[] for _ in range(b)]  # node numbers in the order they were fed (cache order)
+        ancestors: list[dict[int, list[int]]] = [{0: []} for _ in range(b)]  # node number -> fed ancestors + self
+        stopped = [False] * b
+        for depth in range(1, max(ks) + 1):
+            check_finite(frontier_logits, "draft head")
+            full = self._full_logits(frontier_logits.float(), vocab)  # [b, F, vocab]
+            processed = process_logits(full, batch.sampling, None, start=0)  # [b, F, vocab]
+            q = stable_softmax(processed)  # [b, F, vocab]
+            top_p, top_ids = q.topk(TREE_BRANCH, dim=-1)  # [b, F, branch]
+            sampled_ids = None
+            if any(chain_sampled):
+                uniform = torch.full((b,), 0.5, device=device)
+                for i in range(b):
+                    if chain_sampled[i] and depth <= ks[i] and not stopped[i]:
+                        uniform[i] = torch.rand(1, generator=rows[i].generator, device=rows[i].generator.device)[0]
+                sampled_ids = sample_from_probs(q[:, 0], uniform).tolist()  # [b]
+            top_p, top_ids = top_p.tolist(), top_ids.tolist()  # one host sync per depth
+            children: list[list[int]] = [[] for _ in range(b)]
+            for i in range(b):
+                if depth > ks[i] or stopped[i]:
+                    continue
+                for f, parent in enumerate(parents_of[i]):
+                    if parent < 0:  # padding of the frontier
+                        continue
+                    if chain_sampled[i]:
+                        token = sampled_ids[i]
+                        options = [(token, q[i, f, token].item(), q[i, f])]
+                    else:
+                        options = [(top_ids[i][f][c], top_p[i][f][c], None) for c in range(branch[i])]
+                    for token, prob, q_row in options:
+                        if prob <= 0.0:
+                            continue
+                        if not trees[i] and rows[i].threshold > 0 and depth > 1 and max(top_p[i][f]) < rows[i].threshold:
+                            stopped[i] = True  # the draft is unsure: verifying what we have is cheaper
+                            break
+                        nodes[i].append((token, parent, score_of[i][f] + math.log(prob), depth,
+                                         q_row if chain_sampled[i] else None))
+                        children[i].append(len(nodes[i]))  # node number (1-based)
+            if depth == max(ks):
+                break
+            # Expand the best `beam` children of this depth (all of a chain's one) in one head forward.
+            chosen = [sorted(children[i], key=lambda n: -nodes[i][n - 1][2])[: (TREE_BEAM if trees[i] else 1)]
+                      if depth < ks[i] else [] for i in range(b)]
+            if not any(chosen):
+                break
+            width = max(len(c) for c in chosen)
+            tokens = torch.zeros(b, width, dtype=torch.long, device=device)
+            features = torch.zeros(b, width, self.spec.hidden_size, dtype=self.dtype, device=device)
+            positions = torch.zeros(b, width, dtype=torch.long, device=device)
+            write_index = torch.zeros(b, width, dtype=torch.long, device=device)
+            kv_len = max(kept[i] + len(fed_ids[i]) + len(chosen[i]) for i in range(b))
+            visible = torch.zeros(b, width, kv_len, dtype=torch.bool, device=device)
+            for i in range(b):
+                visible[i, :, : kept[i]] = True
+                for t, n in enumerate(chosen[i]):
+                    token, parent, _, d, _ = nodes[i][n - 1]
+                    f = parents_of[i].index(parent)
+                    tokens[i, t] = token
+                    features[i, t] = frontier_hidden[i, f]
+                    positions[i, t] = kept[i] - 1 + d
+                    slot_index = kept[i] + len(fed_ids[i])
+                    write_index[i, t] = slot_index
+                    fed_ids[i].append(n)
+                    ancestors[i][n] = ancestors[i][parent] + [slot_index]
+                    visible[i, t, ancestors[i][n]] = True
+                for t in range(len(chosen[i]), width):  # padding: sees the prefix, writes past the real nodes
+                    write_index[i, t] = kept[i] + len(fed_ids[i]) + (t - len(chosen[i]))
+                    visible[i, t, : kept[i]] = True
+                    positions[i, t] = max(kept[i] - 1, 0)
+            frontier_hidden, frontier_logits = self._forward(slice(0, b), tokens, features, positions, write_index,
+                                                             visible | _self_visible(write_index, kv_len))
+            parents_of = [list(c) for c in chosen]
+            score_of = [[nodes[i][n - 1][2] for n in chosen[i]] for i in range(b)]
+            for i in range(b):
+                parents_of[i] += [-1] * (width - len(parents_of[i]))
+        return [self._proposal(rows[i], nodes[i], trees[i], i, batch) for i in range(b)]
+
+    def _proposal(self, row, nodes: list[tuple], tree: bool, i: int, batch: DraftBatch) -> DraftProposal:
+        empty = DraftProposal(row.token_ids.new_empty(0), None)
+        if not nodes:
+            return empty
+        if not tree:  # a chain: nodes are in depth order, each the child of the previous
+            tokens = torch.tensor([n[0] for n in nodes], dtype=torch.long, device=row.token_ids.device)
+            # Sampled rows carry q (their tokens were drawn from it); greedy verification needs none.
+            probs = torch.stack([n[4] for n in nodes]) if nodes[0][4] is not None else None  # [k, vocab]
+            return DraftProposal(tokens, probs)
+        # The N best nodes by score (a parent scores at least its child and sorts first: closed under ancestors).
+        order = sorted(range(len(nodes)), key=lambda n: (-nodes[n][2], nodes[n][3], n))
+        budget = min(row.tree_nodes, len(nodes))
+        if row.verify_cost is not None:
+            best, best_rate, value = budget, -1.0, 1.0
+            for count, n in enumerate(order[:budget], start=1):
+                value += math.exp(nodes[n][2])
+                cost = row.verify_cost(count + 1)
+                if cost is None:
+                    break
+                rate = value / max(cost, 1e-9)
+                if rate > best_rate:
+                    best, best_rate = count, rate
+            budget = best
+        keep = sorted(order[:budget])  # creation order: parents before children
+        number = {n + 1: j + 1 for j, n in enumerate(keep)}  # old node number -> new (0 = root stays 0)
+        tokens = torch.tensor([nodes[n][0] for n in keep], dtype=torch.long, device=row.token_ids.device)
+        parents = torch.tensor([number.get(nodes[n][1], 0) if nodes[n][1] else 0 for n in keep], dtype=torch.long,
+                               device=row.token_ids.device)
+        return DraftProposal(tokens, None, parents=parents)
+
+
+def _self_visible(write_index: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[b, n, L] bool: each fed entry sees itself (padding entries too, so no query sees nothing)."""
+    return torch.arange(kv_len, device=write_index.device).view(1, 1, -1) == write_index.unsqueeze(-1)
+
+
+def head_drafter(path: str | Path, target, max_len: int, name: str | None = None) -> HeadDrafter:
+    """The drafter of the head in `path` for `target` (ValueError when it does not fit)."""
+    config, weights = load_head(path)
+    return HeadDrafter(config, weights, target, max_len, name=name or f"{HEAD_PREFIX}{Path(path).name}")

@@ -1,0 +1,176 @@
+"""The draft head (drafters/head.py, distill/head.py) and token trees in the engine.
+
+Level (a): the training module and the drafter compute the same head (teacher-forced and unrolled steps against the
+drafter's cache), a tree's accepted path moved into place by keep_path leaves the cache as a chain would.
+Level (c): greedy output with the head, as chains, trees, batches and in a cascade, equals the target alone; a head
+trained for a few seconds on a tiny target really accepts (so the equality is not vacuous).
+Level (b), sampling with trees, is in test_sampling_exactness.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import CORPUS, EOS_ID, tiny_llama
+from verispec.config import SamplingParams, SpeculativeConfig
+from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, train_head
+from verispec.distill.teacher import Sample
+from verispec.drafters.cascade import CascadeDrafter
+from verispec.drafters.factory import make_drafter
+from verispec.drafters.head import HeadConfig, HeadDrafter, load_head, save_head
+from verispec.drafters.ngram import NgramDrafter
+from verispec.engine import SpeculativeEngine
+from verispec.engine.runner import make_runner
+
+
+def random_head(target, vocab=None, seed=0):
+    vocab = torch.arange(target.config.vocab_size) if vocab is None else vocab
+    config = HeadConfig.for_target(target.config, "tiny", len(vocab))
+    return config, HeadNet(config, target, vocab, seed=seed)
+
+
+@pytest.fixture(scope="module")
+def trained_head(trained_pair, tokenizer, tmp_path_factory):
+    """A head trained for a few seconds on the trained tiny target's own greedy continuations of the corpus."""
+    target, _ = trained_pair
+    ids = tokenizer(CORPUS)["input_ids"]
+    samples = []
+    with torch.no_grad():
+        for start in range(0, 160, 8):
+            prompt = ids[start : start + 12]
+            out = target.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)[0, len(prompt):]
+            samples.append(Sample("corpus", torch.tensor(prompt, dtype=torch.int32), out.to(torch.int32),
+                                  torch.zeros(0), torch.zeros(0)))
+    folder = tmp_path_factory.mktemp("head")
+    features = extract_features(target, samples, folder / "features", progress=False)
+    vocab, coverage = draft_vocabulary(samples, 40, target.config.vocab_size, {EOS_ID})
+    assert coverage == 1.0
+    config = HeadConfig.for_target(target.config, "tiny", len(vocab))
+    net = HeadNet(config, target, vocab, seed=0)
+    stats = train_head(net, samples, features, steps=120, lr=3e-3, batch_tokens=1024, train_length=128, unroll=2,
+                       seed=0, checkpoint=folder / "head.pt", progress=False, log=lambda *_: None)
+    assert stats["final"]["acc0"] > 0.5, stats["final"]
+    save_head(folder / "out", config, net.export(), torch.float32)
+    return folder / "out"
+
+
+def test_training_module_and_drafter_compute_the_same_head(trained_pair):
+    """Step 0 (real features) at every position, and step 1 (the head's own predicted feature at i - 1) against
+    the drafter's cache holding the real pairs before i: the unrolled training sees exactly what drafting sees."""
+    target, _ = trained_pair
+    torch.manual_seed(0)
+    config, net = random_head(target, torch.arange(0, target.config.vocab_size, 2))
+    drafter = HeadDrafter(config, net.export(), target, 64)
+    t = 10
+    tokens = torch.randint(0, target.config.vocab_size, (1, t))
+    features = torch.randn(1, t, config.hidden_size)
+    with torch.no_grad():
+        step0, step1 = net.unrolled(tokens, features, 2)
+        index = torch.arange(t).view(1, t)
+        causal = torch.arange(t).view(1, 1, t) <= index.unsqueeze(-1)
+        hidden, _ = drafter._forward(slice(0, 1), tokens, features, index, index, causal)
+        assert torch.allclose(hidden, step0, atol=1e-4)
+        for i in range(1, t):  # cache: real pairs [0, i) are there (written above); feed (f^_i, x_{i+1}) at i
+            visible = torch.arange(t).view(1, 1, t) < i
+            visible[0, 0, i] = True
+            pos = torch.tensor([[i]])
+            out, _ = drafter._forward(slice(0, 1), tokens[:, i : i + 1], step0[:, i - 1 : i], pos, pos, visible)
+            assert torch.allclose(out[0, 0], step1[0, i], atol=1e-4), i
+            drafter._forward(slice(0, 1), tokens[:, i : i + 1], features[:, i : i + 1], pos, pos,
+                             torch.arange(t).view(1, 1, t) <= i)  # restore the real pair at i
+
+
+def test_save_load_and_named_drafters(trained_pair, tokenizer, tmp_path):
+    target, _ = trained_pair
+    config, net = random_head(target)
+    save_head(tmp_path / "h", config, net.export(), torch.float16)
+    loaded, weights = load_head(tmp_path / "h")
+    assert loaded == config and weights["vocab"].dtype == torch.int32
+    head = make_drafter(f"head:{tmp_path / 'h'}", target, tokenizer, 128)
+    assert isinstance(head, HeadDrafter)
+    cascade = make_drafter(f"ngram+head:{tmp_path / 'h'}", target, tokenizer, 128)
+    assert isinstance(cascade, CascadeDrafter) and cascade.wants_features
+    with pytest.raises(ValueError, match="holds no draft head"):
+        make_drafter(f"head:{tmp_path}", target, tokenizer, 128)
+    other = tiny_llama(3, hidden=48)
+    with pytest.raises(ValueError, match="trained for a target with hidden size"):
+        HeadDrafter(config, weights, other, 64)
+
+
+def test_keep_path_leaves_the_cache_as_a_chain_would(trained_pair):
+    """A tree fed at scattered indices, its accepted path moved into place: the next forward's logits equal those
+    after feeding the path as a chain (native and Hugging Face runners)."""
+    from verispec.config import RunnerOptions
+    from verispec.verify import TreeDraft
+
+    target, _ = trained_pair
+    prompt = torch.tensor([[5, 6, 7, 8, 9]])
+    #         root  a  b  c  d  e      path: root -> b -> e
+    tree = TreeDraft.from_lists([9], [[11, 12, 13, 14, 15]], [[0, 0, 1, 2, 2]])
+    for backend in ("native", "hf"):
+        runner = make_runner(target, 64, 2, RunnerOptions(backend=backend))
+        for slot in (0, 1):
+            runner.forward(prompt, start_slot=slot)
+            runner.truncate(4, slot)  # the prompt's last token is the root
+        base = 4
+        positions = base + tree.depths()
+        runner.forward(tree.token_ids, start_slot=0, positions=positions, tree_mask=tree.ancestor_mask())
+        runner.keep_path(0, base, [0, 2, 5])
+        runner.forward(torch.tensor([[9, 12, 15]]), start_slot=1)
+        after_tree = runner.forward(torch.tensor([[20]]), start_slot=0).logits
+        after_chain = runner.forward(torch.tensor([[20]]), start_slot=1).logits
+        assert runner.lengths[0] == runner.lengths[1] == 8
+        assert torch.allclose(after_tree, after_chain, atol=1e-5), backend
+
+
+@pytest.mark.parametrize("tree_nodes", [0, 10])
+def test_greedy_with_the_head_equals_the_target_alone(trained_pair, tokenizer, trained_head, tree_nodes):
+    """Chains and trees, a batch of ragged prompts, and the head behind the n-gram drafter: token-identical to the
+    target alone; the trained head accepts, and trees accept more per round than the chain."""
+    target, _ = trained_pair
+    config, weights = load_head(trained_head)
+    head = HeadDrafter(config, weights, target, 300)
+    prompts = [tokenizer(t)["input_ids"] for t in ["the cat sat on", "one two three", "Paris is the", "a"]]
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    spec = SpeculativeConfig(num_draft_tokens=4, tree_nodes=tree_nodes)
+    for drafter in (head, CascadeDrafter([NgramDrafter(), head])):
+        engine = SpeculativeEngine(target, tokenizer, drafter, spec=spec, max_len=256, max_batch_size=3)
+        alone = engine.generate_batch(prompts, params, use_drafter=False)
+        spec_out = engine.generate_batch(prompts, params)
+        assert [r.token_ids for r in spec_out] == [r.token_ids for r in alone]
+    single = SpeculativeEngine(target, tokenizer, head, spec=spec, max_len=256, max_batch_size=1)
+    result = single.generate(prompts[0], params)
+    assert result.token_ids == alone[0].token_ids
+    assert result.stats.mean_accepted_length > (2.0 if tree_nodes else 1.8), result.stats.mean_accepted_length
+    assert result.stats.accepted_by_position[1] > 0  # the unrolled training reaches depth 2
+
+
+def test_trees_fall_back_to_chains_where_processing_depends_on_the_draft(trained_pair, tokenizer, trained_head):
+    """A penalised row (its logits depend on the draft tokens before each position) drafts chains, beside a tree row
+    of the same step; both stay equal to the target alone."""
+    target, _ = trained_pair
+    config, weights = load_head(trained_head)
+    head = HeadDrafter(config, weights, target, 300)
+    engine = SpeculativeEngine(target, tokenizer, head, spec=SpeculativeConfig(num_draft_tokens=4, tree_nodes=10),
+                               max_len=256, max_batch_size=2)
+    prompts = [tokenizer("the cat sat on")["input_ids"], tokenizer("one two three")["input_ids"]]
+    params = [SamplingParams(max_new_tokens=30, ignore_eos=True),
+              SamplingParams(max_new_tokens=30, ignore_eos=True, repetition_penalty=1.3)]
+    seen = []
+    propose = head.propose
+    head.propose = lambda batch: seen.append([p.is_tree for p in propose(batch)]) or propose_log[-1]
+    propose_log = []
+
+    def logged(batch):
+        proposals = propose(batch)
+        propose_log.append(proposals)
+        seen.append([p.is_tree for p in proposals])
+        return proposals
+
+    head.propose = logged
+    spec_out = engine.generate_batch(prompts, params)
+    head.propose = propose
+    alone = engine.generate_batch(prompts, params, use_drafter=False)
+    assert [r.token_ids for r in spec_out] == [r.token_ids for r in alone]
+    assert any(row[0] for row in seen) and not any(len(row) > 1 and row[1] for row in seen)
