@@ -210,3 +210,55 @@ def test_the_grammar_check_catches_masks_that_ignore_the_draft(monkeypatch):
     monkeypatch.setattr(Grammar, "masks", lambda self, pending, windows: masks(self, pending, [0] * len(windows)))
     results = run_grammar_cases(samples=320)
     assert any(outside > 0 or tvd > bound for tvd, bound, _, outside in results.values()), results
+
+
+# -- token trees ---------------------------------------------------------------------------------------------------
+
+# A draft head (random weights) proposing token trees of distinct point masses, verified by recursive rejection over
+# siblings; a sampled chain row (q carried) and a min_tokens row (the EOS mask follows each node's depth) beside it.
+TREE_CASES = {
+    "tree-head-all-transforms": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=3, top_p=0.95,
+                                               logit_bias={2: 0.7}),
+    "tree-head-min-tokens": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.3, min_new_tokens=2,
+                                           stop_token_ids=[3]),
+}
+
+
+def run_tree_cases(samples: int = SAMPLES):
+    """-> {case: (TVD, acceptance rate, mean nodes per round)} of tree speculation, the cases side by side."""
+    from verispec.distill.head import HeadNet
+    from verispec.drafters.head import HeadConfig, HeadDrafter
+
+    target = peaky_llama(0)
+    config = HeadConfig.for_target(target.config, "peaky", VOCAB)
+    head = HeadDrafter(config, HeadNet(config, target, torch.arange(VOCAB), seed=3).export(), target, 64)
+    engine = SpeculativeEngine(target, CharTokenizer(), head, SpeculativeConfig(num_draft_tokens=2, tree_nodes=5),
+                               64, max_batch_size=len(TREE_CASES) * ROWS_PER_CASE)
+    counts, stats = _sample(engine, TREE_CASES, {case: head for case in TREE_CASES}, samples)
+    out = {}
+    for case, params in TREE_CASES.items():
+        joint = exact_joint(target, params, eos_token_ids=())
+        if params.stop_token_ids:  # a stop token ends the output: fold the enumeration onto what is emitted
+            folded = {}
+            for seq, p in joint.items():
+                key = seq[: seq.index(3) + 1] if 3 in seq else seq
+                folded[key] = folded.get(key, 0.0) + p
+            joint = folded
+        tvd = 0.5 * sum(abs(counts[case].get(s, 0) / samples - p) for s, p in joint.items())
+        tvd += 0.5 * sum(n / samples for s, n in counts[case].items() if s not in joint)
+        out[case] = (tvd, stats[case].acceptance_rate, stats[case].draft_tokens / max(stats[case].rounds, 1))
+    return out
+
+
+def test_tree_sampling_matches_target_distribution():
+    for case, (tvd, acceptance, nodes) in run_tree_cases().items():
+        print(f"{case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}, acceptance {acceptance:.3f}, nodes/round {nodes:.2f}")
+        assert nodes > 2.5, f"{case}: trees were not drafted ({nodes:.2f} draft tokens per round)"
+        assert tvd < TVD_BOUND, f"{case}: TVD {tvd:.4f} exceeds the sampling bound {TVD_BOUND:.4f}"
+
+
+def test_the_tree_check_catches_a_biased_sibling_rule(monkeypatch):
+    """Siblings tried against p itself instead of the residual left by the siblings rejected before them."""
+    monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
+    tvd = run_tree_cases(samples=3000)["tree-head-all-transforms"][0]
+    assert tvd > tvd_bound(VOCAB**NEW_TOKENS, 3000), f"a biased tree sampler passed: TVD {tvd:.4f}"

@@ -1,8 +1,10 @@
 """The decoding methods a benchmark compares, each behind one small interface, all greedy on one model pair.
 
 Families (`--methods`): 'target' (our engine, drafter off: the baseline), 'verispec' (our speculative loop, one
-method per K), 'adaptive' (our loop choosing K per round), 'hf-assisted' (transformers assisted generation, one
-method per K, constant schedule, no confidence cut-off: the anchor), 'hf-target' (transformers greedy `generate`).
+method per K), 'adaptive' (our loop choosing K per round), 'tree' / 'adaptive-tree' (the same with token trees of up
+to --tree-nodes draft tokens, for drafters that propose trees: a draft head; 'tree' is per K = the tree's depth),
+'hf-assisted' (transformers assisted generation, one method per K, constant schedule, no confidence cut-off: the
+anchor), 'hf-target' (transformers greedy `generate`).
 
 Every method produces exactly `max_new_tokens` tokens: end-of-sequence ids are masked until then
 (`min_new_tokens = max_new_tokens`, which both engines implement the same way), so tokens counted are the same
@@ -24,8 +26,9 @@ from ..models import model_weight_bytes
 from ..stats import GenerationStats
 from .memory import PeakMemory, persistent_bytes
 
-FAMILIES = ("target", "verispec", "adaptive", "hf-assisted", "hf-target")
-PER_K = ("verispec", "hf-assisted")
+FAMILIES = ("target", "verispec", "adaptive", "tree", "adaptive-tree", "hf-assisted", "hf-target")
+PER_K = ("verispec", "tree", "hf-assisted")
+TREES = ("tree", "adaptive-tree")
 
 
 @dataclass
@@ -104,14 +107,15 @@ class Method(ABC):
 class EngineMethod(Method):
     """Our engine: 'target' (drafter off), 'verispec' (fixed K) or 'adaptive'."""
 
-    def __init__(self, models: BenchModels, family: str, k: int | None = None) -> None:
+    def __init__(self, models: BenchModels, family: str, k: int | None = None, tree_nodes: int = 0) -> None:
         super().__init__(models, k)
         self.family = family
         self.uses_draft = family != "target"
-        if family == "adaptive":
-            self.spec = SpeculativeConfig(adaptive=True)
+        nodes = tree_nodes if family in TREES else 0
+        if family.startswith("adaptive"):
+            self.spec = SpeculativeConfig(adaptive=True, tree_nodes=nodes)
         else:
-            self.spec = SpeculativeConfig(num_draft_tokens=k or 1)
+            self.spec = SpeculativeConfig(num_draft_tokens=k or 1, tree_nodes=nodes)
 
     def params(self, max_new_tokens: int, seed: int) -> SamplingParams:
         """Exactly max_new_tokens tokens (EOS masked), or, under a constraint, until the constraint completes."""
@@ -185,6 +189,13 @@ def adaptive_supported(engine: SpeculativeEngine) -> bool:
         return False
 
 
+def _proposes_trees(drafter) -> bool:
+    from ..drafters.head import HeadDrafter
+
+    stages = getattr(drafter, "stages", [drafter])
+    return any(isinstance(stage, HeadDrafter) for stage in stages)
+
+
 def parse_methods(text: str) -> list[str]:
     families = [m.strip() for m in text.split(",") if m.strip()]
     unknown = [m for m in families if m not in FAMILIES]
@@ -204,7 +215,8 @@ def parse_ks(text: str) -> list[int]:
     return sorted(set(ks))
 
 
-def build_methods(families: list[str], ks: list[int], models: BenchModels) -> tuple[list[Method], list[str]]:
+def build_methods(families: list[str], ks: list[int], models: BenchModels,
+                  tree_nodes: int = 16) -> tuple[list[Method], list[str]]:
     """-> (methods in run order, notes on methods skipped)."""
     methods: list[Method] = []
     notes: list[str] = []
@@ -215,15 +227,19 @@ def build_methods(families: list[str], ks: list[int], models: BenchModels) -> tu
             notes.append(f"{family}: skipped, HF assisted generation needs a draft model")
         elif family not in ("target", "hf-target") and models.engine.drafter is None:
             notes.append(f"{family}: skipped, no drafter")
-        elif family == "adaptive" and not adaptive_supported(models.engine):
+        elif family.startswith("adaptive") and not adaptive_supported(models.engine):
             notes.append("adaptive: skipped, this engine does not implement SpeculativeConfig(adaptive=True) yet")
+        elif family in TREES and not _proposes_trees(models.engine.drafter):
+            notes.append(f"{family}: skipped, the drafter {models.engine.drafter.name} proposes chains only")
         elif family in PER_K:
-            cls = EngineMethod if family == "verispec" else HFMethod
-            methods += [cls(models, family, k) for k in ks]
+            if family == "hf-assisted":
+                methods += [HFMethod(models, family, k) for k in ks]
+            else:
+                methods += [EngineMethod(models, family, k, tree_nodes) for k in ks]
         elif family.startswith("hf-"):
             methods.append(HFMethod(models, family))
         else:
-            methods.append(EngineMethod(models, family))
+            methods.append(EngineMethod(models, family, tree_nodes=tree_nodes))
     drafter = models.engine.drafter
     if isinstance(drafter, CascadeDrafter) and any(m.family == "hf-assisted" for m in methods):
         notes.append(f"hf-assisted: drafts with the draft model alone; our methods draft with {drafter.name} "

@@ -31,12 +31,15 @@ class BenchSettings:
     progress: bool = True
     batch_sizes: list[int] | None = None  # the batch-size sweep (batching.py) instead of the K sweep; None: K sweep
     structured: StructuredOutput | None = None  # an output constraint for our methods (HF's are skipped)
+    tree_nodes: int = 16  # the node budget of the 'tree' and 'adaptive-tree' methods
 
     def to_dict(self) -> dict:
         if self.batch_sizes:
             mode = {"mode": "batch sizes", "batch_sizes": self.batch_sizes, "methods": list(BATCH_FAMILIES)}
         else:
             mode = {"mode": "K sweep", "ks": self.ks, "methods": self.families, "probe_repeats": self.probe_repeats}
+            if any(f in ("tree", "adaptive-tree") for f in self.families):
+                mode["tree_nodes"] = self.tree_nodes
         count = ("generated tokens, prompt excluded; EOS masked so every method generates exactly max_new_tokens"
                  if self.structured is None else "generated tokens, prompt excluded; each output ends where its "
                  "constraint completes (identical for our methods, which all decode greedily)")
@@ -87,7 +90,7 @@ def run_suite(models: BenchModels, prompts: Sequence[BenchPrompt], settings: Ben
               ) -> tuple[dict, list[PromptRecord]]:
     """Run every method on every prompt; -> (the run's section of report.json (see report.py), the records)."""
     if methods is None:
-        methods, notes = build_methods(settings.families, settings.ks, models)
+        methods, notes = build_methods(settings.families, settings.ks, models, settings.tree_nodes)
     notes = list(notes or [])
     limit = models.engine.max_len - settings.max_new_tokens
     too_long = [p.question_id for p in prompts if len(p.token_ids) > limit]

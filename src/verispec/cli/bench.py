@@ -58,6 +58,8 @@ def add_parser(sub) -> None:
                    help="sweep the batch size instead of K, e.g. 1,4,16 (1..256): the target alone and adaptive "
                         "speculation at each batch size; --k, --methods and --probe-repeats do not apply")
     g.add_argument("--methods", default=DEFAULT_METHODS, metavar="LIST", help=f"default {DEFAULT_METHODS}")
+    g.add_argument("--tree-nodes", type=positive_int, default=16, metavar="N",
+                   help="node budget of the 'tree' and 'adaptive-tree' methods (default 16)")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the one warm-up call per method")
     g.add_argument("--probe-repeats", type=int, default=5,
@@ -122,7 +124,7 @@ def build_config(args: argparse.Namespace):
         max_new_tokens=args.max_new_tokens or (64 if args.demo else 128),
         ks=ks or [int(k) for k in DEFAULT_KS.split(",")], families=families, seed=args.seed,
         warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
-        batch_sizes=batch_sizes, structured=structured,
+        batch_sizes=batch_sizes, structured=structured, tree_nodes=args.tree_nodes,
     )
     if args.vllm_python and (batch_sizes or args.demo):
         raise CliError("--vllm-python runs with the batch-1 suite: drop --batch-sizes / --demo")

@@ -33,6 +33,10 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-tokens", type=int, default=4, metavar="K", action=_ExplicitStore,
                    help="draft tokens per round (default 4, or the pair's K with --draft-model auto); with adaptive "
                         "speculation, the K of the first rounds")
+    g.add_argument("--tree-nodes", type=int, default=0, metavar="N", action=_ExplicitStore,
+                   help="token trees for drafters that propose them (a draft head): up to N draft tokens verified "
+                        "per round as a tree, its shape chosen per round from the draft's confidences (default 0: "
+                        "chains of K)")
     g.add_argument("--max-len", type=positive_int, default=2048, help="longest prompt + output in tokens")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default float32)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -91,7 +95,7 @@ def add_speculation_args(parser: argparse.ArgumentParser) -> None:
 
 def spec_kwargs(args: argparse.Namespace) -> dict:
     """SpeculativeConfig keywords from the model and speculation flags (the adaptive/threshold ones if present)."""
-    kwargs = dict(num_draft_tokens=args.draft_tokens)
+    kwargs = dict(num_draft_tokens=args.draft_tokens, tree_nodes=getattr(args, "tree_nodes", 0))
     if hasattr(args, "adaptive"):
         kwargs.update(adaptive=args.adaptive, max_speculation_depth=args.max_speculation_depth,
                       speculative_threshold=args.speculative_threshold, **args.acceptance)

@@ -208,16 +208,20 @@ def _batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> li
 
 
 def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: int, lr: float, batch_tokens: int,
-               train_length: int, unroll: int, seed: int, checkpoint: Path, progress: bool = True,
-               log=print) -> dict:
+               train_length: int, unroll: int, seed: int, checkpoint: Path, prompt_loss: bool = True,
+               progress: bool = True, log=print) -> dict:
     """AdamW with warm-up and cosine decay; resumes from `checkpoint`. -> training figures."""
     torch.manual_seed(seed)
+    # Losses are taken at every pair in the window, or (prompt_loss=False) only where the head drafts: pairs
+    # i >= P - 1, which predict answer tokens x_{i+2}, i + 2 > P; the prompt's pairs then give context only.
     sequences = []
     for sample, feats in zip(samples, features):
         tokens = torch.cat([sample.prompt_ids, sample.response_ids]).long()
         keep = min(len(tokens), train_length + 1)
-        sequences.append((tokens[-keep:], feats[-keep:]))
-    lengths = [len(t) - 1 for t, _ in sequences]  # pairs per sample
+        cut = len(tokens) - keep
+        scored_from = 0 if prompt_loss else max(0, len(sample.prompt_ids) - 1 - cut)
+        sequences.append((tokens[-keep:], feats[-keep:], scored_from))
+    lengths = [len(t) - 1 for t, _, _ in sequences]  # pairs per sample
     params = [p for p in net.parameters() if p.requires_grad]
     optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     warmup = max(1, steps // 20)
@@ -244,10 +248,10 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
             feats = torch.zeros(len(batch), width + 1, net.config.hidden_size)
             valid = torch.zeros(len(batch), width, dtype=torch.bool)
             for row, i in enumerate(batch):
-                t, f = sequences[i]
+                t, f, scored_from = sequences[i]
                 tokens[row, : len(t) - 1] = t[1:]
                 feats[row, : len(f)] = f.float()
-                valid[row, : len(t) - 1] = True
+                valid[row, scored_from : len(t) - 1] = True
             inputs, wanted = feats[:, :-1], feats[:, 1:]  # f_i and the f_{i+1} it should predict
             outputs = net.unrolled(tokens, inputs, unroll)
             with torch.no_grad():

@@ -44,7 +44,7 @@ def run_head_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, token
     train_stats = train_head(net, samples, features, steps=recipe.steps, lr=recipe.lr,
                              batch_tokens=recipe.batch_tokens, train_length=recipe.train_length,
                              unroll=recipe.head_unroll, seed=recipe.seed, checkpoint=work_dir / "head.pt",
-                             progress=progress, log=log)
+                             prompt_loss=recipe.head_prompt_loss, progress=progress, log=log)
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
     save_head(out_dir, config, net.export(), getattr(torch, recipe.storage_dtype))
     disk = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())

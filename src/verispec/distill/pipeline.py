@@ -29,7 +29,8 @@ from verispec.distill import evaluate as ev
 from verispec.distill.prompts import Prompt, build_prompts, material_requests
 from verispec.distill.recipe import DistillRecipe
 from verispec.distill.student import build_draft, draft_config, export_draft
-from verispec.distill.teacher import Sample, generate_batch, length_batches
+from verispec.distill.teacher import Sample, engine_answers, generate_batch, length_batches
+from verispec.engine import SpeculativeEngine
 from verispec.distill.train import TrainSettings, train
 from verispec.models import load_model, load_tokenizer
 
@@ -190,6 +191,7 @@ def _answers_stage(recipe, work_dir, prompts, teacher, tokenizer, eos, pad_id, p
     samples: list[Sample] = []
     tokens = 0
     skipped = 0
+    engine = None  # built on first use: a resumed run whose answers exist never needs it
     bar = tqdm(total=recipe.tokens, desc="teacher answers", unit="tok", disable=not progress, dynamic_ncols=True)
     for chunk_index, start in enumerate(range(0, len(prompts), CHUNK_PROMPTS)):
         if tokens >= recipe.tokens:
@@ -203,15 +205,14 @@ def _answers_stage(recipe, work_dir, prompts, teacher, tokenizer, eos, pad_id, p
             encoded = [ev.chat_ids(tokenizer, p.text) for p in items]
             keep = [i for i, e in enumerate(encoded) if len(e) + recipe.max_new_tokens <= recipe.max_length]
             skipped += len(items) - len(keep)
-            lengths = [len(encoded[i]) for i in keep]
-            for batch in length_batches(lengths, recipe.gen_batch_size, recipe.gen_batch_tokens):
-                batch = [keep[j] for j in batch]
-                results = generate_batch(teacher, [encoded[i] for i in batch], recipe.max_new_tokens, eos, pad_id,
-                                         topk=recipe.topk)
-                for i, (ids, top_ids, top_lp) in zip(batch, results):
-                    chunk.append(Sample(items[i].category, torch.tensor(encoded[i], dtype=torch.int32), ids,
-                                        top_ids, top_lp))
-                bar.update(sum(len(r[0]) for r in results))
+            if engine is None:
+                engine = SpeculativeEngine(teacher, tokenizer, None, max_len=recipe.max_length,
+                                           max_batch_size=recipe.gen_batch_size)
+            results = engine_answers(engine, [encoded[i] for i in keep], recipe.max_new_tokens, recipe.topk,
+                                     on_step=bar.update)
+            for i, (ids, top_ids, top_lp) in zip(keep, results):
+                chunk.append(Sample(items[i].category, torch.tensor(encoded[i], dtype=torch.int32), ids,
+                                    top_ids, top_lp))
             torch.save([asdict(s) for s in chunk], path.with_suffix(".tmp"))
             path.with_suffix(".tmp").replace(path)
         samples.extend(chunk)

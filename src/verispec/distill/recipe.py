@@ -29,6 +29,7 @@ class DistillRecipe:
     head_vocab: int = 8192  # the head's draft vocabulary: the most frequent answer tokens
     head_unroll: int = 3  # training-time unroll steps (the head reads its own predicted features when drafting)
     head_tree_nodes: int = 16  # token-tree node budget evaluated beside the chain
+    head_prompt_loss: bool = True  # also learn at prompt positions (teacher-forced), not only the answers
     # --- draft shape (a Llama with the target's vocabulary and tied embeddings)
     hidden_size: int = 128
     num_layers: int = 4

@@ -96,6 +96,32 @@ def generate_batch(
     return results
 
 
+@torch.inference_mode()
+def engine_answers(engine, prompts: list[list[int]], max_new_tokens: int, topk: int,
+                   on_step=None) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """Greedy answers through verispec's own batched engine (continuous batching on the native runner: several
+    times HF generate's throughput on a CPU); -> `(response_ids, topk_ids, topk_logprobs)` per prompt, as
+    `generate_batch`. on_step(tokens committed) is called after every step (progress bars)."""
+    from ..config import SamplingParams
+
+    params = SamplingParams(max_new_tokens=max_new_tokens, logprobs=topk)
+    seqs = [engine.add_request(p, params, use_drafter=False) for p in prompts]
+    done = 0
+    while engine.has_unfinished:
+        engine.step()
+        now = sum(len(seq.stopper.token_ids) for seq in seqs)
+        if on_step is not None:
+            on_step(now - done)
+        done = now
+    results = []
+    for seq in seqs:
+        ids = torch.tensor(seq.stopper.token_ids, dtype=torch.int32)
+        top_ids = torch.tensor([[t for t, _ in lp.top[:topk]] for lp in seq.logprobs], dtype=torch.int32)
+        top_lp = torch.tensor([[v for _, v in lp.top[:topk]] for lp in seq.logprobs], dtype=torch.float16)
+        results.append((ids, top_ids.view(len(ids), topk), top_lp.view(len(ids), topk)))
+    return results
+
+
 def length_batches(lengths: list[int], max_batch: int, max_tokens: int) -> list[list[int]]:
     """Group indices by similar length: at most `max_batch` rows and about `max_tokens` padded prompt tokens each."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])

@@ -275,7 +275,7 @@ class HeadDrafter(Drafter):
         for depth in range(1, max(ks) + 1):
             check_finite(frontier_logits, "draft head")
             full = self._full_logits(frontier_logits.float(), vocab)  # [b, F, vocab]
-            processed = process_logits(full, batch.sampling, None, start=0)  # [b, F, vocab]
+            processed = process_logits(full, batch.sampling, None, start=depth - 1)  # [b, F, vocab]
             q = stable_softmax(processed)  # [b, F, vocab]
             top_p, top_ids = q.topk(TREE_BRANCH, dim=-1)  # [b, F, branch]
             sampled_ids = None

@@ -440,13 +440,15 @@ class SpeculativeEngine:
         tree = plan.tree
         device = self.target.device
         lengths = torch.tensor([self.target.lengths[seq.slot] for seq in rows], device=device)  # [batch]
-        positions = lengths.unsqueeze(1) + tree.depths()  # [batch, nodes]
+        depths = tree.depths()  # [batch, nodes]
+        positions = lengths.unsqueeze(1) + depths
         out = self.target.forward(tree.token_ids, positions=positions, tree_mask=tree.ancestor_mask(),
                                   want_hidden=plan.wants_features)
         logits = out.logits  # [batch, nodes, vocab]
         check_finite(logits, "target")
         # Tree rows have no draft-dependent processing; a chain row's pending drafts are its nodes in order.
-        processed = process_logits(logits, plan.sampling, plan.meta.draft_token_ids, start=0)  # [batch, nodes, V]
+        processed = process_logits(logits, plan.sampling, plan.meta.draft_token_ids, start=0,
+                                   depths=depths)  # [batch, nodes, vocab]
         result = greedy_tree_verify(tree, processed)
         sampled = [seq for seq in rows if not seq.params.greedy]
         if sampled:

@@ -90,10 +90,9 @@ class RowSamplingState:
 
     @property
     def allows_trees(self) -> bool:
-        """Whether a position's processing depends only on the committed output, not on the draft tokens before it
-        (no penalties, grammar, or EOS mask still to lift), so a token tree's nodes can be processed side by side."""
-        return (self.context_mask is None and self.output_counts is None and self.grammar is None
-                and self.num_generated >= self.params.min_new_tokens)
+        """Whether a position's processing depends only on the committed output and its depth, not on the draft
+        tokens before it (no penalties or grammar), so a token tree's nodes can be processed side by side."""
+        return self.context_mask is None and self.output_counts is None and self.grammar is None
 
     def commit(self, token_ids: Sequence[int] | Tensor) -> None:
         """Record tokens appended to the output (they are now context for every later position)."""
@@ -232,6 +231,7 @@ def process_logits(
     batch: SamplingBatch,
     pending: Tensor | None = None,  # [batch, m] long
     start: int | Tensor = 0,  # int, or [batch] long
+    depths: Tensor | None = None,  # [batch, n] long: a token tree's node depths (position i follows depths[b, i] drafts)
 ) -> Tensor:
     """Apply each row's penalties and sampling transforms. Removed tokens get -inf.
 
@@ -243,7 +243,8 @@ def process_logits(
     logits = logits[..., :vocab].float()  # [batch, n, vocab]
     rows, n, _ = logits.shape
     device = logits.device
-    offset = torch.as_tensor(start, device=device).reshape(-1, 1) + torch.arange(n, device=device)  # [batch or 1, n]
+    steps = torch.arange(n, device=device) if depths is None else depths.to(device)  # [n] or [batch, n]
+    offset = torch.as_tensor(start, device=device).reshape(-1, 1) + steps  # [batch or 1, n]
     penalised = batch.context_mask is not None or batch.output_counts is not None
     pending_counts = None
     if penalised and pending is not None and pending.shape[1] > 0:

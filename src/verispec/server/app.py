@@ -106,10 +106,13 @@ class Server:
         changes = {"adaptive": adaptive}
         if option.draft_tokens is not None:
             changes["num_draft_tokens"] = option.draft_tokens
+        if option.tree_nodes is not None:
+            changes["tree_nodes"] = option.tree_nodes
         try:
             spec = replace(self.served.spec, **changes)
         except ValueError as exc:
-            raise invalid(str(exc), param="speculative.draft_tokens") from exc
+            param = "speculative.tree_nodes" if "tree_nodes" in str(exc) else "speculative.draft_tokens"
+            raise invalid(str(exc), param=param) from exc
         drafter = (option.draft_model or self.config.draft_model) if enabled else None
         return spec, None if drafter == NONE else drafter
 

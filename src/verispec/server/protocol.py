@@ -36,6 +36,9 @@ class SpeculativeOptions(_Request):
     that a request with draft_tokens, or a seeded sampling request, runs with a fixed K."""
     draft_model: str | None = None
     """Another drafter: a model folder / .gguf / hub id / name, or 'none'; loaded on first use and cached."""
+    tree_nodes: int | None = None
+    """Token trees (0..64 draft tokens per round) for drafters that propose them, e.g. a draft head; 0: chains;
+    default: the server's --tree-nodes."""
 
 
 class StreamOptions(_Request):
