@@ -174,3 +174,29 @@ def test_trees_fall_back_to_chains_where_processing_depends_on_the_draft(trained
     alone = engine.generate_batch(prompts, params, use_drafter=False)
     assert [r.token_ids for r in spec_out] == [r.token_ids for r in alone]
     assert any(row[0] for row in seen) and not any(len(row) > 1 and row[1] for row in seen)
+
+
+def test_server_drafts_with_a_head_per_request(model_dirs, trained_head):
+    """A request names the head (allowed by the operator under a short name) and token trees; its output equals the
+    same request without speculation, with speculative metrics showing the head accepted tokens."""
+    import openai
+
+    from test_server import MODEL, ServerThread
+    from test_server_batching import body, metrics, texts
+    from verispec.server import ServerConfig, create_app
+
+    config = ServerConfig(model=str(model_dirs["target"]), draft_model="ngram", enable_speculative=True,
+                          spec=SpeculativeConfig(num_draft_tokens=4), max_len=256, max_num_seqs=2,
+                          allowed_draft_models=(f"tinyhead=head:{trained_head}",))
+    with ServerThread(create_app(config)) as running:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=60)
+        request = dict(prompt="the cat sat on", max_tokens=40)
+        off = client.completions.create(**body({**request, "speculative": False}))
+        for tree_nodes in (0, 10):
+            on = client.completions.create(**body({**request, "speculative": {"draft_model": "tinyhead",
+                                                                               "tree_nodes": tree_nodes}}))
+            assert texts(on) == texts(off)
+            assert metrics(on)["mean_accepted_length"] > 1.5, metrics(on)
+        with pytest.raises(openai.BadRequestError, match="tree_nodes"):
+            client.completions.create(**body({**request, "speculative": {"tree_nodes": 65}}))
+    assert MODEL

@@ -37,9 +37,11 @@ class SpeculativeGenerator:
         spec: SpeculativeConfig | None = None,
         max_batch_size: int = 16,
         runner: RunnerOptions | None = None,
+        tree_nodes: int = 0,
     ) -> None:
         """runner: which model runner executes the models (RunnerOptions: backend "auto" | "native" | "hf",
-        compile True / False / None for the measured default)."""
+        compile True / False / None for the measured default); tree_nodes: token trees of up to that many draft
+        tokens per round, for drafters that propose trees (a draft head; default 0: chains of K)."""
         if device is not None:
             target_model = target_model.to(device)
             if isinstance(draft_model, PreTrainedModel):
@@ -49,7 +51,7 @@ class SpeculativeGenerator:
             drafter: Drafter | None = model_drafter(target_model, draft_model, max_len + CACHE_SLACK)
         else:
             drafter = draft_model
-        self.spec = spec or SpeculativeConfig(num_draft_tokens=K)
+        self.spec = spec or SpeculativeConfig(num_draft_tokens=K, tree_nodes=tree_nodes)
         self.engine = SpeculativeEngine(target_model.eval(), tokenizer, drafter, self.spec, max_len=max_len,
                                         max_batch_size=max_batch_size, runner=runner)
         self.last_stats = GenerationStats()
@@ -65,16 +67,19 @@ class SpeculativeGenerator:
         device: str = "cpu",
         spec: SpeculativeConfig | None = None,
         runner: RunnerOptions | None = None,
+        tree_nodes: int = 0,
     ) -> SpeculativeGenerator:
         """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
 
-        `draft` is a model (same forms), or a drafter name such as 'none' (the target alone)."""
+        `draft` is a model (same forms), a draft head ('head:PATH', 'verispec-head-smollm2-135m'), or a drafter
+        name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m')."""
         from .models import load_model, load_tokenizer
 
         target_model = load_model(target, dtype=dtype, device=device)
         tokenizer = load_tokenizer(target)
         drafter = make_drafter(draft, target_model, tokenizer, max_len + CACHE_SLACK, dtype=dtype, device=device)
-        return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec, runner=runner)
+        return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec, runner=runner,
+                   tree_nodes=tree_nodes)
 
     # -- prompts -------------------------------------------------------------------------------------------------
 

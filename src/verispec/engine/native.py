@@ -204,6 +204,10 @@ def release_hf_weights(hf_model) -> int:
 def release_engine_weights(engine) -> int:
     """release_hf_weights for the target and every model drafter of an engine that run natively; -> bytes freed."""
     drafters = getattr(engine.drafter, "stages", [engine.drafter])
+    if isinstance(engine.target, NativeRunner):  # a draft head reads the target's embeddings: the twin's from now on
+        for drafter in drafters:
+            if hasattr(drafter, "rebind_embeddings"):
+                drafter.rebind_embeddings(engine.target.model.embed)
     runners = [engine.target] + [d.runner for d in drafters if hasattr(d, "runner")]
     return sum(release_hf_weights(r.hf_model) for r in runners if getattr(r, "hf_model", None) is not None)
 
