@@ -97,33 +97,64 @@ CASES = {
         logit_bias={0: -1.0, 2: 2.0},
     ),
 }
-ROWS_PER_CASE = 32  # per batch: 96 rows in every step
+# A draft head (random weights) proposing token trees of distinct point masses, verified by recursive rejection over
+# siblings; one row with min_tokens and a stop token (the EOS mask follows each node's depth).
+TREE_CASES = {
+    "tree-head-all-transforms": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=3, top_p=0.95,
+                                               logit_bias={2: 0.7}),
+    "tree-head-min-tokens": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.3, min_new_tokens=2,
+                                           stop_token_ids=[3]),
+}
+ROWS_PER_CASE = 32  # per batch: 160 rows in every step
 
 
-def run_cases(cases=tuple(CASES)):
-    """-> {case: (TVD, acceptance rate)} from SAMPLES seeded runs per case, the cases mixed in each batch."""
+def run_cases(cases=tuple(CASES) + tuple(TREE_CASES), samples: int = SAMPLES):
+    """-> {case: (TVD, acceptance rate, draft tokens per round)} from `samples` seeded runs per case, the cases
+    (chains and trees) mixed in each batch."""
+    from verispec.distill.head import HeadNet
+    from verispec.drafters.head import HeadConfig, HeadDrafter
+
     target = peaky_llama(0)
-    drafters = {case: ModelDrafter(peaky_llama(1), 128) if case.startswith("model") else PointMassDrafter()
-                for case in cases}
+    config = HeadConfig.for_target(target.config, "peaky", VOCAB)
+    head = HeadDrafter(config, HeadNet(config, target, torch.arange(VOCAB), seed=3).export(), target, 64)
+    drafters = {case: head if case in TREE_CASES else ModelDrafter(peaky_llama(1), 128) if case.startswith("model")
+                else PointMassDrafter() for case in cases}
     engine = SpeculativeEngine(target, CharTokenizer(), None, SpeculativeConfig(num_draft_tokens=2), 64,
                                max_batch_size=len(cases) * ROWS_PER_CASE)
-    counts, stats = _sample(engine, {case: CASES[case] for case in cases}, drafters)
+    every = {**CASES, **TREE_CASES}
+    specs = {case: SpeculativeConfig(num_draft_tokens=2, tree_nodes=5) for case in TREE_CASES}
+    counts, stats = _sample(engine, {case: every[case] for case in cases}, drafters, samples, specs)
     out = {}
     for case in cases:
-        joint = exact_joint(target, CASES[case])
-        tvd = 0.5 * sum(abs(counts[case].get(s, 0) / SAMPLES - p) for s, p in joint.items())
-        out[case] = (tvd, stats[case].acceptance_rate)
+        joint = _emitted(exact_joint(target, every[case]), every[case])
+        tvd = 0.5 * sum(abs(counts[case].get(s, 0) / samples - p) for s, p in joint.items())
+        tvd += 0.5 * sum(n / samples for s, n in counts[case].items() if s not in joint)
+        out[case] = (tvd, stats[case].acceptance_rate, stats[case].draft_tokens / max(stats[case].rounds, 1))
     return out
 
 
-def _sample(engine, cases: dict, drafters: dict, samples: int = SAMPLES) -> tuple[dict, dict]:
-    """`samples` seeded runs of every case, the cases' rows side by side in each batch.
+def _emitted(joint: dict, params: SamplingParams) -> dict:
+    """The enumeration folded onto what is emitted: a stop token ends the output."""
+    if not params.stop_token_ids:
+        return joint
+    folded = {}
+    for seq, p in joint.items():
+        cut = min((seq.index(t) for t in params.stop_token_ids if t in seq), default=len(seq) - 1)
+        folded[seq[: cut + 1]] = folded.get(seq[: cut + 1], 0.0) + p
+    return folded
+
+
+def _sample(engine, cases: dict, drafters: dict, samples: int = SAMPLES, specs: dict | None = None) -> tuple[dict, dict]:
+    """`samples` seeded runs of every case, the cases' rows side by side in each batch (specs: per-case
+    speculation settings, default the engine's).
 
     -> ({case: {output tokens: count}}, {case: GenerationStats})"""
     counts = {case: {} for case in cases}
     stats = {case: GenerationStats() for case in cases}
+    specs = specs or {}
     for first in range(0, samples, ROWS_PER_CASE):
-        seqs = [(case, engine.add_request(PROMPT, replace(params, seed=seed), drafter=drafters[case]))
+        seqs = [(case, engine.add_request(PROMPT, replace(params, seed=seed), specs.get(case),
+                                          drafter=drafters[case]))
                 for seed in range(first, min(first + ROWS_PER_CASE, samples)) for case, params in cases.items()]
         while engine.has_unfinished:
             engine.step()
@@ -135,18 +166,24 @@ def _sample(engine, cases: dict, drafters: dict, samples: int = SAMPLES) -> tupl
 
 
 def test_speculative_sampling_matches_target_distribution_in_a_batch():
-    for case, (tvd, acceptance) in run_cases().items():
-        print(f"{case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}, acceptance {acceptance:.3f}")
+    """Chains (a draft model, a point-mass drafter) and token trees (a draft head's point-mass siblings, verified by
+    recursive rejection) side by side in every batch."""
+    for case, (tvd, acceptance, per_round) in run_cases().items():
+        print(f"{case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}, acceptance {acceptance:.3f}, drafts/round {per_round:.2f}")
         assert 0.05 < acceptance < 0.9, f"{case}: both the draft path and the residual path must run"
         assert tvd < TVD_BOUND, f"{case}: TVD {tvd:.4f} exceeds the sampling bound {TVD_BOUND:.4f}"
+        if case in TREE_CASES:
+            assert per_round > 2.5, f"{case}: trees were not drafted ({per_round:.2f} draft tokens per round)"
 
 
 def test_the_check_catches_a_biased_sampler(monkeypatch):
-    """Recovered tokens drawn from p instead of norm(max(0, p - q)): the classic bug must be detected."""
+    """Recovered tokens drawn from p instead of norm(max(0, p - q)) (the classic bug), and tree siblings tried
+    against p instead of the residual left by the siblings rejected before them: both must be detected."""
     monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
-    tvd = run_cases(("model-drafter-all-transforms",))["model-drafter-all-transforms"][0]
-    print(f"biased TVD {tvd:.4f}, bound {TVD_BOUND:.4f}")
-    assert tvd > TVD_BOUND, f"a biased sampler passed: TVD {tvd:.4f} <= bound {TVD_BOUND:.4f}"
+    cases = ("model-drafter-all-transforms", "tree-head-all-transforms")
+    for case, (tvd, _, _) in run_cases(cases).items():
+        print(f"biased {case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}")
+        assert tvd > TVD_BOUND, f"a biased sampler passed: {case} TVD {tvd:.4f} <= bound {TVD_BOUND:.4f}"
 
 
 # -- structured output ---------------------------------------------------------------------------------------------
@@ -210,55 +247,3 @@ def test_the_grammar_check_catches_masks_that_ignore_the_draft(monkeypatch):
     monkeypatch.setattr(Grammar, "masks", lambda self, pending, windows: masks(self, pending, [0] * len(windows)))
     results = run_grammar_cases(samples=320)
     assert any(outside > 0 or tvd > bound for tvd, bound, _, outside in results.values()), results
-
-
-# -- token trees ---------------------------------------------------------------------------------------------------
-
-# A draft head (random weights) proposing token trees of distinct point masses, verified by recursive rejection over
-# siblings; a sampled chain row (q carried) and a min_tokens row (the EOS mask follows each node's depth) beside it.
-TREE_CASES = {
-    "tree-head-all-transforms": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=3, top_p=0.95,
-                                               logit_bias={2: 0.7}),
-    "tree-head-min-tokens": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.3, min_new_tokens=2,
-                                           stop_token_ids=[3]),
-}
-
-
-def run_tree_cases(samples: int = SAMPLES):
-    """-> {case: (TVD, acceptance rate, mean nodes per round)} of tree speculation, the cases side by side."""
-    from verispec.distill.head import HeadNet
-    from verispec.drafters.head import HeadConfig, HeadDrafter
-
-    target = peaky_llama(0)
-    config = HeadConfig.for_target(target.config, "peaky", VOCAB)
-    head = HeadDrafter(config, HeadNet(config, target, torch.arange(VOCAB), seed=3).export(), target, 64)
-    engine = SpeculativeEngine(target, CharTokenizer(), head, SpeculativeConfig(num_draft_tokens=2, tree_nodes=5),
-                               64, max_batch_size=len(TREE_CASES) * ROWS_PER_CASE)
-    counts, stats = _sample(engine, TREE_CASES, {case: head for case in TREE_CASES}, samples)
-    out = {}
-    for case, params in TREE_CASES.items():
-        joint = exact_joint(target, params, eos_token_ids=())
-        if params.stop_token_ids:  # a stop token ends the output: fold the enumeration onto what is emitted
-            folded = {}
-            for seq, p in joint.items():
-                key = seq[: seq.index(3) + 1] if 3 in seq else seq
-                folded[key] = folded.get(key, 0.0) + p
-            joint = folded
-        tvd = 0.5 * sum(abs(counts[case].get(s, 0) / samples - p) for s, p in joint.items())
-        tvd += 0.5 * sum(n / samples for s, n in counts[case].items() if s not in joint)
-        out[case] = (tvd, stats[case].acceptance_rate, stats[case].draft_tokens / max(stats[case].rounds, 1))
-    return out
-
-
-def test_tree_sampling_matches_target_distribution():
-    for case, (tvd, acceptance, nodes) in run_tree_cases().items():
-        print(f"{case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}, acceptance {acceptance:.3f}, nodes/round {nodes:.2f}")
-        assert nodes > 2.5, f"{case}: trees were not drafted ({nodes:.2f} draft tokens per round)"
-        assert tvd < TVD_BOUND, f"{case}: TVD {tvd:.4f} exceeds the sampling bound {TVD_BOUND:.4f}"
-
-
-def test_the_tree_check_catches_a_biased_sibling_rule(monkeypatch):
-    """Siblings tried against p itself instead of the residual left by the siblings rejected before them."""
-    monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
-    tvd = run_tree_cases(samples=3000)["tree-head-all-transforms"][0]
-    assert tvd > tvd_bound(VOCAB**NEW_TOKENS, 3000), f"a biased tree sampler passed: TVD {tvd:.4f}"
