@@ -122,6 +122,31 @@ def test_cli_distills_a_loadable_draft_and_resumes(tiny_setup, capsys):
     assert "--resume" in capsys.readouterr().err
 
 
+def test_cli_distills_a_head_that_drafts_and_resumes(tiny_setup, capsys):
+    """`distill --head`: the same teacher stages, the target's features, a head written as a loadable drafter with
+    its report (training figures, evaluation by depth for a chain and a tree), and a resumed run continuing."""
+    from verispec.drafters.factory import make_drafter
+    from verispec.drafters.head import HeadDrafter
+
+    tmp_path, target_dir, corpus, eval_data = tiny_setup
+    argv = _argv(tmp_path, target_dir, corpus, eval_data, steps=3) + ["--head", "--head-vocab", "30",
+                                                                      "--head-tree-nodes", "6"]
+    assert main(argv) == 0
+    out = tmp_path / "draft"
+    report = json.loads((out / "head_recipe.json").read_text())
+    assert report["head"]["draft_vocab"] == 30 and report["train"]["steps"] == 3
+    evaluation = report["evaluation"]
+    assert {"chain_k4", "tree_k6_n6"} <= set(evaluation)
+    assert evaluation["chain_k4"]["identical_to_target"] == "2/2"
+    assert evaluation["tree_k6_n6"]["identical_to_target"] == "2/2"
+    assert "acceptance by depth" in capsys.readouterr().out
+    assert isinstance(make_drafter(f"head:{out}", tiny_llama(seed=0), make_tokenizer(), 64), HeadDrafter)
+    work = tmp_path / "draft.work"
+    assert sorted(p.name for p in (work / "features").iterdir())
+    assert main(argv[: argv.index("--steps") + 1] + ["5"] + argv[argv.index("--steps") + 2 :] + ["--resume"]) == 0
+    assert torch.load(work / "head.pt", weights_only=False)["step"] == 5
+
+
 def test_cli_missing_target_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["distill", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"), "--no-progress"])
