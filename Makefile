@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test test-slow bench clean
+.PHONY: install demo test test-slow test-fuzz bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -24,6 +24,9 @@ test: install
 
 test-slow: install
 	$(PY) -m pytest -m slow
+
+test-fuzz: install
+	$(PY) -m pytest -m fuzz
 
 bench: install
 	$(VENV)/bin/verispec bench --out bench-out

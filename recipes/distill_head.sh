@@ -29,7 +29,7 @@ exec .venv/bin/verispec distill --head \
     --tokens 40000 --max-new-tokens 128 --documents 48 --document-tokens 256 --teacher-dtype float32 \
     --gen-batch-size 32 \
     --head-vocab 8192 --head-unroll 2 --head-tree-nodes 16 \
-    --steps 180 --lr 1e-3 --batch-tokens 2048 --train-length 384 --storage-dtype float16 \
+    --steps 420 --lr 1e-3 --batch-tokens 2048 --train-length 384 --storage-dtype float16 \
     --eval-prompts 12 \
     --threads 2 \
     "$@"

@@ -72,6 +72,7 @@ def fuzzed_schema(app) -> schemathesis.BaseSchema:
     return schemathesis.openapi.from_dict(raw)
 
 
+@pytest.mark.fuzz
 def test_fuzzed_requests_never_get_a_server_error(server):
     statuses: Counter[int] = Counter()
     schema = fuzzed_schema(server.app)
