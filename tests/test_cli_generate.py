@@ -44,6 +44,8 @@ def test_streams_text_then_stats(capsys, model_dirs):
         (["--max-new-tokens", "5000"], "max_len"),
         (["--temperature", "-1"], "temperature"),
         (["--top-p", "2"], "top_p"),
+        (["--tree-nodes", "99"], "tree_nodes"),
+        (["--draft-model", "ngram+head:/no/such/head"], "holds no draft head"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(model_dirs, args, message):
