@@ -124,8 +124,8 @@ def test_keep_path_leaves_the_cache_as_a_chain_would(trained_pair):
         assert torch.allclose(after_tree, after_chain, atol=1e-5), backend
 
 
-@pytest.mark.parametrize("tree_nodes", [0, 10])
-def test_greedy_with_the_head_equals_the_target_alone(trained_pair, tokenizer, trained_head, tree_nodes):
+@pytest.mark.parametrize("tree_nodes, adaptive", [(0, False), (10, False), (10, True)])
+def test_greedy_with_the_head_equals_the_target_alone(trained_pair, tokenizer, trained_head, tree_nodes, adaptive):
     """Chains and trees, a batch of ragged prompts, and the head behind the n-gram drafter: token-identical to the
     target alone; the trained head accepts, and trees accept more per round than the chain."""
     target, _ = trained_pair
@@ -133,8 +133,8 @@ def test_greedy_with_the_head_equals_the_target_alone(trained_pair, tokenizer, t
     head = HeadDrafter(config, weights, target, 300)
     prompts = [tokenizer(t)["input_ids"] for t in ["the cat sat on", "one two three", "Paris is the", "a"]]
     params = SamplingParams(max_new_tokens=40, ignore_eos=True)
-    spec = SpeculativeConfig(num_draft_tokens=4, tree_nodes=tree_nodes)
-    for drafter in (head, CascadeDrafter([NgramDrafter(), head])):
+    spec = SpeculativeConfig(num_draft_tokens=4, tree_nodes=tree_nodes, adaptive=adaptive)  # adaptive: trees sized
+    for drafter in (head, CascadeDrafter([NgramDrafter(), head])):  # by the measured verify cost of each width
         engine = SpeculativeEngine(target, tokenizer, drafter, spec=spec, max_len=256, max_batch_size=3)
         alone = engine.generate_batch(prompts, params, use_drafter=False)
         spec_out = engine.generate_batch(prompts, params)
@@ -142,8 +142,9 @@ def test_greedy_with_the_head_equals_the_target_alone(trained_pair, tokenizer, t
     single = SpeculativeEngine(target, tokenizer, head, spec=spec, max_len=256, max_batch_size=1)
     result = single.generate(prompts[0], params)
     assert result.token_ids == alone[0].token_ids
-    assert result.stats.mean_accepted_length > (2.0 if tree_nodes else 1.8), result.stats.mean_accepted_length
-    assert result.stats.accepted_by_position[1] > 0  # the unrolled training reaches depth 2
+    if not adaptive:  # (adaptive K may rightly switch a tiny model's drafting off: its target pass costs nothing)
+        assert result.stats.mean_accepted_length > (2.0 if tree_nodes else 1.8), result.stats.mean_accepted_length
+        assert result.stats.accepted_by_position[1] > 0  # the unrolled training reaches depth 2
 
 
 def test_trees_fall_back_to_chains_where_processing_depends_on_the_draft(trained_pair, tokenizer, trained_head):
