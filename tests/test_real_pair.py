@@ -112,3 +112,17 @@ def test_native_runner_matches_hf_on_the_real_target():
                                    hf.forward(prompt, start_slot=slot).logits, atol=1e-3, rtol=0)
     step = torch.tensor([ids[-4:], ids[-7:-3]])
     torch.testing.assert_close(native.forward(step).logits, hf.forward(step).logits, atol=1e-3, rtol=0)
+
+
+@pytest.mark.parametrize("tree_nodes", [0, 16])
+def test_shipped_head_greedy_equals_target_alone(tree_nodes):
+    """The shipped draft head on the real target, as chains and as token trees, through the CLI's default path
+    (cascaded behind prompt lookup) and alone: token-identical to the target, and it accepts."""
+    from verispec.drafters.factory import DEFAULT_HEAD
+
+    gen = SpeculativeGenerator.from_pretrained(DEFAULT_TARGET, DEFAULT_HEAD, K=4, max_len=1024, tree_nodes=tree_nodes)
+    for prompt in PROMPTS:
+        ids = gen.encode(prompt, chat=True)
+        spec = gen.generate(ids, max_new_tokens=48, return_dict=True)
+        assert spec.token_ids == gen.generate(ids, max_new_tokens=48, speculative=False)
+        assert spec.stats.accepted_tokens > 0

@@ -98,14 +98,13 @@ CASES = {
     ),
 }
 # A draft head (random weights) proposing token trees of distinct point masses, verified by recursive rejection over
-# siblings; one row with min_tokens and a stop token (the EOS mask follows each node's depth).
+# siblings, under every position-independent transform, with min_tokens and a stop token (the EOS mask follows each
+# node's depth).
 TREE_CASES = {
-    "tree-head-all-transforms": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0.9, top_k=3, top_p=0.95,
-                                               logit_bias={2: 0.7}),
-    "tree-head-min-tokens": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.3, min_new_tokens=2,
-                                           stop_token_ids=[3]),
+    "tree-head-all-transforms": SamplingParams(max_new_tokens=NEW_TOKENS, temperature=1.1, top_k=3, top_p=0.95,
+                                               logit_bias={2: 0.7}, min_new_tokens=2, stop_token_ids=[3]),
 }
-ROWS_PER_CASE = 32  # per batch: 160 rows in every step
+ROWS_PER_CASE = 32  # per batch: 128 rows in every step
 
 
 def run_cases(cases=tuple(CASES) + tuple(TREE_CASES), samples: int = SAMPLES):
@@ -127,8 +126,9 @@ def run_cases(cases=tuple(CASES) + tuple(TREE_CASES), samples: int = SAMPLES):
     out = {}
     for case in cases:
         joint = _emitted(exact_joint(target, every[case]), every[case])
-        tvd = 0.5 * sum(abs(counts[case].get(s, 0) / samples - p) for s, p in joint.items())
-        tvd += 0.5 * sum(n / samples for s, n in counts[case].items() if s not in joint)
+        n = case_samples(case, samples)
+        tvd = 0.5 * sum(abs(counts[case].get(s, 0) / n - p) for s, p in joint.items())
+        tvd += 0.5 * sum(c / n for s, c in counts[case].items() if s not in joint)
         out[case] = (tvd, stats[case].acceptance_rate, stats[case].draft_tokens / max(stats[case].rounds, 1))
     return out
 
@@ -144,6 +144,12 @@ def _emitted(joint: dict, params: SamplingParams) -> dict:
     return folded
 
 
+def case_samples(case: str, samples: int) -> int:
+    """Tree cases run half as many seeds (their rows cost most; the tree verifier's own statistics, with a negative
+    control, are in test_tree_verify.py)."""
+    return samples // 2 if case in TREE_CASES else samples
+
+
 def _sample(engine, cases: dict, drafters: dict, samples: int = SAMPLES, specs: dict | None = None) -> tuple[dict, dict]:
     """`samples` seeded runs of every case, the cases' rows side by side in each batch (specs: per-case
     speculation settings, default the engine's).
@@ -155,7 +161,8 @@ def _sample(engine, cases: dict, drafters: dict, samples: int = SAMPLES, specs: 
     for first in range(0, samples, ROWS_PER_CASE):
         seqs = [(case, engine.add_request(PROMPT, replace(params, seed=seed), specs.get(case),
                                           drafter=drafters[case]))
-                for seed in range(first, min(first + ROWS_PER_CASE, samples)) for case, params in cases.items()]
+                for case, params in cases.items() if first < case_samples(case, samples)
+                for seed in range(first, min(first + ROWS_PER_CASE, case_samples(case, samples)))]
         while engine.has_unfinished:
             engine.step()
         for case, seq in seqs:
@@ -169,9 +176,10 @@ def test_speculative_sampling_matches_target_distribution_in_a_batch():
     """Chains (a draft model, a point-mass drafter) and token trees (a draft head's point-mass siblings, verified by
     recursive rejection) side by side in every batch."""
     for case, (tvd, acceptance, per_round) in run_cases().items():
-        print(f"{case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}, acceptance {acceptance:.3f}, drafts/round {per_round:.2f}")
+        bound = tvd_bound(VOCAB**NEW_TOKENS, case_samples(case, SAMPLES))
+        print(f"{case}: TVD {tvd:.4f}, bound {bound:.4f}, acceptance {acceptance:.3f}, drafts/round {per_round:.2f}")
         assert 0.05 < acceptance < 0.9, f"{case}: both the draft path and the residual path must run"
-        assert tvd < TVD_BOUND, f"{case}: TVD {tvd:.4f} exceeds the sampling bound {TVD_BOUND:.4f}"
+        assert tvd < bound, f"{case}: TVD {tvd:.4f} exceeds the sampling bound {bound:.4f}"
         if case in TREE_CASES:
             assert per_round > 2.5, f"{case}: trees were not drafted ({per_round:.2f} draft tokens per round)"
 
