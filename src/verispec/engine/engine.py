@@ -446,7 +446,8 @@ class SpeculativeEngine:
                                   want_hidden=plan.wants_features)
         logits = out.logits  # [batch, nodes, vocab]
         check_finite(logits, "target")
-        # Tree rows have no draft-dependent processing; a chain row's pending drafts are its nodes in order.
+        # A tree row's processing depends on a node's depth alone (min_tokens' EOS mask); a chain row's (penalties,
+        # grammar) on its drafts before each position, which are its nodes in order.
         processed = process_logits(logits, plan.sampling, plan.meta.draft_token_ids, start=0,
                                    depths=depths)  # [batch, nodes, vocab]
         result = greedy_tree_verify(tree, processed)
