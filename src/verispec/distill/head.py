@@ -166,6 +166,7 @@ def extract_features(target, samples, folder: Path, batch_tokens: int = 4096, pr
         path = folder / f"{index:05d}.pt"
         if path.is_file():
             features = torch.load(path)
+            bar.update(sum(len(f) for f in features))
         else:
             sequences = [torch.cat([s.prompt_ids, s.response_ids]).long() for s in part]
             features = [None] * len(part)
@@ -182,8 +183,6 @@ def extract_features(target, samples, folder: Path, batch_tokens: int = 4096, pr
                 bar.update(sum(len(sequences[i]) for i in batch))
             torch.save(features, path.with_suffix(".tmp"))
             path.with_suffix(".tmp").replace(path)
-        if path.is_file() and bar.n < sum(len(f) for f in out) + sum(len(f) for f in features):
-            bar.update(sum(len(f) for f in features))
         out.extend(features)
     bar.close()
     return out

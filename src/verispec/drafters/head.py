@@ -215,38 +215,29 @@ class HeadDrafter(Drafter):
         # A row drafts from the output of its newest real pair, so it needs at least one pair fed now.
         ks = [min(r.k, self.max_len - CACHE_SLACK - r.token_ids.numel()) if r.member and counts[i] > 0 else 0
               for i, r in enumerate(rows)]
-        if width == 0 and not any(ks):
+        if width == 0:  # nothing to feed, so nothing to draft from (a row drafts only after a pair is fed)
             return [DraftProposal(r.token_ids.new_empty(0), None, 0.0) for r in rows]
-        rows_slice = slice(0, b)
         assert all(r.slot == i for i, r in enumerate(rows))
         # 1. the pending real pairs (f_i, x_{i+1}), i = D .. N-2, ragged and right-padded
         kept = [bases[i] + counts[i] for i in range(b)]  # N - 1 for members
-        last_hidden = torch.zeros(b, self.spec.hidden_size, dtype=self.dtype, device=device)  # [b, hidden]
-        last_logits = None
-        if width > 0:
-            tokens = torch.zeros(b, width, dtype=torch.long, device=device)  # [b, width]
-            features = torch.zeros(b, width, self.spec.hidden_size, dtype=self.dtype, device=device)
-            for i, row in enumerate(rows):
-                if counts[i]:
-                    tokens[i, : counts[i]] = row.token_ids[bases[i] + 1 : kept[i] + 1]
-                    features[i, : counts[i]] = feeds[i]
-            base = torch.tensor(bases, device=device)  # [b]
-            write_index = base.unsqueeze(1) + torch.arange(width, device=device)  # [b, width]
-            kv_len = max(kept) if max(kept) > 0 else 1
-            visible = torch.arange(kv_len, device=device).view(1, 1, -1) <= write_index.unsqueeze(-1)  # [b, w, L]
-            hidden, logits = self._forward(rows_slice, tokens, features, write_index, write_index, visible)
-            at = torch.tensor([max(c - 1, 0) for c in counts], device=device)  # [b]
-            last_hidden = hidden[torch.arange(b, device=device), at]  # [b, hidden]
-            last_logits = logits[torch.arange(b, device=device), at]  # [b, V']
+        tokens = torch.zeros(b, width, dtype=torch.long, device=device)  # [b, width]
+        features = torch.zeros(b, width, self.spec.hidden_size, dtype=self.dtype, device=device)
+        for i, row in enumerate(rows):
+            if counts[i]:
+                tokens[i, : counts[i]] = row.token_ids[bases[i] + 1 : kept[i] + 1]
+                features[i, : counts[i]] = feeds[i]
+        write_index = torch.tensor(bases, device=device).unsqueeze(1) + torch.arange(width, device=device)  # [b, w]
+        visible = torch.arange(max(kept), device=device).view(1, 1, -1) <= write_index.unsqueeze(-1)  # [b, w, L]
+        hidden, logits = self._forward(slice(0, b), tokens, features, write_index, write_index, visible)
+        at = torch.tensor([max(c - 1, 0) for c in counts], device=device)  # [b]: each row's newest real pair
         for i, row in enumerate(rows):
             if row.member:
                 self.lengths[row.slot] = kept[i]
                 self.pending[row.slot] = []
         if not any(ks):
             return [DraftProposal(r.token_ids.new_empty(0), None, time.perf_counter() - start) for r in rows]
-        if last_logits is None:  # nothing new to feed (cannot happen after a verify pass; kept for safety)
-            return [DraftProposal(r.token_ids.new_empty(0), None, time.perf_counter() - start) for r in rows]
-        proposals = self._draft(batch, ks, kept, last_hidden, last_logits)
+        every = torch.arange(b, device=device)
+        proposals = self._draft(batch, ks, kept, hidden[every, at], logits[every, at])
         seconds = time.perf_counter() - start
         for p in proposals:
             p.seconds = seconds
@@ -258,13 +249,10 @@ class HeadDrafter(Drafter):
         rows = batch.rows
         b, device, vocab = len(rows), self.device, batch.sampling.vocab_size
         trees = [rows[i].tree_nodes > ks[i] and ks[i] > 0 for i in range(b)]
-        sampled = [not g for g in batch.sampling.greedy.tolist()]
-        chain_sampled = [sampled[i] and not trees[i] for i in range(b)]
+        chain_sampled = [not greedy and not tree for greedy, tree in zip(batch.sampling.greedy.tolist(), trees)]
         branch = [TREE_BRANCH if trees[i] else 1 for i in range(b)]
-        beam = max([TREE_BEAM if t else 1 for t in trees])
         # Per row: nodes as (token, parent node index in this list + 1 (0 = root), log score, depth, q or None)
         nodes: list[list[tuple]] = [[] for _ in range(b)]
-        frontier: list[list[int]] = [[] for _ in range(b)]  # node indices fed at the current depth
         frontier_hidden = root_hidden.unsqueeze(1)  # [b, F, hidden]: the features their children read
         frontier_logits = root_logits.unsqueeze(1)  # [b, F, V']
         parents_of = [[0] for _ in range(b)]  # per row, per frontier entry: its node number (0 = root)
@@ -344,12 +332,11 @@ class HeadDrafter(Drafter):
             score_of = [[nodes[i][n - 1][2] for n in chosen[i]] for i in range(b)]
             for i in range(b):
                 parents_of[i] += [-1] * (width - len(parents_of[i]))
-        return [self._proposal(rows[i], nodes[i], trees[i], i, batch) for i in range(b)]
+        return [self._proposal(rows[i], nodes[i], trees[i]) for i in range(b)]
 
-    def _proposal(self, row, nodes: list[tuple], tree: bool, i: int, batch: DraftBatch) -> DraftProposal:
-        empty = DraftProposal(row.token_ids.new_empty(0), None)
+    def _proposal(self, row, nodes: list[tuple], tree: bool) -> DraftProposal:
         if not nodes:
-            return empty
+            return DraftProposal(row.token_ids.new_empty(0), None)
         if not tree:  # a chain: nodes are in depth order, each the child of the previous
             tokens = torch.tensor([n[0] for n in nodes], dtype=torch.long, device=row.token_ids.device)
             # Sampled rows carry q (their tokens were drawn from it); greedy verification needs none.
@@ -372,7 +359,7 @@ class HeadDrafter(Drafter):
         keep = sorted(order[:budget])  # creation order: parents before children
         number = {n + 1: j + 1 for j, n in enumerate(keep)}  # old node number -> new (0 = root stays 0)
         tokens = torch.tensor([nodes[n][0] for n in keep], dtype=torch.long, device=row.token_ids.device)
-        parents = torch.tensor([number.get(nodes[n][1], 0) if nodes[n][1] else 0 for n in keep], dtype=torch.long,
+        parents = torch.tensor([number.get(nodes[n][1], 0) for n in keep], dtype=torch.long,
                                device=row.token_ids.device)
         return DraftProposal(tokens, None, parents=parents)
 

@@ -476,9 +476,11 @@ class SpeculativeEngine:
         paths = [packed[2 * batch + i * width : 2 * batch + i * width + a + 1] for i, a in enumerate(num_accepted)]
         tokens = tree.token_ids.tolist() if batch else []
         accepted = [[tokens[i][node] for node in path[1:]] for i, path in enumerate(paths)]
-        along = result.path.unsqueeze(-1).expand(-1, -1, processed.shape[-1])  # [batch, depth + 1, vocab]
-        logprobs = round_logprobs(rows, path_tokens(tree, result), processed.gather(1, along),
-                                  VerifyResult(result.num_accepted, result.next_token))
+        logprobs = {}
+        if any(seq.params.logprobs is not None for seq in rows):  # the path's processed logits, as a chain's
+            along = result.path.unsqueeze(-1).expand(-1, -1, processed.shape[-1])  # [batch, depth + 1, vocab]
+            logprobs = round_logprobs(rows, path_tokens(tree, result), processed.gather(1, along),
+                                      VerifyResult(result.num_accepted, result.next_token))
         verify_s = time.perf_counter() - start
         return RoundOutcome(accepted, paths, next_token, logprobs, verify_s, out.hidden)
 

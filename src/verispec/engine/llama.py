@@ -257,9 +257,11 @@ class LlamaModel(nn.Module):
         step = compiled_layer_step() if compiled else layer_step
         for layer, k, v in zip(self.layers, keys, values):
             x = step(x, cos, sin, k, v, index, mask, layer.weights(), self.spec, layer.packed)
-        if all_hidden:
+        if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)
             every = rms_norm(x, self.norm, self.spec.rms_norm_eps)  # [b, n, hidden]
+            hidden = every if select is None else every.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+            return self.lm_head(hidden), every
         if select is not None:
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [b, m, hidden]
         hidden = rms_norm(x, self.norm, self.spec.rms_norm_eps)
-        return self.lm_head(hidden), every if all_hidden else hidden
+        return self.lm_head(hidden), hidden

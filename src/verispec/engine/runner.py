@@ -151,11 +151,9 @@ class ModelRunner(SlotRunner):
         hidden = None
         if want_hidden or all_hidden:
             hidden = out.hidden_states[-1]  # [batch, n, hidden]
-            if all_hidden:
-                pass
-            elif last_only:
+            if last_only and not all_hidden:
                 hidden = hidden[:, -1:]
-            elif logits_at is not None:
+            elif logits_at is not None and not all_hidden:
                 hidden = hidden.gather(1, keep.unsqueeze(-1).expand(-1, -1, hidden.shape[-1]))
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # honest timings for the adaptive controller
