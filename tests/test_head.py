@@ -14,7 +14,8 @@ import torch
 
 from conftest import CORPUS, EOS_ID, tiny_llama
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, train_head
+from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, heldout_accuracy, train_head
+from verispec.distill.head_pipeline import split_holdout
 from verispec.distill.teacher import Sample
 from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.factory import make_drafter
@@ -48,11 +49,31 @@ def trained_head(trained_pair, tokenizer, tmp_path_factory):
     assert coverage == 1.0
     config = HeadConfig.for_target(target.config, "tiny", len(vocab))
     net = HeadNet(config, target, vocab, seed=0)
-    stats = train_head(net, samples, features, steps=120, lr=3e-3, batch_tokens=1024, train_length=128, unroll=2,
-                       seed=0, checkpoint=folder / "head.pt", progress=False, log=lambda *_: None)
+    train, holdout = split_holdout(samples, features, 2)
+    assert len(train[0]) == 18 and len(holdout[0]) == 2 and not {id(s) for s in holdout[0]} & {id(s) for s in train[0]}
+    untrained = heldout_accuracy(net, *holdout, unroll=2, train_length=128)
+    stats = train_head(net, *train, steps=120, lr=3e-3, batch_tokens=1024, train_length=128, unroll=2,
+                       seed=0, checkpoint=folder / "head.pt", holdout=holdout, progress=False, log=lambda *_: None)
     assert stats["final"]["acc0"] > 0.5, stats["final"]
+    # Held-out figures at each checkpoint (steps 100 and 120): the samples it never saw, answer positions only.
+    heldout = stats["heldout_accuracy_by_step"]
+    assert [h["step"] for h in heldout] == [100, 120]
+    assert heldout[-1]["accuracy"] == heldout_accuracy(net, *holdout, unroll=2, train_length=128)
+    assert heldout[-1]["accuracy"][0] > untrained[0] + 0.2, (untrained, heldout)
     save_head(folder / "out", config, net.export(), torch.float32)
     return folder / "out"
+
+
+def test_feature_cache_redoes_a_chunk_that_grew(trained_pair, tmp_path):
+    """A resumed run with more samples: the cached chunk holding fewer samples is extracted again, not reused."""
+    target, _ = trained_pair
+    samples = [Sample("x", torch.arange(3 + i, dtype=torch.int32), torch.arange(5, dtype=torch.int32) + i,
+                      torch.zeros(0), torch.zeros(0)) for i in range(6)]
+    first = extract_features(target, samples[:4], tmp_path, progress=False)
+    grown = extract_features(target, samples, tmp_path, progress=False)
+    fresh = extract_features(target, samples, tmp_path / "fresh", progress=False)
+    assert len(first) == 4 and [len(f) for f in grown] == [len(f) for f in fresh] == [8 + i for i in range(6)]
+    assert all(torch.equal(a, b) for a, b in zip(grown, fresh))
 
 
 def test_training_module_and_drafter_compute_the_same_head(trained_pair):

@@ -72,6 +72,9 @@ def add_parser(subparsers) -> None:
                    help="training-time unroll steps over the head's own predicted features (default %(default)s)")
     g.add_argument("--head-answers-only", action="store_true",
                    help="learn only where the head drafts (answer positions), not at the prompts' positions")
+    g.add_argument("--head-holdout", type=_non_negative_int, default=d["head_holdout"],
+                   help="samples held apart from training, whose accuracy is reported at every checkpoint "
+                        "(default %(default)s)")
     g.add_argument("--head-tree-nodes", type=_non_negative_int, default=d["head_tree_nodes"],
                    help="token-tree node budget evaluated beside the chain (default %(default)s)")
     g = p.add_argument_group("draft model")
@@ -126,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
             document_tokens=args.document_tokens, gen_batch_size=args.gen_batch_size,
             teacher_dtype=args.teacher_dtype, head=args.head, head_vocab=args.head_vocab,
             head_unroll=args.head_unroll, head_tree_nodes=args.head_tree_nodes,
-            head_prompt_loss=not args.head_answers_only,
+            head_prompt_loss=not args.head_answers_only, head_holdout=args.head_holdout,
             hidden_size=args.hidden_size, num_layers=args.layers, intermediate_size=args.intermediate_size,
             num_heads=args.heads, num_kv_heads=args.kv_heads, steps=args.steps, lr=args.lr,
             batch_tokens=args.batch_tokens, max_length=args.max_length, train_length=args.train_length,

@@ -164,10 +164,10 @@ def extract_features(target, samples, folder: Path, batch_tokens: int = 4096, pr
     for index, start in enumerate(range(0, len(samples), chunk)):
         part = samples[start : start + chunk]
         path = folder / f"{index:05d}.pt"
-        if path.is_file():
-            features = torch.load(path)
+        features = torch.load(path) if path.is_file() else None
+        if features is not None and [len(f) for f in features] == [len(s.prompt_ids) + len(s.response_ids) for s in part]:
             bar.update(sum(len(f) for f in features))
-        else:
+        else:  # not extracted yet, or a resumed run with more samples than this chunk held
             sequences = [torch.cat([s.prompt_ids, s.response_ids]).long() for s in part]
             features = [None] * len(part)
             for batch in length_batches([len(x) for x in sequences], 64, batch_tokens):
@@ -206,23 +206,67 @@ def _batches(lengths: list[int], batch_tokens: int, seed: int, epoch: int) -> li
     return batches
 
 
-def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: int, lr: float, batch_tokens: int,
-               train_length: int, unroll: int, seed: int, checkpoint: Path, prompt_loss: bool = True,
-               progress: bool = True, log=print) -> dict:
-    """AdamW with warm-up and cosine decay; resumes from `checkpoint`. -> training figures."""
-    torch.manual_seed(seed)
-    # Losses are taken at every pair in the window, or (prompt_loss=False) only where the head drafts: pairs
-    # i >= P - 1, which predict answer tokens x_{i+2}, i + 2 > P; the prompt's pairs then give context only.
-    sequences = []
+def _windows(samples, features, train_length: int, prompt_loss: bool) -> list[tuple]:
+    """Per sample its last train_length + 1 tokens and features, and the first pair scored. Losses are taken at every
+    pair in the window, or (prompt_loss=False) only where the head drafts: pairs i >= P - 1, which predict answer
+    tokens x_{i+2}, i + 2 > P; the prompt's pairs then give context only."""
+    out = []
     for sample, feats in zip(samples, features):
         tokens = torch.cat([sample.prompt_ids, sample.response_ids]).long()
         keep = min(len(tokens), train_length + 1)
         cut = len(tokens) - keep
         scored_from = 0 if prompt_loss else max(0, len(sample.prompt_ids) - 1 - cut)
-        sequences.append((tokens[-keep:], feats[-keep:], scored_from))
+        out.append((tokens[-keep:], feats[-keep:], scored_from))
+    return out
+
+
+def _collate(windows: list[tuple], hidden: int):
+    """Windows -> right-padded tokens x_{i+1} [B, T], features f_i [B, T, hidden], the f_{i+1} to predict, and the
+    scored pairs [B, T]."""
+    width = max(len(t) - 1 for t, _, _ in windows)
+    tokens = torch.zeros(len(windows), width, dtype=torch.long)
+    feats = torch.zeros(len(windows), width + 1, hidden)
+    valid = torch.zeros(len(windows), width, dtype=torch.bool)
+    for row, (t, f, scored_from) in enumerate(windows):
+        tokens[row, : len(t) - 1] = t[1:]
+        feats[row, : len(f)] = f.float()
+        valid[row, scored_from : len(t) - 1] = True
+    return tokens, feats[:, :-1], feats[:, 1:], valid
+
+
+@torch.no_grad()
+def heldout_accuracy(net: HeadNet, samples, features: list[torch.Tensor], unroll: int, train_length: int,
+                     batch_tokens: int = 4096) -> list[float]:
+    """Teacher-forced accuracy of each unroll step on held-out samples' ANSWER positions: how often the head's top
+    draft token equals the target's top token (over the draft vocabulary) when it drafts the (s + 1)-th token.
+    What the training figures say about samples the head never saw (the engine evaluation measures the real thing)."""
+    windows = _windows(samples, features, train_length, prompt_loss=False)
+    hits, totals = [0] * unroll, [0] * unroll
+    for batch in _batches([len(t) - 1 for t, _, _ in windows], batch_tokens, 0, 0):
+        tokens, inputs, wanted, valid = _collate([windows[i] for i in batch], net.config.hidden_size)
+        top = (wanted[valid] @ net.lm.T).argmax(-1)
+        for s, out in enumerate(net.unrolled(tokens, inputs, unroll)):
+            mask = valid.clone()
+            mask[:, :s] = False
+            sel = mask[valid]
+            hits[s] += int(((out[valid][sel] @ net.lm.T).argmax(-1) == top[sel]).sum())
+            totals[s] += int(sel.sum())
+    return [round(h / max(t, 1), 4) for h, t in zip(hits, totals)]
+
+
+def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: int, lr: float, batch_tokens: int,
+               train_length: int, unroll: int, seed: int, checkpoint: Path, prompt_loss: bool = True,
+               weight_decay: float = 0.0, holdout: tuple[list, list[torch.Tensor]] | None = None,
+               progress: bool = True, log=print) -> dict:
+    """AdamW with warm-up and cosine decay; resumes from `checkpoint`. With `holdout` (samples, features), the
+    held-out accuracy by unroll step is measured at every checkpoint. -> training figures."""
+    torch.manual_seed(seed)
+    sequences = _windows(samples, features, train_length, prompt_loss)
     lengths = [len(t) - 1 for t, _, _ in sequences]  # pairs per sample
     params = [p for p in net.parameters() if p.requires_grad]
-    optimiser = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    groups = [{"params": [p for p in params if p.dim() > 1], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0}]  # norms are not decayed
+    optimiser = torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
@@ -242,16 +286,7 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
         for batch in _batches(lengths, batch_tokens, seed, epoch):
             if step >= steps:
                 break
-            width = max(lengths[i] for i in batch)
-            tokens = torch.zeros(len(batch), width, dtype=torch.long)
-            feats = torch.zeros(len(batch), width + 1, net.config.hidden_size)
-            valid = torch.zeros(len(batch), width, dtype=torch.bool)
-            for row, i in enumerate(batch):
-                t, f, scored_from = sequences[i]
-                tokens[row, : len(t) - 1] = t[1:]
-                feats[row, : len(f)] = f.float()
-                valid[row, scored_from : len(t) - 1] = True
-            inputs, wanted = feats[:, :-1], feats[:, 1:]  # f_i and the f_{i+1} it should predict
+            tokens, inputs, wanted, valid = _collate([sequences[i] for i in batch], net.config.hidden_size)
             outputs = net.unrolled(tokens, inputs, unroll)
             with torch.no_grad():
                 target_logp = F.log_softmax(wanted[valid] @ net.lm.T, dim=-1)  # [N, V']
@@ -281,6 +316,9 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
                             **({f"acc{unroll - 1}": f"{figures[f'acc{unroll - 1}']:.2f}"} if unroll > 1 else {}))
             bar.update(1)
             if step % 100 == 0 or step == steps:
+                if holdout is not None:
+                    history[-1]["heldout"] = heldout_accuracy(net, *holdout, unroll, train_length)
+                    log(f"step {step}: held-out accuracy by draft step {history[-1]['heldout']}")
                 torch.save({"net": net.state_dict(), "optimiser": optimiser.state_dict(),
                             "schedule": schedule.state_dict(), "step": step, "epoch": epoch, "history": history},
                            checkpoint.with_suffix(".tmp"))
@@ -290,6 +328,9 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
     bar.close()
     seconds = time.perf_counter() - start
     tail = history[-50:]
+    heldout = [{"step": h["step"], "accuracy": h["heldout"]} for h in history if "heldout" in h]
     return {"steps": step, "epochs_started": epoch + 1, "positions_per_second": round(seen / max(seconds, 1e-9), 1),
-            "final": {k: round(sum(h[k] for h in tail) / len(tail), 4) for k in tail[0] if k != "step"} if tail else {},
-            "history_every_50": history[::50]}
+            "final": {k: round(sum(h[k] for h in tail) / len(tail), 4) for k in tail[0] if k not in ("step", "heldout")}
+            if tail else {},
+            **({"heldout_accuracy_by_step": heldout} if heldout else {}),
+            "history_every_50": [{k: v for k, v in h.items() if k != "heldout"} for h in history[::50]]}

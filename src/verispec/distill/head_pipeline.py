@@ -39,19 +39,23 @@ def run_head_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, token
     config = HeadConfig.for_target(target.config, str(recipe.target), len(vocab))
     net = HeadNet(config, target, vocab, seed=recipe.seed)
     n_params = sum(p.numel() for p in net.parameters())
+    train, holdout = split_holdout(samples, features, recipe.head_holdout)
     log(f"head: {n_params / 1e6:.2f}M parameters, draft vocabulary {len(vocab)} tokens ({coverage:.1%} of answer "
-        f"tokens); training {recipe.steps} steps, unroll {recipe.head_unroll}, on {len(samples)} samples")
-    train_stats = train_head(net, samples, features, steps=recipe.steps, lr=recipe.lr,
+        f"tokens); training {recipe.steps} steps, unroll {recipe.head_unroll}, on {len(train[0])} samples "
+        f"({len(samples) - len(train[0])} held out)")
+    train_stats = train_head(net, *train, steps=recipe.steps, lr=recipe.lr,
                              batch_tokens=recipe.batch_tokens, train_length=recipe.train_length,
                              unroll=recipe.head_unroll, seed=recipe.seed, checkpoint=work_dir / "head.pt",
-                             prompt_loss=recipe.head_prompt_loss, progress=progress, log=log)
+                             prompt_loss=recipe.head_prompt_loss, weight_decay=recipe.weight_decay,
+                             holdout=holdout, progress=progress, log=log)
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
     save_head(out_dir, config, net.export(), getattr(torch, recipe.storage_dtype))
     disk = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
     log(f"wrote {out_dir} ({disk / 1e6:.1f} MB)")
     report = {
         "settings": recipe.to_dict(),
-        "teacher_data": {"samples": len(samples), "answer_tokens": sum(len(s.response_ids) for s in samples),
+        "teacher_data": {"samples": len(samples), "held_out": len(samples) - len(train[0]),
+                         "answer_tokens": sum(len(s.response_ids) for s in samples),
                          "prompt_tokens": sum(len(s.prompt_ids) for s in samples)},
         "head": {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4),
                  "disk_bytes": disk},
@@ -66,6 +70,18 @@ def run_head_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, token
     timings["total"] = time.perf_counter() - clock
     (out_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def split_holdout(samples, features, n: int):
+    """Every k-th sample held apart (n of them, at most a tenth) -> (train samples, features), held-out pair or None."""
+    n = min(n, len(samples) // 10)
+    if n == 0:
+        return (samples, features), None
+    every = len(samples) // n
+    held = set(range(every - 1, len(samples), every)[:n])
+    pick = lambda keep: ([s for i, s in enumerate(samples) if (i in held) == keep],  # noqa: E731
+                         [f for i, f in enumerate(features) if (i in held) == keep])
+    return pick(False), pick(True)
 
 
 def evaluate_head(head_dir: Path, target, tokenizer, eval_data: Path, n_prompts: int, max_new_tokens: int, k: int,

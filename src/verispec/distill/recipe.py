@@ -30,6 +30,7 @@ class DistillRecipe:
     head_unroll: int = 3  # training-time unroll steps (the head reads its own predicted features when drafting)
     head_tree_nodes: int = 16  # token-tree node budget evaluated beside the chain
     head_prompt_loss: bool = True  # also learn at prompt positions (teacher-forced), not only the answers
+    head_holdout: int = 16  # samples held apart from training: held-out accuracy at every checkpoint
     # --- draft shape (a Llama with the target's vocabulary and tied embeddings)
     hidden_size: int = 128
     num_layers: int = 4
@@ -61,7 +62,7 @@ class DistillRecipe:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("documents", "eval_prompts", "negatives"):
+        for name in ("documents", "eval_prompts", "negatives", "head_holdout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
