@@ -11,6 +11,7 @@
 #    target's embeddings and LM head frozen, an 8192-token draft vocabulary (the most frequent answer tokens); trained
 #    on the next feature (smooth L1) and the target's next-token distribution (soft cross-entropy), unrolled twice
 #    over its own predicted features;
+#    16 samples are held apart and their teacher-forced accuracy is logged at every checkpoint (--head-holdout);
 # 4. export in fp16 (~9 MB) and evaluation with the real engine (fp32 target, greedy) on 12 benchmark first turns
 #    (never trained on): mean accepted length and acceptance by depth, chain K=4 and trees of 16 nodes.
 #
@@ -26,10 +27,10 @@ exec .venv/bin/verispec distill --head \
     --work-dir build/distill-head \
     --corpus builtin \
     --seed 0 \
-    --tokens 40000 --max-new-tokens 128 --documents 48 --document-tokens 256 --teacher-dtype float32 \
+    --tokens 100000 --max-new-tokens 128 --documents 48 --document-tokens 256 --teacher-dtype float32 \
     --gen-batch-size 32 \
     --head-vocab 8192 --head-unroll 2 --head-tree-nodes 16 \
-    --steps 420 --lr 1e-3 --batch-tokens 2048 --train-length 384 --storage-dtype float16 \
+    --steps 480 --lr 1e-3 --batch-tokens 2048 --train-length 384 --storage-dtype float16 \
     --eval-prompts 12 \
     --threads 2 \
     "$@"
