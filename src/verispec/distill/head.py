@@ -164,11 +164,11 @@ def extract_features(target, samples, folder: Path, batch_tokens: int = 4096, pr
     for index, start in enumerate(range(0, len(samples), chunk)):
         part = samples[start : start + chunk]
         path = folder / f"{index:05d}.pt"
+        sequences = [torch.cat([s.prompt_ids, s.response_ids]).long() for s in part]
         features = torch.load(path) if path.is_file() else None
-        if features is not None and [len(f) for f in features] == [len(s.prompt_ids) + len(s.response_ids) for s in part]:
+        if features is not None and [len(f) for f in features] == [len(x) for x in sequences]:
             bar.update(sum(len(f) for f in features))
         else:  # not extracted yet, or a resumed run with more samples than this chunk held
-            sequences = [torch.cat([s.prompt_ids, s.response_ids]).long() for s in part]
             features = [None] * len(part)
             for batch in length_batches([len(x) for x in sequences], 64, batch_tokens):
                 width = max(len(sequences[i]) for i in batch)
@@ -234,6 +234,14 @@ def _collate(windows: list[tuple], hidden: int):
     return tokens, feats[:, :-1], feats[:, 1:], valid
 
 
+def _scored_at_step(valid: torch.Tensor, s: int) -> torch.Tensor:
+    """Which of the scored pairs (valid [B, T], flattened in valid's order) unroll step s is scored at: step s has no
+    prediction chain before position s."""
+    mask = valid.clone()
+    mask[:, :s] = False
+    return mask[valid]
+
+
 @torch.no_grad()
 def heldout_accuracy(net: HeadNet, samples, features: list[torch.Tensor], unroll: int, train_length: int,
                      batch_tokens: int = 4096) -> list[float]:
@@ -246,9 +254,7 @@ def heldout_accuracy(net: HeadNet, samples, features: list[torch.Tensor], unroll
         tokens, inputs, wanted, valid = _collate([windows[i] for i in batch], net.config.hidden_size)
         top = (wanted[valid] @ net.lm.T).argmax(-1)
         for s, out in enumerate(net.unrolled(tokens, inputs, unroll)):
-            mask = valid.clone()
-            mask[:, :s] = False
-            sel = mask[valid]
+            sel = _scored_at_step(valid, s)
             hits[s] += int(((out[valid][sel] @ net.lm.T).argmax(-1) == top[sel]).sum())
             totals[s] += int(sel.sum())
     return [round(h / max(t, 1), 4) for h, t in zip(hits, totals)]
@@ -270,13 +276,13 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
-    step, epoch, history = 0, 0, []
+    step, epoch, history, heldout = 0, 0, [], []
     if checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
         net.load_state_dict(state["net"], strict=False)
         optimiser.load_state_dict(state["optimiser"])
         schedule.load_state_dict(state["schedule"])
-        step, epoch, history = state["step"], state["epoch"], state["history"]
+        step, epoch, history, heldout = state["step"], state["epoch"], state["history"], state.get("heldout", [])
         log(f"resumed head training at step {step}")
     weights = [1.0, 0.8, 0.64, 0.5][:unroll] + [0.5] * max(0, unroll - 4)
     bar = tqdm(total=steps, initial=step, desc="head training", unit="step", disable=not progress, dynamic_ncols=True)
@@ -294,9 +300,7 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
             loss = torch.zeros(())
             figures = {}
             for s, (out, weight) in enumerate(zip(outputs, weights)):
-                mask = valid.clone()
-                mask[:, :s] = False  # step s has no prediction chain before position s
-                sel = mask[valid]  # which of the valid positions count for this step
+                sel = _scored_at_step(valid, s)
                 pred = out[valid][sel]
                 reg = F.smooth_l1_loss(pred, wanted[valid][sel])
                 logp = F.log_softmax(pred @ net.lm.T, dim=-1)
@@ -317,10 +321,11 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
             bar.update(1)
             if step % 100 == 0 or step == steps:
                 if holdout is not None:
-                    history[-1]["heldout"] = heldout_accuracy(net, *holdout, unroll, train_length)
-                    log(f"step {step}: held-out accuracy by draft step {history[-1]['heldout']}")
+                    heldout.append({"step": step, "accuracy": heldout_accuracy(net, *holdout, unroll, train_length)})
+                    log(f"step {step}: held-out accuracy by draft step {heldout[-1]['accuracy']}")
                 torch.save({"net": net.state_dict(), "optimiser": optimiser.state_dict(),
-                            "schedule": schedule.state_dict(), "step": step, "epoch": epoch, "history": history},
+                            "schedule": schedule.state_dict(), "step": step, "epoch": epoch, "history": history,
+                            "heldout": heldout},
                            checkpoint.with_suffix(".tmp"))
                 checkpoint.with_suffix(".tmp").replace(checkpoint)
         else:
@@ -328,9 +333,7 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
     bar.close()
     seconds = time.perf_counter() - start
     tail = history[-50:]
-    heldout = [{"step": h["step"], "accuracy": h["heldout"]} for h in history if "heldout" in h]
     return {"steps": step, "epochs_started": epoch + 1, "positions_per_second": round(seen / max(seconds, 1e-9), 1),
-            "final": {k: round(sum(h[k] for h in tail) / len(tail), 4) for k in tail[0] if k not in ("step", "heldout")}
-            if tail else {},
+            "final": {k: round(sum(h[k] for h in tail) / len(tail), 4) for k in tail[0] if k != "step"} if tail else {},
             **({"heldout_accuracy_by_step": heldout} if heldout else {}),
-            "history_every_50": [{k: v for k, v in h.items() if k != "heldout"} for h in history[::50]]}
+            "history_every_50": history[::50]}

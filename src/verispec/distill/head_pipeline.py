@@ -40,9 +40,10 @@ def run_head_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, token
     net = HeadNet(config, target, vocab, seed=recipe.seed)
     n_params = sum(p.numel() for p in net.parameters())
     train, holdout = split_holdout(samples, features, recipe.head_holdout)
+    held_out = len(samples) - len(train[0])
     log(f"head: {n_params / 1e6:.2f}M parameters, draft vocabulary {len(vocab)} tokens ({coverage:.1%} of answer "
         f"tokens); training {recipe.steps} steps, unroll {recipe.head_unroll}, on {len(train[0])} samples "
-        f"({len(samples) - len(train[0])} held out)")
+        f"({held_out} held out)")
     train_stats = train_head(net, *train, steps=recipe.steps, lr=recipe.lr,
                              batch_tokens=recipe.batch_tokens, train_length=recipe.train_length,
                              unroll=recipe.head_unroll, seed=recipe.seed, checkpoint=work_dir / "head.pt",
@@ -54,7 +55,7 @@ def run_head_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, token
     log(f"wrote {out_dir} ({disk / 1e6:.1f} MB)")
     report = {
         "settings": recipe.to_dict(),
-        "teacher_data": {"samples": len(samples), "held_out": len(samples) - len(train[0]),
+        "teacher_data": {"samples": len(samples), "held_out": held_out,
                          "answer_tokens": sum(len(s.response_ids) for s in samples),
                          "prompt_tokens": sum(len(s.prompt_ids) for s in samples)},
         "head": {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4),
@@ -78,10 +79,12 @@ def split_holdout(samples, features, n: int):
     if n == 0:
         return (samples, features), None
     every = len(samples) // n
-    held = set(range(every - 1, len(samples), every)[:n])
-    pick = lambda keep: ([s for i, s in enumerate(samples) if (i in held) == keep],  # noqa: E731
-                         [f for i, f in enumerate(features) if (i in held) == keep])
-    return pick(False), pick(True)
+    held = range(every - 1, len(samples), every)[:n]
+
+    def take(indices):
+        return [samples[i] for i in indices], [features[i] for i in indices]
+
+    return take([i for i in range(len(samples)) if i not in held]), take(held)
 
 
 def evaluate_head(head_dir: Path, target, tokenizer, eval_data: Path, n_prompts: int, max_new_tokens: int, k: int,
