@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test test-slow test-fuzz bench clean
+.PHONY: install demo test test-unit test-slow test-fuzz bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -21,6 +21,9 @@ demo: install
 
 test: install
 	$(PY) -m pytest
+
+test-unit: install
+	$(PY) -m pytest tests/unit
 
 test-slow: install
 	$(PY) -m pytest -m slow

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +19,21 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+# Tests live in three folders, one level each (see DEVELOPERS.md): unit (pure math and parsing, no model), engine
+# (tiny models through the engine), e2e (CLI, the HTTP server with the real client, the benchmark). Each test gets
+# its folder's marker, so `-m unit` (make test-unit) is the inner loop; the folders are importable from each other
+# (a server test in engine/ reuses e2e/test_server.py's ServerThread) whichever folder pytest was given.
+LEVELS = ("unit", "engine", "e2e")
+sys.path[:0] = [str(Path(__file__).parent / level) for level in LEVELS]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        level = Path(str(item.fspath)).parent.name
+        if level in LEVELS:
+            item.add_marker(getattr(pytest.mark, level))
+
+
 # Tiny models run fastest on one thread, and the machine is shared: training the fixture pair takes ~5 s this
 # way and ~95 s with torch's default under load. Set at import so every test file sees the same weights.
 torch.set_num_threads(1)
@@ -27,7 +44,7 @@ _RUNNERS = {"hf": dict(backend="hf"), "native": dict(backend="auto", compile=Fal
             "compiled": dict(backend="auto", compile=True)}
 if os.environ.get("VERISPEC_TEST_RUNNER"):
     from verispec.config import RunnerOptions
-    from verispec.engine import runner as _runner
+    from verispec.runtime import runner as _runner
 
     _runner.DEFAULT_OPTIONS = RunnerOptions(**_RUNNERS[os.environ["VERISPEC_TEST_RUNNER"]])
 

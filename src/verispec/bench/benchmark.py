@@ -12,7 +12,7 @@ import torch
 from ..drafters.factory import make_drafter, model_part
 from ..config import RunnerOptions
 from ..engine import CACHE_SLACK
-from ..engine.runner import runner_info
+from ..runtime.runner import runner_info
 from ..models import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
 from .batching import BATCH_FAMILIES, batch_table, run_batch_sweep

@@ -10,8 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..engine.native import release_engine_weights
-from ..engine.runner import runner_info
+from ..runtime.native import release_engine_weights
+from ..runtime.runner import runner_info
 from ..stats import GenerationStats
 from . import CliError
 from .common import (

@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
-from ..engine.runner import make_runner
+from ..runtime.runner import make_runner
 from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter
 

@@ -3,7 +3,7 @@
 from ..adaptive import FixedK
 from .engine import CACHE_SLACK, SpeculativeEngine, model_eos_ids
 from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob
-from .runner import ModelRunner, RunnerOutput
+from ..runtime.runner import ModelRunner, RunnerOutput
 
 __all__ = ["CACHE_SLACK", "FixedK", "GenerationChunk", "GenerationResult", "ModelRunner", "RunnerOutput",
            "Sequence", "SpeculativeEngine", "TokenLogprob", "model_eos_ids"]

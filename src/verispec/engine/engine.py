@@ -39,7 +39,7 @@ from ..sampling import Grammar, RowSamplingState, SamplingBatch, check_finite, p
 from ..stats import GenerationStats
 from ..verify import (SpecDecodeMetadata, TreeDraft, VerifyResult, greedy_tree_verify, greedy_verify, path_tokens,
                       rejection_verify, top_n_accept, tree_rejection_verify)
-from .runner import make_runner
+from ..runtime.runner import make_runner
 from .scheduler import PrefillChunk, Scheduler, SchedulerConfig
 from .logprobs import round_logprobs
 from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob

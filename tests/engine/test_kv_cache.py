@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import BUILDERS
-from verispec.engine.kv_cache import attention_mask
-from verispec.engine.runner import ModelRunner
+from verispec.runtime.kv_cache import attention_mask
+from verispec.runtime.runner import ModelRunner
 
 
 def allowed(mask):

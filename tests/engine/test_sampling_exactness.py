@@ -186,7 +186,7 @@ def test_speculative_sampling_matches_target_distribution_in_a_batch():
 
 def test_the_check_catches_a_biased_sampler(monkeypatch):
     """Recovered tokens drawn from p instead of norm(max(0, p - q)): the classic bug must be detected. (Tree siblings
-    tried against p instead of the residual: the same check on the tree verifier, tests/test_tree_verify.py.)"""
+    tried against p instead of the residual: the same check on the tree verifier, tests/unit/test_tree_verify.py.)"""
     monkeypatch.setattr(verify, "residual_distribution", lambda p, q: p)
     for case, (tvd, _, _) in run_cases(("model-drafter-all-transforms",)).items():
         print(f"biased {case}: TVD {tvd:.4f}, bound {TVD_BOUND:.4f}")
