@@ -140,3 +140,22 @@ class VirtualClock:
     def advance(self, seconds: float) -> None:
         with self._lock:
             self._t += max(0.0, seconds)
+
+
+def virtual_costs(monkeypatch, engine, forward_s: float = 0.005, per_token_s: float = 0.0001) -> VirtualClock:
+    """Costs the engine measures (adaptive K) from a clock the test drives, not from this machine's speed: each
+    target forward costs `forward_s` + `per_token_s` a fed token; `time.sleep` (a drafter's simulated cost)
+    advances the clock; everything else is free."""
+    import time
+
+    clock = VirtualClock()
+    monkeypatch.setattr(time, "perf_counter", clock.now)
+    monkeypatch.setattr(time, "sleep", clock.advance)
+    forward = engine.target.forward
+
+    def costed_forward(tokens, *args, **kwargs):
+        clock.advance(forward_s + per_token_s * tokens.numel())
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(engine.target, "forward", costed_forward)
+    return clock

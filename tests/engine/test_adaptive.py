@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import propose_one, tiny_llama
+from gates import virtual_costs
 from verispec.adaptive import AdaptivePolicy
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.factory import make_drafter
@@ -179,13 +180,16 @@ def test_engine_keeps_one_policy_per_drafter(tokenizer):
     assert policy.rounds > 0  # the engine recorded its rounds into the shared policy
 
 
-def test_random_drafter_is_switched_off_and_output_unchanged(tokenizer):
+def test_random_drafter_is_switched_off_and_output_unchanged(tokenizer, monkeypatch):
     target = tiny_llama(2)
     assert isinstance(make_drafter("random", target, tokenizer, 512), RandomDrafter)
     # A useless drafter that also costs something, like a real draft model: with a free drafter and a free
     # wider verify pass, K = 1 at ~1/vocab acceptance is a genuine (tiny) win and the choice is a coin toss.
     drafter = RandomDrafter(target.config.vocab_size, delay_s=0.003)
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(adaptive=True), max_len=256)
+    # Costs from a clock the test drives (not this machine's speed): a target forward 5 ms + 0.1 ms a fed token,
+    # the drafter 3 ms a draft token.
+    virtual_costs(monkeypatch, engine)
     params = SamplingParams(max_new_tokens=50, ignore_eos=True)
     prompt = tokenizer("Paris is the capital of")["input_ids"]
     alone = engine.generate(prompt, params, use_drafter=False).token_ids

@@ -3,12 +3,11 @@ stages drafting, exact sampling over mixed rounds, load-time fallback, and the b
 
 import json
 import logging
-import time
 
 import pytest
 import torch
 
-from gates import VirtualClock
+from gates import virtual_costs
 from conftest import chisquare_pvalue, count_stage_rounds, draft_batch, sample_first_tokens, tiny_llama
 from verispec.cli import main
 from verispec.config import SamplingParams, SpeculativeConfig
@@ -232,16 +231,7 @@ def test_adaptive_k_per_stage_switches_off_only_the_stage_that_does_not_pay(toke
                                max_len=256)
     # The costs the policy measures come from a clock the test drives, not from this machine's speed: a target
     # forward costs 5 ms + 0.1 ms a fed token, the useless stage 3 ms a draft token, prompt lookup nothing.
-    clock = VirtualClock()
-    monkeypatch.setattr(time, "perf_counter", clock.now)
-    monkeypatch.setattr(time, "sleep", clock.advance)
-    forward = engine.target.forward
-
-    def costed_forward(tokens, *args, **kwargs):
-        clock.advance(0.005 + 0.0001 * tokens.numel())
-        return forward(tokens, *args, **kwargs)
-
-    monkeypatch.setattr(engine.target, "forward", costed_forward)
+    virtual_costs(monkeypatch, engine)
     params = SamplingParams(max_new_tokens=60, ignore_eos=True)
     prompt = tokenizer("the cat sat on the mat. the cat")["input_ids"]
     alone = engine.generate(prompt, params, use_drafter=False).token_ids
