@@ -15,14 +15,15 @@ from ..engine import CACHE_SLACK
 from ..runtime.runner import runner_info
 from ..models import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
-from .batching import BATCH_FAMILIES, batch_table, run_batch_sweep
+from .batching import batch_table, run_batch_sweep
 from .machine import decode_floor, describe_machine, floor_line, machine_line
 from .methods import BenchModels
 from .peers import run_peers
 from .plots import write_plots
 from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
 from .report import text_table, write_reports
-from .suite import BenchSettings, run_suite
+from .settings import BATCH_FAMILIES, BenchSettings
+from .suite import run_suite
 
 
 @dataclass
