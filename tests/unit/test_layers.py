@@ -1,6 +1,6 @@
 """Layers without cycles: the import graph of src/verispec, read from the source (AST, function-level imports
-included: a deferred import is still a dependency), has no cycle and only imports down the layers
-(DEVELOPERS.md, "Layers"); and every module imports on its own, so no import works only by the order of others."""
+included: a deferred import is still a dependency), has no cycle and only imports down the layers (`LAYERS`
+below); and every module imports on its own, so no import works only by the order of others."""
 
 from __future__ import annotations
 
@@ -112,23 +112,37 @@ def test_imports_only_go_down_the_layers():
     assert not upward, "imports going up the layers:\n" + "\n".join(upward)
 
 
-def test_every_module_imports_on_its_own():
-    """One subprocess; each module imported with the verispec modules of the previous one dropped first, so a
-    module that imports only after another has run fails here."""
-    names = sorted(name for name in module_names() if not name.endswith("__main__"))  # those run a command
+def failures_importing_alone(src: Path, package: str, names: list[str]) -> str:
+    """One subprocess; each module imported with the package's modules of the previous one dropped first, so a
+    module that imports only after another has run fails. Returns the failures' tracebacks ('' when none)."""
     script = (
         "import importlib, sys, traceback\n"
-        f"failed = []\n"
+        "failed = []\n"
         f"for name in {names!r}:\n"
-        f"    for key in [k for k in sys.modules if k == {PACKAGE!r} or k.startswith({PACKAGE + '.'!r})]:\n"
+        f"    for key in [k for k in sys.modules if k == {package!r} or k.startswith({package + '.'!r})]:\n"
         "        del sys.modules[key]\n"
         "    try:\n"
         "        importlib.import_module(name)\n"
         "    except Exception:\n"
         "        failed.append(name + ':\\n' + traceback.format_exc(limit=-3))\n"
         "print('\\n'.join(failed))\n"
-        "sys.exit(1 if failed else 0)\n"
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": str(SRC)}, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
+                            env={**os.environ, "PYTHONPATH": str(src)}, timeout=600)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_an_order_dependent_import_is_caught(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a.py").write_text("X = 1\n")
+    (tmp_path / "pkg" / "b.py").write_text("import pkg\nY = pkg.a.X\n")  # works only once pkg.a was imported
+    assert failures_importing_alone(tmp_path, "pkg", ["pkg.a", "pkg.b"]).startswith("pkg.b:")
+    assert failures_importing_alone(tmp_path, "pkg", ["pkg.a"]) == ""
+
+
+def test_every_module_imports_on_its_own():
+    names = sorted(name for name in module_names() if not name.endswith("__main__"))  # those run a command
+    failures = failures_importing_alone(SRC, PACKAGE, names)
+    assert not failures, failures
