@@ -23,6 +23,13 @@ MAX_FORCED_DRAFT = 32  # most grammar-forced tokens drafted in a round, before t
 MAX_VERIFY_WIDTH = MAX_FORCED_DRAFT + MAX_DRAFT_TOKENS + 1
 
 
+def cache_len(max_len: int) -> int:
+    """KV cache entries per slot for sequences of up to `max_len` tokens (the user's max_len): a round writes at most
+    MAX_VERIFY_WIDTH entries past a slot's kept length, which stays below max_len. Drafters are sized with it
+    (drafters/build.py); the engine's CACHE_SLACK is the same width for the target."""
+    return max_len + MAX_VERIFY_WIDTH
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     """A constraint the output must follow, compiled to a token mask by llguidance (sampling/grammar.py).

@@ -18,8 +18,8 @@ from transformers import PreTrainedModel
 
 from .config import RunnerOptions, SamplingParams, SpeculativeConfig
 from .drafters.base import Drafter
-from .drafters.factory import make_drafter, model_drafter
-from .engine import CACHE_SLACK, GenerationResult, SpeculativeEngine
+from .drafters.build import build_drafter, model_drafter
+from .engine import GenerationResult, SpeculativeEngine
 from .stats import GenerationStats
 
 PromptLike = str | Sequence[int] | torch.Tensor | list[dict]
@@ -48,7 +48,7 @@ class SpeculativeGenerator:
                 draft_model = draft_model.to(device)
         self.tokenizer = tokenizer
         if isinstance(draft_model, PreTrainedModel):
-            drafter: Drafter | None = model_drafter(target_model, draft_model, max_len + CACHE_SLACK)
+            drafter: Drafter | None = model_drafter(target_model, draft_model, max_len)
         else:
             drafter = draft_model
         self.spec = spec or SpeculativeConfig(num_draft_tokens=K, tree_nodes=tree_nodes)
@@ -77,7 +77,7 @@ class SpeculativeGenerator:
 
         target_model = load_model(target, dtype=dtype, device=device)
         tokenizer = load_tokenizer(target)
-        drafter = make_drafter(draft, target_model, tokenizer, max_len + CACHE_SLACK, dtype=dtype, device=device)
+        drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype, device=device).drafter
         return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec, runner=runner,
                    tree_nodes=tree_nodes)
 

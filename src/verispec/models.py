@@ -152,6 +152,18 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float
     return model
 
 
+def read_model_config(path: Path):
+    """The model config at a resolved path, without its weights (None when unreadable: loading reports why)."""
+    from transformers import AutoConfig
+
+    try:
+        if path.suffix == ".gguf":
+            return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        return AutoConfig.from_pretrained(path)
+    except Exception:  # noqa: BLE001 - only a memory estimate is lost; load_model gives the real error
+        return None
+
+
 def load_tokenizer(name_or_path: str | os.PathLike):
     """Load the tokenizer that belongs to a model (same names as `load_model`)."""
     from transformers import AutoTokenizer

@@ -8,6 +8,6 @@ Modules, one job each: `prompts` (load, filter, encode), `methods` (the decoding
 
 from .benchmark import BenchConfig, run_benchmark
 from .costs import expected_tokens_per_round, predicted_speedup
-from .suite import BenchSettings
+from .settings import BenchSettings
 
 __all__ = ["BenchConfig", "BenchSettings", "expected_tokens_per_round", "predicted_speedup", "run_benchmark"]

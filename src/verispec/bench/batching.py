@@ -13,20 +13,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 from tqdm.auto import tqdm
 
 from ..stats import GenerationStats
 from .aggregate import BASELINE
 from .methods import BenchModels, build_methods
 from .prompts import BenchPrompt
-
-if TYPE_CHECKING:  # suite.py imports this module for BATCH_FAMILIES
-    from .suite import BenchSettings
+from .settings import BATCH_FAMILIES, BenchSettings
 
 MAX_BATCH_SIZE = 256
-BATCH_FAMILIES = ("target", "adaptive")
 
 
 def parse_int_list(text: str, flag: str, example: str, maximum: int) -> list[int]:

@@ -9,20 +9,21 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.factory import make_drafter, model_part
+from ..drafters.build import build_drafter
+from ..drafters.spec import parse_drafter_spec
 from ..config import RunnerOptions
-from ..engine import CACHE_SLACK
 from ..runtime.runner import runner_info
 from ..models import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
-from .batching import BATCH_FAMILIES, batch_table, run_batch_sweep
+from .batching import batch_table, run_batch_sweep
 from .machine import decode_floor, describe_machine, floor_line, machine_line
 from .methods import BenchModels
 from .peers import run_peers
 from .plots import write_plots
 from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
 from .report import text_table, write_reports
-from .suite import BenchSettings, run_suite
+from .settings import BATCH_FAMILIES, BenchSettings
+from .suite import run_suite
 
 
 @dataclass
@@ -56,12 +57,13 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
     target = load_model(config.target, dtype=torch_dtype, device=config.device)
-    model_name = model_part(config.draft)
+    spec = parse_drafter_spec(config.draft)
+    model_name = spec.model
     draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)
     tokenizer = load_tokenizer(config.target)
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
-    drafter = make_drafter(config.draft, target, tokenizer, max_len + CACHE_SLACK, draft_model=draft)
+    drafter = build_drafter(spec, target, tokenizer, max_len, draft_model=draft).drafter
     models = BenchModels.build(target, draft, tokenizer, max_len, drafter, config.runner, config.settings.structured)
     return models, encoded
 

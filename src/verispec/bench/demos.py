@@ -19,7 +19,8 @@ from .methods import BenchModels, EngineMethod, HFMethod
 from .plots import write_plots
 from .prompts import BenchPrompt
 from .report import write_reports
-from .suite import BenchSettings, run_suite
+from .settings import BenchSettings
+from .suite import run_suite
 
 DEMOS = ("basic", "comparison", "k_values")
 DEMO_PROMPTS = [

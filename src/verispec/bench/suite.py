@@ -8,46 +8,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from tqdm.auto import tqdm
 
-from ..config import StructuredOutput
 from .aggregate import OVERALL, summarize
-from .batching import BATCH_FAMILIES
 from .costs import CostProbe, probe_costs
 from .methods import BenchModels, Method, build_methods
 from .prompts import BenchPrompt
-
-
-@dataclass
-class BenchSettings:
-    max_new_tokens: int = 128
-    ks: list[int] = field(default_factory=lambda: [1, 2, 3, 4, 6, 8])
-    families: list[str] = field(default_factory=lambda: ["target", "verispec", "adaptive", "hf-assisted", "hf-target"])
-    seed: int = 0
-    warmup_tokens: int = 32  # one warm-up generation per method, on the first prompt, not timed
-    probe_repeats: int = 5  # timed repeats per width in the cost probe (0: no prediction)
-    progress: bool = True
-    batch_sizes: list[int] | None = None  # the batch-size sweep (batching.py) instead of the K sweep; None: K sweep
-    structured: StructuredOutput | None = None  # an output constraint for our methods (HF's are skipped)
-    tree_nodes: int = 16  # the node budget of the 'tree' and 'adaptive-tree' methods
-
-    def to_dict(self) -> dict:
-        if self.batch_sizes:
-            mode = {"mode": "batch sizes", "batch_sizes": self.batch_sizes, "methods": list(BATCH_FAMILIES)}
-        else:
-            mode = {"mode": "K sweep", "ks": self.ks, "methods": self.families, "probe_repeats": self.probe_repeats}
-            if any(f in ("tree", "adaptive-tree") for f in self.families):
-                mode["tree_nodes"] = self.tree_nodes
-        count = ("generated tokens, prompt excluded; EOS masked so every method generates exactly max_new_tokens"
-                 if self.structured is None else "generated tokens, prompt excluded; each output ends where its "
-                 "constraint completes (identical for our methods, which all decode greedily)")
-        out = {**mode, "max_new_tokens": self.max_new_tokens, "seed": self.seed, "warmup_tokens": self.warmup_tokens,
-               "token_count": count, "decoding": "greedy"}
-        if self.structured is not None:
-            out["structured_output"] = self.structured.kind
-        return out
+from .settings import BenchSettings
 
 
 @dataclass

@@ -53,8 +53,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..config import SamplingParams, SpeculativeConfig
-    from ..engine import CACHE_SLACK
-    from ..fallback import load_drafter_or_fallback
+    from ..drafters.build import build_drafter
     from ..generator import SpeculativeGenerator
     from ..models import ModelLoadError, load_model, load_tokenizer
 
@@ -70,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.model)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.
     try:
-        loaded = load_drafter_or_fallback(args.draft_model, target, tokenizer, args.max_len + CACHE_SLACK,
-                                          dtype=dtype, device=args.device, target_name=args.model)
+        loaded = build_drafter(args.draft_model, target, tokenizer, args.max_len, dtype=dtype, device=args.device,
+                               on_error="fallback", target_name=args.model)
     except ModelLoadError as exc:
         if getattr(args, "draft_model_given", False):
             raise
         # The default draft is missing (not the user's path): n-gram drafting needs no model.
         logging.getLogger("verispec").warning("default draft unavailable (%s); using --draft-model ngram", exc)
-        loaded = load_drafter_or_fallback("ngram", target, tokenizer, args.max_len + CACHE_SLACK)
+        loaded = build_drafter("ngram", target, tokenizer, args.max_len)
     if loaded.num_draft_tokens and not getattr(args, "draft_tokens_given", False):
         args.draft_tokens = loaded.num_draft_tokens  # the auto-selected pair's K
     spec = SpeculativeConfig(**spec_kwargs(args))

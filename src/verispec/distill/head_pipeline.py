@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..config import SamplingParams, SpeculativeConfig
+from ..config import SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.head import HEAD_CONFIG, HeadConfig, HeadDrafter, load_head, save_head
 from ..models import load_model
 from . import evaluate as ev
@@ -97,7 +97,7 @@ def evaluate_head(head_dir: Path, target, tokenizer, eval_data: Path, n_prompts:
     rows = ev.load_eval_prompts(eval_data, n_prompts)
     prompts = [ev.chat_ids(tokenizer, text) for _, text in rows]
     max_len = max(len(p) for p in prompts) + max_new_tokens + 8
-    drafter = HeadDrafter(config, weights, target, max_len)
+    drafter = HeadDrafter(config, weights, target, cache_len(max_len))  # sized as build.py sizes drafters
     params = SamplingParams(max_new_tokens=max_new_tokens)
     results = {}
     engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len, max_batch_size=1)

@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..config import RunnerOptions
+from ..config import MAX_DRAFT_TOKENS, RunnerOptions
 from ..runtime.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
 from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter
@@ -43,9 +43,12 @@ from .base import DraftBatch, DraftProposal, Drafter
 HEAD_CONFIG = "head_config.json"
 HEAD_WEIGHTS = "head.safetensors"
 HEAD_PREFIX = "head:"
-CACHE_SLACK = 160  # draft nodes a round may write past the committed sequence (depth x beam, with room to spare)
 TREE_BRANCH = 4  # children tried per expanded node
 TREE_BEAM = 4  # nodes expanded per depth
+# The head's own slack past the cache length it is given: a round feeds the pending pairs (below the committed
+# length), then per depth below the deepest one forward of at most TREE_BEAM expanded nodes (rows padded to the
+# widest), so draft nodes take at most (K - 1) x TREE_BEAM entries, K <= MAX_DRAFT_TOKENS (config.py).
+CACHE_SLACK = (MAX_DRAFT_TOKENS - 1) * TREE_BEAM
 
 
 @dataclass(frozen=True)

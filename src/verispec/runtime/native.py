@@ -21,7 +21,7 @@ import torch
 
 from .kv_cache import SlotCache, attention_mask
 from .llama import LlamaModel, LlamaSpec, UnsupportedModel
-from .runner import RunnerOutput, SlotRunner
+from .base import RunnerOutput, SlotRunner
 
 logger = logging.getLogger("verispec")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from ..config import RunnerOptions, SpeculativeConfig
-from ..drafters.factory import NONE
+from ..drafters.spec import NONE
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from .protocol import MAX_CHOICES
 

@@ -17,14 +17,14 @@ import logging
 from collections import OrderedDict
 from dataclasses import replace
 
-from ..config import SamplingParams
+from ..config import SamplingParams, cache_len
 from ..drafters.base import Drafter
-from ..drafters.factory import NONE, make_drafter, model_part
-from ..engine import CACHE_SLACK, SpeculativeEngine
+from ..drafters.build import build_drafter
+from ..drafters.spec import NONE, parse_drafter_spec
+from ..engine import SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
 from ..memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
-from ..fallback import read_model_config, load_drafter_or_fallback
-from ..models import ModelLoadError, load_model, load_tokenizer, resolve_model_path
+from ..models import ModelLoadError, load_model, load_tokenizer, read_model_config, resolve_model_path
 from ..sampling.grammar import prepare_tokenizer
 from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found
@@ -37,7 +37,7 @@ Prompt = str | list[int] | list[dict]
 
 def kv_slot_bytes(config: ServerConfig, target) -> int:
     """The target's KV cache of one slot (max_len tokens)."""
-    return kv_cache_bytes(target.config, config.max_len + CACHE_SLACK, next(target.parameters()).dtype)
+    return kv_cache_bytes(target.config, cache_len(config.max_len), next(target.parameters()).dtype)
 
 
 def kv_bounded_slots(config: ServerConfig, target, free_bytes: int | None = None) -> int:
@@ -141,7 +141,7 @@ class ServedModel:
     def _make_room(self, name: str, value: str) -> None:
         """Check that a model drafter fits in free memory before it loads (its weights, and its KV cache for every
         slot), dropping cached drafters when that makes it fit. Raises APIError 503 when it cannot."""
-        model = model_part(value)
+        model = parse_drafter_spec(value).model
         if model is None:  # n-gram and other drafters without weights
             return
         path = resolve_model_path(model)
@@ -149,7 +149,7 @@ class ServedModel:
         weights = weights_bytes(path, self.config.dtype)
         if config is None or weights is None:
             return  # unknown size: loading reports any real problem
-        needed = weights + self.max_num_seqs * kv_cache_bytes(config, self.config.max_len + CACHE_SLACK,
+        needed = weights + self.max_num_seqs * kv_cache_bytes(config, cache_len(self.config.max_len),
                                                               self.config.dtype)
         while True:
             free = free_memory_bytes(self.config.device)
@@ -169,17 +169,15 @@ class ServedModel:
     def _load_drafter(self, name: str) -> Drafter | None:
         """The server's --draft-model loads as for `verispec generate`: a valid draft that does not fit in memory
         or fails to load leaves the target alone (with a warning), 'auto' picks the registered draft. Drafters
-        that requests name are built as asked (make_drafter), so a request learns why one cannot be used."""
+        that requests name are built as asked (on_error "raise"), so a request learns why one cannot be used."""
         logger.info("loading drafter %s", name)
-        max_len = self.config.max_len + CACHE_SLACK
-        if name == self.config.draft_model:
-            loaded = load_drafter_or_fallback(name, self.target, self.tokenizer, max_len, dtype=self.config.dtype,
-                                              device=self.config.device, target_name=self.config.model)
-            if loaded.num_draft_tokens and self.config.draft_tokens_from_pair:
-                self.spec = replace(self.spec, num_draft_tokens=loaded.num_draft_tokens)
-            return loaded.drafter
-        return make_drafter(name, self.target, self.tokenizer, max_len, dtype=self.config.dtype,
-                            device=self.config.device)
+        default = name == self.config.draft_model
+        loaded = build_drafter(name, self.target, self.tokenizer, self.config.max_len, dtype=self.config.dtype,
+                               device=self.config.device, on_error="fallback" if default else "raise",
+                               target_name=self.config.model)
+        if default and loaded.num_draft_tokens and self.config.draft_tokens_from_pair:
+            self.spec = replace(self.spec, num_draft_tokens=loaded.num_draft_tokens)
+        return loaded.drafter
 
     # -- prompts -------------------------------------------------------------------------------------------------
 

@@ -1,0 +1,190 @@
+"""One builder: a `--draft-model` value (parsed by spec.py) and a loaded target -> the drafter, strict or falling back.
+
+Sizes: `max_len` is the user's (the longest sequence, prompt and generated tokens, the engine runs). Every drafter
+cache is sized from it here, in one place: `config.cache_len(max_len)` adds the widest verify pass
+(`config.MAX_VERIFY_WIDTH`), as the engine does for the target. A draft head adds its own drafting slack (head.py).
+
+on_error="raise": every failure raises (a request that names a drafter learns why it cannot be used).
+on_error="fallback" (`--draft-model` of `verispec generate` and `serve`): a user's bad path or a draft whose
+vocabulary does not match the target's stays an error (the CLI exits 2); a draft that is valid but does not fit in
+memory (checked before loading, see memory.py) or fails to load (out of memory, corrupt weights) is left out with a
+warning, and the run goes on with the other stages of a cascade or the target alone.
+'auto' falls back to the n-gram drafter in both modes: what it picks is never the user's mistake.
+Failures while generating are the engine's to handle (fallback.py: back-off per drafter).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ..config import cache_len
+from .base import Drafter
+from .cascade import SEPARATOR, CascadeDrafter
+from .head import head_drafter
+from .model import ModelDrafter
+from .named import NAMED_DRAFTERS
+from .ngram import NgramDrafter
+from .spec import NONE, DraftStage, DrafterSpec, parse_drafter_spec
+
+logger = logging.getLogger("verispec")
+ON_ERROR = ("raise", "fallback")
+
+
+@dataclass
+class DrafterLoad:
+    """What `build_drafter` produced."""
+
+    drafter: Drafter | None  # None: the target alone
+    name: str  # what actually drafts: 'none', 'ngram', a model path, ...
+    requested: str  # the value the user gave
+    num_draft_tokens: int | None = None  # K of the pair `auto` picked (None: keep the configured K)
+    warning: str | None = None  # why a stage was left out; None when everything loaded as asked
+
+
+@dataclass
+class _Build:
+    """The arguments every stage of one build shares."""
+
+    target: object  # the loaded target model (a PreTrainedModel)
+    tokenizer: object
+    cache_len: int  # KV cache entries per slot of a drafter with a cache
+    dtype: torch.dtype
+    device: torch.device | str
+    on_error: str
+    draft_model: object | None
+    target_name: str | None
+    check_memory: bool
+    free_bytes: int | None
+    search_dirs: list | None
+
+
+def build_drafter(
+    spec: str | DrafterSpec | None,
+    target,
+    tokenizer,
+    max_len: int,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    on_error: str = "raise",
+    draft_model=None,
+    target_name: str | None = None,
+    check_memory: bool = True,
+    free_bytes: int | None = None,
+    search_dirs: list | None = None,
+) -> DrafterLoad:
+    """Build the drafter `spec` names (a DrafterSpec, or a `--draft-model` value parsed here) next to `target`.
+
+    max_len: the user's longest sequence (the engine's max_len); caches are sized from it here. dtype, device: of
+    a draft model to load (default: the target's). on_error: "raise" or "fallback" (module docstring).
+    draft_model: the already loaded model the spec's model stage names. target_name: what the user called the
+    target (for 'auto'; default: the target config's name_or_path). free_bytes overrides the measured free memory
+    (tests). Raises ModelLoadError (a ValueError) for a draft path that does not exist and ValueError for a draft
+    whose vocabulary differs from the target's, in both modes: those are the user's to fix.
+    """
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+    spec = parse_drafter_spec(spec)
+    weight = next(target.parameters())
+    build = _Build(target, tokenizer, cache_len(max_len), dtype or weight.dtype, device or weight.device, on_error,
+                   draft_model, target_name, check_memory, free_bytes, search_dirs)
+    loads = [_build_stage(stage, build) for stage in spec.stages]
+    kept = [load for load in loads if load.drafter is not None]
+    stages = [load.drafter for load in kept]
+    drafter = CascadeDrafter(stages) if len(stages) > 1 else (stages[0] if stages else None)
+    warning = "; ".join(load.warning for load in loads if load.warning) or None
+    if warning is not None:
+        if drafter is None:
+            warning += "; running the target alone"
+        logger.warning(warning)
+    return DrafterLoad(drafter, SEPARATOR.join(load.name for load in kept) or NONE, spec.text,
+                       next((load.num_draft_tokens for load in loads if load.num_draft_tokens), None), warning)
+
+
+def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
+    name = stage.name
+    if stage.kind == "named":
+        return DrafterLoad(NAMED_DRAFTERS[name](build.target, build.tokenizer, build.cache_len), name, name)
+    if stage.kind == "head":  # a few MB on the target's own embeddings: a mismatch is the user's to fix
+        return DrafterLoad(head_drafter(stage.head_dir, build.target, build.cache_len, name), name, name)
+    if stage.kind == "auto":
+        return _auto(build)
+    if build.draft_model is not None:
+        return DrafterLoad(_model_drafter(build.target, build.draft_model, build.cache_len), name, name)
+    if build.on_error == "raise":
+        from ..models import load_model
+
+        draft = load_model(name, dtype=build.dtype, device=build.device)
+        return DrafterLoad(_model_drafter(build.target, draft, build.cache_len), name, name)
+    drafter, reason = _try_model_drafter(name, build)
+    if drafter is None:
+        return DrafterLoad(None, NONE, name, warning=f"draft model {name} not used ({reason})")
+    return DrafterLoad(drafter, name, name)
+
+
+def _auto(build: _Build) -> DrafterLoad:
+    """The registered draft for the target (pairs.py), or the n-gram drafter when there is none or it cannot load."""
+    from ..pairs import select_draft
+
+    target = build.target
+    choice = select_draft(build.target_name or target.config.name_or_path, target_config=target.config,
+                          tokenizer=build.tokenizer, target_numel=sum(p.numel() for p in target.parameters()),
+                          search_dirs=build.search_dirs)
+    logger.info("--draft-model auto: %s (%s)", choice.draft, choice.reason)
+    if choice.draft == "ngram":
+        return DrafterLoad(NgramDrafter(), "ngram", "auto", choice.num_draft_tokens)
+    try:
+        drafter, reason = _try_model_drafter(choice.draft, build)
+    except (ValueError, OSError) as exc:  # an auto-picked draft is never the user's mistake
+        drafter, reason = None, f"{type(exc).__name__}: {exc}"
+    if drafter is not None:
+        return DrafterLoad(drafter, choice.draft, "auto", choice.num_draft_tokens)
+    return DrafterLoad(NgramDrafter(), "ngram", "auto", choice.num_draft_tokens,
+                       f"auto-selected draft {choice.draft} not used ({reason}); using the n-gram drafter")
+
+
+def _try_model_drafter(name: str, build: _Build) -> tuple[ModelDrafter | None, str | None]:
+    """(ModelDrafter, None), or (None, why) when the draft does not fit or fails to load.
+
+    Raises for a path that does not exist and for a vocabulary mismatch: those are the user's to fix.
+    """
+    from ..memory import check_draft_memory
+    from ..models import load_model, read_model_config, resolve_model_path
+
+    path = resolve_model_path(name)
+    if build.check_memory:
+        config = read_model_config(path)
+        if config is not None:
+            check = check_draft_memory(path, config, build.target.config, build.cache_len, build.dtype, build.device,
+                                       free_bytes=build.free_bytes)
+            if not check.fits:
+                return None, f"not enough memory: {check}"
+    try:
+        draft = load_model(name, dtype=build.dtype, device=build.device)
+    except Exception as exc:  # noqa: BLE001 - the path exists: corrupt weights (safetensors raises its own type), OOM
+        return None, f"loading failed: {type(exc).__name__}: {exc}"
+    return _model_drafter(build.target, draft, build.cache_len), None
+
+
+def check_vocab_match(target, draft) -> None:
+    """Draft and target must share one vocabulary (same output size); name both sizes otherwise."""
+    t = target.get_output_embeddings().weight.shape[0]
+    d = draft.get_output_embeddings().weight.shape[0]
+    if t != d:
+        raise ValueError(
+            f"draft vocabulary size {d} does not match target vocabulary size {t}: pick a draft model trained with "
+            "the target's tokenizer, or use --draft-model ngram"
+        )
+
+
+def _model_drafter(target, draft, cache_len: int) -> ModelDrafter:
+    check_vocab_match(target, draft)
+    return ModelDrafter(draft.eval(), cache_len)
+
+
+def model_drafter(target, draft, max_len: int) -> ModelDrafter:
+    """The drafter for an already loaded draft model (the Python API's `draft_model=`), sized for max_len."""
+    return _model_drafter(target, draft, cache_len(max_len))

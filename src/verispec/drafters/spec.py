@@ -1,0 +1,109 @@
+"""`--draft-model` parsed once: a user's drafter value -> `DrafterSpec`, typed and validated (build.py builds it).
+
+Values: 'none' (the target alone); a name in `NAMED_DRAFTERS` (named.py: 'ngram' prompt lookup, 'random');
+'auto' (the registered draft for the target, see pairs.py); a draft head ('head:PATH', a folder holding
+head_config.json, or the shipped head's name `DEFAULT_HEAD`: see head.py); anything else names a draft model (a
+folder, a .gguf file, a hub id or the embedded default draft's name). Several values joined by '+' make a cascade
+(cascade.py): 'ngram+MODEL' drafts by prompt lookup where the sequence repeats itself and with MODEL elsewhere. A
+path that exists is never split at '+'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .cascade import split_spec
+from .head import HEAD_PREFIX, is_head_folder
+from .named import NAMED_DRAFTERS
+
+NONE = "none"
+AUTO = "auto"
+DEFAULT_HEAD = "verispec-head-smollm2-135m"  # the draft head shipped for the embedded default target
+DEFAULT_HEAD_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_head"
+KINDS = ("named", "auto", "head", "model")
+
+
+@dataclass(frozen=True)
+class DraftStage:
+    """One drafter of a `--draft-model` value (a cascade has several, tried in order per row)."""
+
+    kind: str
+    """'named' (a NAMED_DRAFTERS entry), 'auto' (pairs.py picks), 'head' (a trained draft head), 'model'."""
+    name: str
+    """The value as the user wrote it: 'ngram', 'auto', 'head:DIR', a model path or hub id."""
+    head_dir: Path | None = None
+    """The head's folder (kind 'head' only)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"drafter kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
+        if (self.kind == "head") != (self.head_dir is not None):
+            raise ValueError(f"drafter {self.name!r}: a head_dir is given exactly for kind 'head'")
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    """A parsed `--draft-model` value: no stage (the target alone), one drafter, or a cascade of stages."""
+
+    text: str
+    """The value as given ('none' for no drafter)."""
+    stages: tuple[DraftStage, ...] = ()
+    """The drafters in cascade order; empty for 'none'."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stages", tuple(self.stages))
+        models = [stage.name for stage in self.stages if stage.kind == "model"]
+        if len(models) > 1:
+            raise ValueError(f"--draft-model {self.text!r}: a '+' list takes at most one draft model, got "
+                             f"{', '.join(models)}")
+
+    @property
+    def model(self) -> str | None:
+        """The draft model this value names, if any ('ngram+MODEL' -> 'MODEL'; 'ngram' -> None)."""
+        return next((stage.name for stage in self.stages if stage.kind == "model"), None)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def head_path(name: str) -> Path | None:
+    """The folder of the draft head a drafter value names ('head:PATH', the shipped head's name, or a folder holding
+    head_config.json); None when it names no head. ValueError when 'head:' names a folder without a head."""
+    if name == DEFAULT_HEAD:
+        return DEFAULT_HEAD_DIR
+    if name.startswith(HEAD_PREFIX):
+        rest = name[len(HEAD_PREFIX):]
+        path = DEFAULT_HEAD_DIR if rest == DEFAULT_HEAD else Path(rest).expanduser()
+        if not is_head_folder(path):
+            raise ValueError(f"--draft-model {name!r}: {path} holds no draft head (head_config.json); make one with "
+                             f"`verispec distill --head --target MODEL --out DIR`")
+        return path
+    return Path(name).expanduser() if is_head_folder(Path(name).expanduser()) else None
+
+
+def parse_stage(name: str) -> DraftStage:
+    """One value of a '+' list -> its stage (a head folder is looked up on disk; a model is not: build.py loads it)."""
+    if name == AUTO:
+        return DraftStage("auto", name)
+    if name in NAMED_DRAFTERS:
+        return DraftStage("named", name)
+    head = head_path(name)
+    if head is not None:
+        return DraftStage("head", name, head)
+    return DraftStage("model", name)
+
+
+def parse_drafter_spec(value: str | DrafterSpec | None) -> DrafterSpec:
+    """A `--draft-model` value (None: 'none') -> its DrafterSpec; ValueError naming the fix when it is malformed."""
+    if isinstance(value, DrafterSpec):
+        return value
+    text = NONE if value is None else str(value).strip()
+    if not text:
+        raise ValueError("--draft-model is empty: name a drafter (e.g. ngram, auto, a draft model) or 'none'")
+    if text == NONE:
+        return DrafterSpec(NONE)
+    parts = [text] if Path(text).expanduser().exists() else split_spec(text)
+    if len(parts) > 1 and NONE in parts:
+        raise ValueError(f"--draft-model {text!r}: 'none' cannot be part of a '+' list; pass 'none' alone")
+    return DrafterSpec(text, tuple(parse_stage(part) for part in parts))

@@ -1,0 +1,52 @@
+"""`--draft-model` parsed once (drafters/spec.py): each form of the value, and a ValueError naming the fix for each
+malformed one. No model is loaded: parsing looks at names and at folders on disk only."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from verispec.drafters.spec import (DEFAULT_HEAD, DEFAULT_HEAD_DIR, DraftStage, DrafterSpec, parse_drafter_spec)
+
+
+def kinds(value) -> list[tuple[str, str]]:
+    return [(stage.kind, stage.name) for stage in parse_drafter_spec(value).stages]
+
+
+def test_each_form_of_the_value(tmp_path):
+    assert parse_drafter_spec(None) == parse_drafter_spec("none") == DrafterSpec("none")
+    assert kinds("ngram") == [("named", "ngram")] and kinds("random") == [("named", "random")]
+    assert kinds("auto") == [("auto", "auto")]
+    assert kinds("some/draft") == [("model", "some/draft")] and parse_drafter_spec("some/draft").model == "some/draft"
+    cascade = parse_drafter_spec("ngram + some/draft")
+    assert kinds(cascade) == [("named", "ngram"), ("model", "some/draft")] and cascade.model == "some/draft"
+    assert parse_drafter_spec("ngram").model is None and parse_drafter_spec(cascade) is cascade
+    head = tmp_path / "my+head"  # an existing path is never split at '+'
+    head.mkdir()
+    (head / "head_config.json").write_text("{}")
+    assert parse_drafter_spec(str(head)).stages == (DraftStage("head", str(head), head),)
+    plain = tmp_path / "head"
+    plain.mkdir()
+    (plain / "head_config.json").write_text("{}")
+    assert parse_drafter_spec(f"ngram+head:{plain}").stages[1] == DraftStage("head", f"head:{plain}", plain)
+    assert parse_drafter_spec(DEFAULT_HEAD).stages[0].head_dir == DEFAULT_HEAD_DIR
+
+
+@pytest.mark.parametrize("value, message", [
+    ("ngram+none", "'none' cannot be part of a '+' list"),
+    ("a/draft+b/draft", "at most one draft model, got a/draft, b/draft"),
+    ("ngram+", "empty drafter in a '+' list"),
+    ("", "--draft-model is empty"),
+    ("head:/no/such/head", "holds no draft head"),
+])
+def test_malformed_values_name_the_fix(value, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_drafter_spec(value)
+
+
+def test_stages_are_validated():
+    with pytest.raises(ValueError, match="drafter kind must be one of"):
+        DraftStage("lookup", "x")
+    with pytest.raises(ValueError, match="head_dir"):
+        DraftStage("head", "head:x")
