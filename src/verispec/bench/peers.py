@@ -113,7 +113,7 @@ def _jobs(peer: str, config, dtype: str, common: dict) -> tuple[list[tuple[str, 
     models, weights, notes = (vllm_models(config, dtype) if peer == "vllm" else llamacpp_models(config))
     jobs = []
     for mode, spec in MODES[peer]:
-        if spec == "draft" and "draft" not in models:
+        if spec == "draft" and not {"draft_model", "draft_gguf"} & set(models):
             continue
         jobs.append((mode, {**common, **models, "spec": spec, "dtype": dtype}))
     return jobs, weights, notes
@@ -153,7 +153,9 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
                     continue
             result = cache[key]
             rows = result["rows"]
-            row = peer_row(ENGINE_NAMES[peer], mode, weights, result.get("weights_bytes") or ours_bytes,
+            # The GGUF's tensor bytes (llama.cpp), else the same weights verispec holds in this dtype (vLLM).
+            weight_bytes = job.get("weights_bytes") or result.get("weights_bytes") or ours_bytes
+            row = peer_row(ENGINE_NAMES[peer], mode, weights, weight_bytes,
                            len(rows), sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows), bandwidth)
             row["load_s"] = round(result["load_s"], 1)
             for extra in ("spec_counters", "model", "system_info", "version"):
