@@ -78,11 +78,15 @@ def resolve_peers(names: str | None, vllm_python: str | None = None,
     return out
 
 
+def missing(peer: str, python: str) -> str:
+    return (f"no {peer} virtualenv at {python}: make one with `{SETUP_SCRIPT} {peer}` "
+            f"(or pass --{peer.replace('.', '')}-python)")
+
+
 def run_driver(peer: str, python: str, job: dict, timeout_s: int = 3600) -> dict:
     """One peer process over the job's prompts; -> the driver's output. PeerMissing / RuntimeError on failure."""
     if not Path(python).is_file():
-        raise PeerMissing(f"no {peer} virtualenv at {python}: make one with `{SETUP_SCRIPT} {peer}` "
-                          f"(or pass --{peer.replace('.', '')}-python)")
+        raise PeerMissing(missing(peer, python))
     with tempfile.TemporaryDirectory() as tmp:
         job_file, out = Path(tmp, "job.json"), Path(tmp, "out.json")
         job_file.write_text(json.dumps(job))
@@ -102,8 +106,8 @@ def peer_row(engine: str, mode: str, weights: str, weight_bytes: int, prompts: i
     floor_ms = weight_bytes / (bandwidth_gb_s * 1e9) * 1e3
     return {"engine": engine, "mode": mode, "weights": weights, "weights_mb": round(weight_bytes / 2**20, 2),
             "prompts": prompts, "tokens": tokens, "seconds": round(seconds, 3),
-            "tokens_per_s": round(tokens / seconds, 2), "ms_per_token": round(ms_per_token, 3), "floor_ms": round(floor_ms, 3),
-            "x_floor": round(ms_per_token / floor_ms, 2)}
+            "tokens_per_s": round(tokens / seconds, 2), "ms_per_token": round(ms_per_token, 3),
+            "floor_ms": round(floor_ms, 3), "x_floor": round(ms_per_token / floor_ms, 2)}
 
 
 def _jobs(peer: str, config, dtype: str, common: dict) -> tuple[list[tuple[str, dict]], str, list[str]]:
@@ -119,6 +123,18 @@ def _jobs(peer: str, config, dtype: str, common: dict) -> tuple[list[tuple[str, 
     return jobs, weights, notes
 
 
+def _result_row(peer: str, mode: str, weights: str, weight_bytes: int, result: dict, bandwidth_gb_s: float,
+                target_ids: dict | None) -> dict:
+    rows = result["rows"]
+    row = peer_row(ENGINE_NAMES[peer], mode, weights, weight_bytes, len(rows), sum(r["tokens"] for r in rows),
+                   sum(r["seconds"] for r in rows), bandwidth_gb_s)
+    row["load_s"] = round(result["load_s"], 1)
+    row.update({key: result[key] for key in ("spec_counters", "model", "system_info", "version") if key in result})
+    if target_ids is not None:
+        row["equal_to_verispec_target"] = sum(r["token_ids"] == target_ids.get(i) for i, r in enumerate(rows))
+    return row
+
+
 def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None] = print,
               target_ids: dict | None = None, cache: dict | None = None) -> dict:
     """Every peer of config.peers on the run's prompts; -> the run's "peers" section (see peer_table).
@@ -132,13 +148,17 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
     ours_bytes = int(run["floor"]["target_weight_mb"] * 2**20)
     common = {"prompts": [list(p.token_ids) for p in encoded], "max_new_tokens": config.settings.max_new_tokens,
               "k": PEER_K, "threads": threads}
-    section: dict = {"threads": {"verispec": threads}, "k": PEER_K, "notes": [], "rows": verispec_rows(
-        run, dtype, ours_bytes, bandwidth)}
+    section: dict = {"threads": {"verispec": threads}, "k": PEER_K, "notes": [],
+                     "rows": verispec_rows(run, dtype, ours_bytes, bandwidth)}
     for peer, python in config.peers.items():
-        try:
-            jobs, weights, notes = _jobs(peer, config, dtype, common)
-        except (ValueError, OSError, RuntimeError) as exc:
-            jobs, weights, notes = [], "", [f"{peer} skipped: {exc}"]
+        jobs, weights, notes = [], "", []
+        if not Path(python).is_file():
+            notes.append(f"{peer} skipped: {missing(peer, python)}")
+        else:
+            try:
+                jobs, weights, notes = _jobs(peer, config, dtype, common)
+            except (ValueError, OSError, RuntimeError) as exc:
+                notes.append(f"{peer} skipped: {exc}")
         for mode, job in jobs:
             key = (peer, job["spec"], dtype if peer == "vllm" else None)
             if key not in cache:
@@ -151,20 +171,10 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
                 except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
                     notes.append(f"{peer} {mode} did not run: {str(exc)[:500]}")
                     continue
-            result = cache[key]
-            rows = result["rows"]
             # The GGUF's tensor bytes (llama.cpp), else the same weights verispec holds in this dtype (vLLM).
-            weight_bytes = job.get("weights_bytes") or result.get("weights_bytes") or ours_bytes
-            row = peer_row(ENGINE_NAMES[peer], mode, weights, weight_bytes,
-                           len(rows), sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows), bandwidth)
-            row["load_s"] = round(result["load_s"], 1)
-            for extra in ("spec_counters", "model", "system_info", "version"):
-                if extra in result:
-                    row[extra] = result[extra]
-            if target_ids is not None:
-                row["equal_to_verispec_target"] = sum(r["token_ids"] == target_ids.get(i) for i, r in enumerate(rows))
-            section["rows"].append(row)
-            section["threads"][peer] = result.get("threads", "its own default")
+            weight_bytes = job.get("weights_bytes") or cache[key].get("weights_bytes") or ours_bytes
+            section["rows"].append(_result_row(peer, mode, weights, weight_bytes, cache[key], bandwidth, target_ids))
+            section["threads"][peer] = cache[key].get("threads", "its own default")
         for note in notes:
             log(f"[bench] note: {note}")
         section["notes"] += notes
