@@ -38,7 +38,12 @@ class BenchConfig:
     out: Path = Path("bench-out")
     settings: BenchSettings = field(default_factory=BenchSettings)
     runner: RunnerOptions = field(default_factory=RunnerOptions)  # what runs our engine's models
-    vllm_python: str | None = None  # a vLLM virtualenv's python: run vLLM on the same prompts (bench/peers.py)
+    vllm_python: str | None = None  # a vLLM virtualenv's python: the same as peers={"vllm": vllm_python}
+    peers: dict[str, str] = field(default_factory=dict)  # peer engine -> its virtualenv's python (bench/peers.py)
+
+    def __post_init__(self):
+        if self.vllm_python and not self.peers:
+            self.peers = {"vllm": self.vllm_python}
 
 
 def selected_prompts(config: BenchConfig) -> tuple[list[BenchPrompt], str]:
@@ -87,6 +92,7 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
              if settings.batch_sizes else
              f"methods {','.join(settings.families)}; K {','.join(map(str, settings.ks))}")
     log(f"[bench] {len(prompts)} prompts from {prompts_file}; {sweep}; {settings.max_new_tokens} new tokens each")
+    peer_results: dict = {}  # what a peer measured that does not depend on the dtype, run once
     for dtype in config.dtypes:
         log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
         models, encoded = load_models(config, dtype, prompts)
@@ -108,10 +114,10 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
         for line in batch_summary(run) if settings.batch_sizes else overall_summary(run):
             log(line)
         log(f"[bench] {floor_line(run['floor'])}")
-        if config.vllm_python:
+        if config.peers:
             order = {p.question_id: i for i, p in enumerate(encoded)}
             target_ids = {order[r.question_id]: list(r.token_ids) for r in records if r.method == BASELINE}
-            run["peers"] = run_peers(config, dtype, encoded, run, log, target_ids)
+            run["peers"] = run_peers(config, dtype, encoded, run, log, target_ids, peer_results)
         run["plots"] = write_plots(run, config.out)
         report["runs"].append(run)
         del models

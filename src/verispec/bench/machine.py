@@ -30,6 +30,24 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+# The instruction-set features that decide which kernels and dtypes are fast (dtype choice, GGUF dot products).
+SIMD_FLAGS = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "avx512_fp16", "avx_vnni",
+              "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "bf16", "i8mm")
+
+
+def cpu_flags() -> list[str]:
+    """The CPU's SIMD_FLAGS, from /proc/cpuinfo (empty where it is not readable)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith(("flags", "Features")):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in SIMD_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
 def measure_bandwidth(device: torch.device | str = "cpu", size_bytes: int = BANDWIDTH_BYTES,
                       repeats: int = BANDWIDTH_REPEATS) -> float:
     """Memory read bandwidth in bytes/s: the median of `repeats` timed sums over a float32 tensor of `size_bytes`,
@@ -65,6 +83,7 @@ def describe_machine(device: torch.device | str) -> dict:
     device = torch.device(device)
     info = {
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
@@ -83,6 +102,8 @@ def describe_machine(device: torch.device | str) -> dict:
 
 def machine_line(info: dict) -> str:
     where = info["gpu"] or f"{info['cpu']} ({info['logical_cpus']} logical CPUs, {info['torch_threads']} torch threads)"
+    if info.get("cpu_flags") is not None:
+        where += f" | CPU flags {' '.join(info['cpu_flags']) or '(none listed)'}"
     bandwidth = info.get("memory_bandwidth_gb_s")
     measured = "" if bandwidth is None else f" | memory bandwidth {bandwidth:g} GB/s measured"
     load = "" if info.get("load_average_1m") is None else f" | load average {info['load_average_1m']} at start"

