@@ -29,16 +29,14 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import MAX_VERIFY_WIDTH, RunnerOptions, SamplingParams, SpeculativeConfig
-from ..detokenize import StopChecker
 from ..drafters.base import Drafter
 from ..runtime.runner import make_runner
-from ..sampling import RowSamplingState
 from ..stats import GenerationStats
 from .drafter_calls import DrafterCalls, wants_features
-from .grammar_rows import row_grammar
 from .output import OutputStep, final_result, stream_chunk
 from .policy import DraftPolicies
 from .proposer import Proposer
+from .requests import acceptance_label, model_eos_ids, new_sequence
 from .scheduler import PrefillChunk, Scheduler, SchedulerConfig
 from .sequence import GenerationChunk, GenerationResult, Sequence
 from .verifier import Verifier
@@ -48,18 +46,6 @@ logger = logging.getLogger("verispec")
 # Room past max_len for the positions a verify pass writes beyond the committed sequence: a row near max_len is
 # padded to the widest row's width, which the validated limits bound (config.MAX_VERIFY_WIDTH).
 CACHE_SLACK = MAX_VERIFY_WIDTH
-
-
-def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:
-    """All EOS ids of the model's generation config (one or several), plus the tokenizer's EOS id."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), model.config):
-        eos = getattr(source, "eos_token_id", None)
-        if eos is not None:
-            ids.update([eos] if isinstance(eos, int) else eos)
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return ids
 
 
 @dataclass
@@ -169,30 +155,8 @@ class SpeculativeEngine:
             drafter = None
         if drafter is not None:
             drafter.reserve(self.max_batch_size, self.runner_options)  # idempotent: a request-named drafter gets its slots here
-        tokens = torch.empty(prompt.numel() + params.max_new_tokens + CACHE_SLACK, dtype=torch.long, device=device)
-        tokens[: prompt.numel()] = prompt.to(device)
-        generator = torch.Generator(device=device)
-        if params.seed is not None:
-            generator.manual_seed(params.seed)
-        else:
-            generator.seed()
-        eos = self.eos_token_ids | set(params.stop_token_ids)
-        grammar = row_grammar(params, self.tokenizer, self.target.vocab_size, self.eos_token_ids)
-        seq = Sequence(
-            tokens=tokens,
-            length=prompt.numel(),
-            prompt_len=prompt.numel(),
-            params=params,
-            spec=spec,
-            sampling=RowSamplingState(params, eos, prompt.tolist(), self.target.vocab_size, device, grammar),
-            generator=generator,
-            stopper=StopChecker(params, self.eos_token_ids, self.tokenizer, params.max_new_tokens),
-            drafter=drafter,
-            stats=GenerationStats(prompt_tokens=prompt.numel(), requests=1, acceptance_mode=acceptance_label(spec),
-                                  lossy=not spec.lossless),
-            wall_start=time.perf_counter(),
-            logprobs=None if params.logprobs is None else [],
-        )
+        seq = new_sequence(prompt, params, spec, drafter, self.tokenizer, self.target.vocab_size, self.target.device,
+                           self.eos_token_ids, CACHE_SLACK)
         self.waiting.append(seq)
         return seq
 
@@ -297,8 +261,3 @@ class SpeculativeEngine:
         """The draft-length policy for a request: fixed K, or with `spec.adaptive` the drafter's AdaptivePolicy,
         whose estimates persist across this engine's requests."""
         return self.policies.get(spec, drafter or self.drafter)
-
-
-def acceptance_label(spec: SpeculativeConfig) -> str:
-    """'exact', or 'top_k:N' for the LOSSY mode (as `--acceptance` spells it)."""
-    return "exact" if spec.lossless else f"{spec.acceptance}:{spec.acceptance_top_k}"
