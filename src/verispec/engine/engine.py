@@ -148,7 +148,6 @@ class SpeculativeEngine:
             self._warned_lossy = True
             logger.warning("acceptance %s is LOSSY: outputs no longer follow the target's distribution",
                            acceptance_label(spec))
-        device = self.target.device
         drafter = (drafter or self.drafter) if use_drafter else None
         if drafter is not None and not self.calls.backoff(drafter).should_try():
             logger.info("drafter %s skipped for this request (back-off after failures)", drafter.name)
