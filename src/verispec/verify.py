@@ -249,7 +249,7 @@ class TreeDraft:
 class TreeVerifyResult:
     path: Tensor  # [batch, max_depth + 1] long
     """Node indices of the accepted path: path[:, 0] = 0 (the root), then one node per accepted draft token, padded
-    with 0 after num_accepted. max_depth is the deepest node of any tree in the batch."""
+    with 0 after num_accepted. max_depth is the deepest node of any tree in the batch, or the caller's bound."""
     num_accepted: Tensor  # [batch] long
     """Accepted draft tokens per row (path length - 1)."""
     next_token: Tensor  # [batch] long
@@ -262,8 +262,11 @@ def _extend_path(path: Tensor, num_accepted: Tensor, accepted: Tensor, node: int
     return torch.where(accepted.unsqueeze(-1) & (slots == num_accepted.unsqueeze(-1)), node, path)
 
 
-def _trim_path(path: Tensor, depth: Tensor) -> Tensor:
-    """path: [batch, n] -> [batch, max_depth + 1]; depth: [batch, n] long, the nodes' depths."""
+def _trim_path(path: Tensor, depth: Tensor, max_depth: int | None) -> Tensor:
+    """path: [batch, n] -> [batch, max_depth + 1]; depth: [batch, n] long, the nodes' depths; max_depth: a bound
+    the caller knows (no host sync), or None to measure the deepest tree."""
+    if max_depth is not None:
+        return path[:, : max_depth + 1]
     # One host sync: the result's width is the deepest tree in the batch (n - 1 at most).
     return path[:, : int(depth.max()) + 1] if depth.numel() else path
 
@@ -271,6 +274,7 @@ def _trim_path(path: Tensor, depth: Tensor) -> Tensor:
 def greedy_tree_verify(
     tree: TreeDraft,
     target_logits: Tensor,  # [batch, n, vocab] processed; row i scores the token that follows node i
+    max_depth: int | None = None,  # a bound on the deepest node (e.g. n - 1): no host sync; None: measured
 ) -> TreeVerifyResult:
     """Greedy verification of token trees: the output equals target-only greedy decoding token for token.
 
@@ -294,7 +298,7 @@ def greedy_tree_verify(
         path = _extend_path(path, num_accepted, accepted, i)
         cur = torch.where(accepted, i, cur)
     next_token = argmax.gather(1, cur.unsqueeze(1)).squeeze(1)  # [batch]
-    return TreeVerifyResult(_trim_path(path, depth), num_accepted, next_token)
+    return TreeVerifyResult(_trim_path(path, depth, max_depth), num_accepted, next_token)
 
 
 def tree_rejection_verify(
@@ -304,6 +308,7 @@ def tree_rejection_verify(
     target_probs: Tensor,  # [batch, n, vocab] processed; row i is p for the token that follows node i
     uniform_accept: Tensor,  # [batch, n], U(0, 1), one per node (index 0 unused)
     uniform_sample: Tensor,  # [batch], U(0, 1)
+    max_depth: int | None = None,  # a bound on the deepest node (e.g. n - 1): no host sync; None: measured
 ) -> TreeVerifyResult:
     """Speculative sampling over token trees: recursive rejection sampling among siblings (SpecInfer, Miao et al.
     2023, multi-step speculative sampling), batched and ragged.
@@ -351,7 +356,7 @@ def tree_rejection_verify(
         path = _extend_path(path, num_accepted, accepted, i)
         cur = torch.where(accepted, i, cur)
     next_token = sample_from_probs(r, uniform_sample)  # [batch]
-    return TreeVerifyResult(_trim_path(path, depth), num_accepted, next_token)
+    return TreeVerifyResult(_trim_path(path, depth, max_depth), num_accepted, next_token)
 
 
 def path_tokens(tree: TreeDraft, result: TreeVerifyResult) -> SpecDecodeMetadata:

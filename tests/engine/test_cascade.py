@@ -132,7 +132,7 @@ def test_greedy_equals_target_alone_with_both_stages_drafting(trained_pair, toke
 
 
 def test_sampling_mixes_point_mass_and_model_rounds(trained_pair, tokenizer, monkeypatch):
-    import verispec.engine.engine as engine_module
+    import verispec.engine.verifier as engine_module
 
     seen = []
 

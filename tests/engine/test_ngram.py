@@ -98,7 +98,7 @@ def test_greedy_equals_target_alone(tokenizer, adaptive):
 
 def test_sampling_uses_point_mass_verification(tokenizer, monkeypatch):
     """Under sampling, the n-gram drafter's proposals are verified with q = None (a point mass)."""
-    import verispec.engine.engine as engine_module
+    import verispec.engine.verifier as engine_module
 
     seen = []
 

@@ -72,6 +72,16 @@ class DraftProposal:
         return max(depths)
 
 
+def row_uniforms(rows: list[DraftRow], draws: list[bool], device: torch.device | str) -> torch.Tensor:
+    """[batch] one U(0, 1) from each row's own generator where draws[i] (0.5 elsewhere, unused): drawn on the
+    generators' device (the target's) and moved to the drafter's `device` in one copy, not one per row."""
+    uniform = torch.full((len(rows),), 0.5, device=rows[0].generator.device)  # [batch]
+    for i, row in enumerate(rows):
+        if draws[i]:
+            uniform[i : i + 1] = torch.rand(1, generator=row.generator, device=row.generator.device)
+    return uniform.to(device)
+
+
 def empty_proposal(row: DraftRow, seconds: float = 0.0) -> DraftProposal:
     return DraftProposal(row.token_ids.new_empty(0), None, seconds)
 

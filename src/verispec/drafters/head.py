@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from ..config import MAX_DRAFT_TOKENS, RunnerOptions
 from ..runtime.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
 from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
-from .base import DraftBatch, DraftProposal, Drafter
+from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
 
 HEAD_CONFIG = "head_config.json"
 HEAD_WEIGHTS = "head.safetensors"
@@ -271,10 +271,8 @@ class HeadDrafter(Drafter):
             top_p, top_ids = q.topk(TREE_BRANCH, dim=-1)  # [b, F, branch]
             sampled_ids = None
             if any(chain_sampled):
-                uniform = torch.full((b,), 0.5, device=device)
-                for i in range(b):
-                    if chain_sampled[i] and depth <= ks[i] and not stopped[i]:
-                        uniform[i] = torch.rand(1, generator=rows[i].generator, device=rows[i].generator.device)[0]
+                uniform = row_uniforms(rows, [chain_sampled[i] and depth <= ks[i] and not stopped[i] for i in range(b)],
+                                       device)  # [b]
                 sampled_ids = sample_from_probs(q[:, 0], uniform).tolist()  # [b]
             top_p, top_ids = top_p.tolist(), top_ids.tolist()  # one host sync per depth
             children: list[list[int]] = [[] for _ in range(b)]

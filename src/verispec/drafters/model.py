@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 from ..config import RunnerOptions
 from ..runtime.runner import make_runner
 from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
-from .base import DraftBatch, DraftProposal, Drafter
+from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
 
 
 class ModelDrafter(Drafter):
@@ -90,11 +90,8 @@ class ModelDrafter(Drafter):
             q = None
             if any(sampled):
                 q = stable_softmax(processed)  # [batch, vocab]
-                uniform = torch.full((len(rows),), 0.5, device=device)  # [batch]; only drafting rows draw
-                for i, row in enumerate(rows):
-                    if sampled[i] and step < ks[i]:
-                        # Drawn on the generator's (the target's) device: the draft may live elsewhere.
-                        uniform[i] = torch.rand(1, generator=row.generator, device=row.generator.device)[0]
+                # [batch]; only drafting rows draw, on the generator's (the target's) device: the draft may live elsewhere.
+                uniform = row_uniforms(rows, [sampled[i] and step < ks[i] for i in range(len(rows))], device)
                 tokens_now = torch.where(batch.sampling.greedy.to(device), tokens_now, sample_from_probs(q, uniform))
             for i, row in enumerate(rows):
                 if step < ks[i] and steps[i] == step:

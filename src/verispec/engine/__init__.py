@@ -1,6 +1,6 @@
 """The engine core: sequences, the batched step, the runner and its KV cache."""
 
-from ..adaptive import FixedK
+from .policy import FixedK
 from .engine import CACHE_SLACK, SpeculativeEngine, model_eos_ids
 from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob
 from ..runtime.runner import ModelRunner, RunnerOutput

@@ -1,4 +1,5 @@
-"""`Scheduler`: which waiting sequences enter the batch at a step, and how much of their prompts is prefilled.
+"""`Scheduler`: the waiting, prefilling and running queues, each sequence's status, and slot allocation: which
+waiting sequences enter the batch at a step, how much of their prompts is prefilled, and which slot each holds.
 
 Continuous batching: between two steps, waiting sequences take free slots in arrival order (FIFO: a later
 request never takes a slot before an earlier one) and their prompts are prefilled into the target's cache, in
@@ -13,7 +14,7 @@ Invariants:
   load: a request runs the same forwards, so the same numbers, alone or beside others;
 - while a prompt is being prefilled, a second one is admitted only if a slot stays free besides, so the engine
   always has a spare slot when a later prompt completes first and must take the decoding slot (see
-  `SpeculativeEngine._join`); a prompt with nothing to prefill (one token) is admitted only when no other is being
+  `Scheduler.join`); a prompt with nothing to prefill (one token) is admitted only when no other is being
   prefilled, as it joins at once.
 """
 
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Protocol
 
-from .sequence import Sequence
+from .sequence import Sequence, SequenceStatus
 
 
 @dataclass(frozen=True)
@@ -52,17 +54,43 @@ class PrefillChunk:
     joins: bool
 
 
-class Scheduler:
-    """The FIFO queue of waiting sequences and the admitted ones whose prompts are being prefilled."""
+class SlotCache(Protocol):
+    """What the scheduler moves when it allocates slots: the target runner's cache (runtime/kv_cache.py)."""
 
-    def __init__(self, config: SchedulerConfig | None = None) -> None:
+    def reset(self, slot: int) -> None: ...
+
+    def move_slot(self, src: int, dst: int) -> None: ...
+
+
+class Scheduler:
+    """The queues of one engine. A sequence is in exactly one: `waiting` (FIFO), admitted (prefilling, holding a
+    slot past the decoding rows) or `running` (decoding; index == slot, slots contiguous from 0)."""
+
+    def __init__(self, config: SchedulerConfig | None = None, max_slots: int | None = None,
+                 cache: SlotCache | None = None) -> None:
         self.config = config or SchedulerConfig()
+        self.max_slots = max_slots  # None: planning only (schedule()), no slots handed out
+        self.cache = cache
         self.waiting: deque[Sequence] = deque()
-        self.prefilling: list[Sequence] = []  # admitted, prompt not complete; arrival order is their priority
+        self._admitted: list[Sequence] = []  # prefilling until they join; arrival order is their priority
+        self.running: list[Sequence] = []  # decoding; index == slot
+
+    @property
+    def prefilling(self) -> list[Sequence]:
+        """Admitted sequences whose prompts still have chunks to schedule."""
+        return [seq for seq in self._admitted if seq.prefilled < seq.prompt_len - 1]
 
     def __len__(self) -> int:
         """Sequences not yet decoding (waiting or being prefilled)."""
         return len(self.waiting) + len(self.prefilling)
+
+    # -- planning ------------------------------------------------------------------------------------------------
+
+    def admit(self, decode_width: int) -> list[PrefillChunk]:
+        """The prefill chunks of the next step (`schedule` with this engine's rows and free slots). decode_width:
+        tokens per decoding row of the step (the latest verify pass's width: the best guess of the next)."""
+        return self.schedule(decode_tokens=len(self.running) * decode_width,
+                             free_slots=self.max_slots - len(self.running) - len(self._admitted))
 
     def schedule(self, decode_tokens: int, free_slots: int) -> list[PrefillChunk]:
         """The prefill chunks of the next step, in order. decode_tokens: what the decoding rows will feed;
@@ -70,7 +98,7 @@ class Scheduler:
         budget = self.config.max_batched_tokens
         left = float("inf") if budget is None else budget - decode_tokens
         chunks: list[PrefillChunk] = []
-        order = list(self.prefilling)
+        order = self.prefilling
         staged = len(order)  # sequences holding a slot while being prefilled
         index = 0
         while True:
@@ -82,13 +110,14 @@ class Scheduler:
                     break  # it joins at once, into the decoding slot: after the others (module docstring)
                 if chunks and self._next_chunk(head)[2] > left:
                     break  # strict arrival order: nobody is admitted ahead of the head of the queue
-                self.prefilling.append(self.waiting.popleft())
+                self._admitted.append(self.waiting.popleft())
+                head.status = SequenceStatus.PREFILLING
                 order.append(head)
                 free_slots -= 1
                 staged += 1
             seq = order[index]
             index += 1
-            while seq in self.prefilling:
+            while True:
                 n, joins, cost = self._next_chunk(seq)
                 if chunks and cost > left:
                     break  # a later, shorter prompt may still fit
@@ -96,8 +125,8 @@ class Scheduler:
                 chunks.append(PrefillChunk(seq, seq.prefilled, seq.prefilled + n, joins))
                 seq.prefilled += n
                 if joins:
-                    self.prefilling.remove(seq)
                     staged -= 1
+                    break
         return chunks
 
     def _next_chunk(self, seq: Sequence) -> tuple[int, bool, int]:
@@ -109,10 +138,62 @@ class Scheduler:
         joins = n == todo
         return n, joins, n + joins  # a joining row feeds at least one token in this step's verify pass
 
+    # -- slots ---------------------------------------------------------------------------------------------------
+
+    def stage(self, seq: Sequence) -> None:
+        """Give an admitted sequence about to be prefilled a free slot past the decoding rows. The first takes the
+        lowest, where it will decode; one prefilled beside it takes the highest, out of the way."""
+        held = self._held()
+        free = [slot for slot in range(len(self.running), self.max_slots) if slot not in held]
+        seq.slot = free[-1] if held else free[0]
+        self.cache.reset(seq.slot)
+
+    def join(self, seq: Sequence) -> None:
+        """A sequence whose prompt is complete decodes from now on, in slot len(running) (slots stay contiguous)."""
+        slot = len(self.running)
+        if seq.slot != slot:
+            # One copy of its prompt's entries. A prompt still being prefilled in that slot steps aside first, into
+            # the slot kept free (its buffers exist: a second prompt was prefilled at the top).
+            held = self._held()
+            blocker = next((s for s in self._admitted if s.slot == slot), None)
+            if blocker is not None:
+                blocker_slot = max(s for s in range(slot, self.max_slots) if s not in held)
+                self.cache.move_slot(slot, blocker_slot)
+                blocker.slot = blocker_slot
+            self.cache.move_slot(seq.slot, slot)
+            seq.slot = slot
+        self._admitted.remove(seq)
+        self.running.append(seq)
+        seq.status = SequenceStatus.RUNNING
+
+    def retire(self, seq: Sequence) -> tuple[Sequence, int] | None:
+        """A running sequence leaves; the last running sequence moves into its slot (one copy of its entries).
+        -> (the moved sequence, the slot it left) when one moved, for the caller to move its drafter's slot."""
+        slot = seq.slot
+        last = self.running.pop()
+        moved = None
+        if last is not seq:
+            self.cache.move_slot(last.slot, slot)
+            moved = (last, last.slot)
+            last.slot = slot
+            self.running[slot] = last
+        seq.slot = -1
+        seq.status = SequenceStatus.FINISHED
+        return moved
+
     def remove(self, seq: Sequence) -> bool:
-        """Take a sequence that has not started decoding out of the queue. -> False if it was not here."""
-        for queue in (self.prefilling, self.waiting):
+        """Take a sequence that has not started decoding out of the queue; a slot it held is free again.
+        -> False if it was not here."""
+        for queue in (self._admitted, self.waiting):
             if seq in queue:
                 queue.remove(seq)
+                if getattr(seq, "slot", -1) >= 0:
+                    self.cache.reset(seq.slot)
+                    seq.slot = -1
+                seq.status = SequenceStatus.FINISHED
                 return True
         return False
+
+    def _held(self) -> set[int]:
+        """Slots held by admitted sequences (prefilling, or complete and about to join)."""
+        return {s.slot for s in self._admitted if s.slot >= 0}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
 
@@ -16,6 +17,16 @@ from ..sampling import RowSamplingState
 from ..stats import GenerationStats
 
 _ids = itertools.count()
+
+
+class SequenceStatus(str, Enum):
+    """Where a request is; the scheduler alone moves it: waiting -> prefilling -> running -> finished (a cancelled
+    request goes to finished from any of them)."""
+
+    WAITING = "waiting"  # queued, no slot
+    PREFILLING = "prefilling"  # admitted: its prompt is being prefilled into the slot it holds
+    RUNNING = "running"  # decoding: slot == its row in the step
+    FINISHED = "finished"  # left the engine (stopped or cancelled); slot -1
 
 
 @dataclass
@@ -43,6 +54,7 @@ class Sequence:
     drafter: Drafter | None  # None: the target alone (also after a drafter failure)
     stats: GenerationStats
     seq_id: int = field(default_factory=lambda: next(_ids))
+    status: SequenceStatus = SequenceStatus.WAITING
     slot: int = -1  # row in the runner's cache while being prefilled or decoding; -1 while waiting and after
     prefilled: int = 0  # prompt tokens already in the target's cache (chunked prefill; the scheduler's count)
     new_token_ids: list[int] = field(default_factory=list)  # committed since the caller last took them
