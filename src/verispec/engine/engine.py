@@ -151,6 +151,15 @@ class SpeculativeEngine:
                 f"({self.max_len}); shorten the prompt, lower max_new_tokens or raise max_len"
             )
 
+    def new_grammar(self, params: SamplingParams) -> Grammar | None:
+        """A fresh grammar state for `params.structured` (None without one), for one sequence. Safe on any thread:
+        it reads only the tokenizer and fixed sizes (the compiled-grammar cache is locked).
+
+        Raises ValueError when the constraint does not compile."""
+        if params.structured is None:
+            return None
+        return Grammar(params.structured, self.tokenizer, self.target.vocab_size, self.eos_token_ids)
+
     def add_request(
         self,
         prompt_ids: Seq[int] | torch.Tensor,
@@ -158,11 +167,14 @@ class SpeculativeEngine:
         spec: SpeculativeConfig | None = None,
         use_drafter: bool = True,
         drafter: Drafter | None = None,
+        grammar: Grammar | None = None,
     ) -> Sequence:
         """Queue a request; it starts at the next step with a free slot. prompt_ids is copied, never written to.
 
         `spec` overrides the engine's speculation config, `drafter` replaces the engine's drafter, and
-        `use_drafter=False` runs the target alone through the same step."""
+        `use_drafter=False` runs the target alone through the same step. `grammar`: the request's own grammar
+        state from `new_grammar(params)`, compiled beforehand (the server compiles off the engine thread);
+        by default it is compiled here."""
         spec = spec or self.spec
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # [n]
         self.check_request(prompt.numel(), params)
@@ -185,9 +197,9 @@ class SpeculativeEngine:
         else:
             generator.seed()
         eos = self.eos_token_ids | set(params.stop_token_ids)
-        grammar = None
-        if params.structured is not None:
-            grammar = Grammar(params.structured, self.tokenizer, self.target.vocab_size, self.eos_token_ids)
+        if grammar is None:
+            grammar = self.new_grammar(params)
+        assert grammar is None or grammar.structured == params.structured, "a grammar compiled for other params"
         seq = Sequence(
             tokens=tokens,
             length=prompt.numel(),

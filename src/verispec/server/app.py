@@ -38,7 +38,8 @@ from .protocol import (
 from .constraints import check_supported, constraint_field, logit_bias, requested_logprobs, structured_output
 from .responses import DONE, ResponseBuilder, TokenText, speculative_metrics, sse, usage
 from .runtime import Prompt, ServedModel
-from .worker import ChoiceDone, EngineWorker, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .worker import EngineWorker
 
 API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
