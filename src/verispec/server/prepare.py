@@ -4,8 +4,10 @@ Preparing a job tokenizes its prompts (chat messages through the tokenizer's cha
 the vocabulary and the context, and compiles each choice's grammar; the engine thread then only adds the
 prepared sequences, steps and posts (server/worker.py), so a large JSON schema or a long prompt holds up no
 stream. Both heavy parts run beside a step rather than between two: the tokenizer's encode and llguidance's
-compiler release the GIL while they work (a Python thread beside them keeps running; measured in the notes of
-the commit that brought this module).
+compiler release the GIL while they work. Measured (2 cores): a Python thread beside them is never stalled for
+longer than the machine's scheduling noise (~12 ms) while a 96k-character prompt encodes (106 ms) or a schema
+compiles (`LLMatcher`, 507 ms); only the schema's translation to a grammar (`grammar_source`, ~10% of a compile)
+holds the GIL, for up to ~30 ms on an 800-property schema.
 
 Thread safety: the tokenizer is only read (no call sets truncation or padding, so encoding on these threads and
 decoding on the engine thread never conflict), `engine.new_grammar` reads fixed sizes, and the compiled-grammar

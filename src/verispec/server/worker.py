@@ -16,7 +16,8 @@ gets its error from the front end and never reaches the engine. Between two engi
 
 A step that raises fails only the jobs it touched (those holding a slot); jobs still waiting for one run
 afterwards as if nothing happened. Bounds: at most `max_queued_requests` jobs wait for a slot, being prepared or
-prepared (`submit` refuses more with a 429), and a job's events stop at its deadline (`request_timeout`) with a 408 and its cancellation.
+prepared (`submit` refuses more with a 429), and a job's events stop at its deadline (`request_timeout`) with a
+408 and its cancellation.
 
 Every sequence has its own sampler state, generator and speculation settings, so what a request gets does not
 depend on what else the server runs (see docs/server.md, "Concurrency").
