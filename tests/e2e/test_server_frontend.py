@@ -9,6 +9,7 @@ however fast the machine compiles it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -159,3 +160,28 @@ def test_a_request_whose_client_leaves_while_it_is_prepared_never_reaches_the_en
     ok = httpx.post(f"{server.url}/v1/completions", json={"model": MODEL, "prompt": "the cat", "max_tokens": 4},
                     timeout=WAIT_S)
     assert ok.status_code == 200 and len(added) == 1
+
+
+def test_requests_prepared_together_get_what_they_get_alone(server):
+    """Several requests prepared at once (two front-end threads, one grammar cache) answer as each does alone."""
+    constraints = [{"response_format": {"type": "json_schema", "json_schema": {"name": f"s{i}",
+                                                                               "schema": large_schema(50 + i)}}}
+                   for i in range(3)]
+    constraints += [{"guided_regex": "(the|a) (cat|dog) sat"}, {"guided_choice": ["Paris", "Rome"]},
+                    {"response_format": {"type": "json_object"}}, {}]
+    requests = [{"model": MODEL, "prompt": prompt, "max_tokens": 40, "temperature": 0, "n": 2, **constraint}
+                for prompt in ("the list: ", "Paris is") for constraint in constraints]
+
+    def post_all(http):
+        return asyncio.gather(*(http.post("/v1/completions", json=request) for request in requests))
+
+    async def together():
+        async with httpx.AsyncClient(base_url=server.url, timeout=WAIT_S) as http:
+            return await post_all(http)
+
+    with httpx.Client(base_url=server.url, timeout=WAIT_S) as http:
+        alone = [http.post("/v1/completions", json=request) for request in requests]
+    grammar._MATCHERS.clear()  # compiled again, on both threads at once
+    loaded = asyncio.run(together())
+    assert all(r.status_code == 200 for r in alone + loaded)
+    assert [r.json()["choices"] for r in loaded] == [r.json()["choices"] for r in alone]
