@@ -30,9 +30,11 @@ from transformers import PreTrainedModel
 
 from ..config import MAX_VERIFY_WIDTH, RunnerOptions, SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.base import Drafter
+from ..sampling import Grammar
 from ..runtime.runner import make_runner
 from ..stats import GenerationStats
 from .drafter_calls import DrafterCalls, wants_features
+from .grammar_rows import row_grammar
 from .output import OutputStep, final_result, stream_chunk
 from .policy import DraftPolicies
 from .proposer import Proposer
@@ -130,6 +132,13 @@ class SpeculativeEngine:
                 f"({self.max_len}); shorten the prompt, lower max_new_tokens or raise max_len"
             )
 
+    def new_grammar(self, params: SamplingParams) -> Grammar | None:
+        """A fresh grammar state for `params.structured` (None without one), for one sequence. Safe on any thread:
+        it reads only the tokenizer and fixed sizes (the compiled-grammar cache is locked).
+
+        Raises ValueError when the constraint does not compile."""
+        return row_grammar(params, self.tokenizer, self.target.vocab_size, self.eos_token_ids)
+
     def add_request(
         self,
         prompt_ids: Seq[int] | torch.Tensor,
@@ -137,11 +146,14 @@ class SpeculativeEngine:
         spec: SpeculativeConfig | None = None,
         use_drafter: bool = True,
         drafter: Drafter | None = None,
+        grammar: Grammar | None = None,
     ) -> Sequence:
         """Queue a request; it starts at the next step with a free slot. prompt_ids is copied, never written to.
 
         `spec` overrides the engine's speculation config, `drafter` replaces the engine's drafter, and
-        `use_drafter=False` runs the target alone through the same step."""
+        `use_drafter=False` runs the target alone through the same step. `grammar`: the request's own grammar
+        state from `new_grammar(params)`, compiled beforehand (the server compiles off the engine thread);
+        by default it is compiled here."""
         spec = spec or self.spec
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # [n]
         self.check_request(prompt.numel(), params)
@@ -155,8 +167,11 @@ class SpeculativeEngine:
             drafter = None
         if drafter is not None:
             drafter.reserve(self.max_batch_size, self.runner_options)  # idempotent: a request-named drafter gets its slots here
+        if grammar is None:
+            grammar = self.new_grammar(params)
+        assert grammar is None or grammar.structured == params.structured, "a grammar compiled for other params"
         seq = new_sequence(prompt, params, spec, drafter, self.tokenizer, self.target.vocab_size, self.target.device,
-                           self.eos_token_ids, CACHE_SLACK)
+                           self.eos_token_ids, CACHE_SLACK, grammar)
         self.waiting.append(seq)
         return seq
 

@@ -11,9 +11,8 @@ from transformers import PreTrainedModel
 from ..config import SamplingParams, SpeculativeConfig
 from ..detokenize import StopChecker
 from ..drafters.base import Drafter
-from ..sampling import RowSamplingState
+from ..sampling import Grammar, RowSamplingState
 from ..stats import GenerationStats
-from .grammar_rows import row_grammar
 from .sequence import Sequence
 
 
@@ -30,9 +29,10 @@ def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:
 
 
 def new_sequence(prompt: torch.Tensor, params: SamplingParams, spec: SpeculativeConfig, drafter: Drafter | None,
-                 tokenizer, vocab_size: int, device: torch.device, eos_token_ids: set[int], slack: int) -> Sequence:
+                 tokenizer, vocab_size: int, device: torch.device, eos_token_ids: set[int], slack: int,
+                 grammar: Grammar | None) -> Sequence:
     """A waiting sequence for prompt [n] (copied); its buffer holds prompt + max_new_tokens + slack (the widest verify
-    pass's positions past the committed tokens). Raises ValueError naming a bad structured-output constraint."""
+    pass's positions past the committed tokens). `grammar`: the request's compiled constraint (`row_grammar`)."""
     tokens = torch.empty(prompt.numel() + params.max_new_tokens + slack, dtype=torch.long, device=device)
     tokens[: prompt.numel()] = prompt.to(device)
     generator = torch.Generator(device=device)
@@ -41,7 +41,6 @@ def new_sequence(prompt: torch.Tensor, params: SamplingParams, spec: Speculative
     else:
         generator.seed()
     eos = eos_token_ids | set(params.stop_token_ids)
-    grammar = row_grammar(params, tokenizer, vocab_size, eos_token_ids)
     return Sequence(
         tokens=tokens,
         length=prompt.numel(),

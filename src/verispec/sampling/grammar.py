@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
@@ -33,6 +34,7 @@ _COMPACT = {"whitespace_flexible": False}
 # copy one instead of compiling it again.
 MAX_CACHED_GRAMMARS = 64
 _MATCHERS: OrderedDict[tuple, object] = OrderedDict()
+_MATCHERS_LOCK = threading.Lock()  # the server compiles grammars on several threads (server/prepare.py)
 _BITS = torch.arange(32, dtype=torch.int32)  # [32]
 
 
@@ -130,16 +132,18 @@ class Grammar:
         unk = getattr(tokenizer, "unk_token_id", None)
         self._not_unk = None if unk is None or unk in self.eos_ids or unk >= vocab_size else ~_bitmask([unk], self.words)
         key = (structured, id(tokenizer), vocab_size, tuple(self.eos_ids))
-        compiled = _MATCHERS.get(key)
-        if compiled is None:
+        with _MATCHERS_LOCK:
+            compiled = _MATCHERS.get(key)
+        if compiled is None:  # compiled outside the lock: two threads may compile one grammar, never wait on one
             compiled = LLMatcher(_ll_tokenizer(tokenizer, vocab_size, self.eos_ids), grammar_source(structured),
                                  log_level=0)
             if compiled.is_error():
                 raise ValueError(f"the {structured.kind} constraint cannot be compiled: {compiled.get_error()}")
+        with _MATCHERS_LOCK:
             _MATCHERS[key] = compiled
+            _MATCHERS.move_to_end(key)
             while len(_MATCHERS) > MAX_CACHED_GRAMMARS:
                 _MATCHERS.popitem(last=False)
-        _MATCHERS.move_to_end(key)
         self.matcher = compiled.deep_copy()  # a fresh state: the cached one never consumes a token
 
     def commit(self, token_ids: Sequence[int]) -> None:

@@ -1,8 +1,8 @@
 """`create_app`: the OpenAI-compatible FastAPI app around one `ServedModel`.
 
-Handlers validate a request, turn it into a `Job` and read the job's events; all model work happens on the
-`EngineWorker` thread, never on the event loop. Endpoints: POST /v1/chat/completions, POST /v1/completions,
-GET /v1/models, GET /health, GET /metrics.
+Handlers validate a request, turn it into a `Job` and read the job's events; the front end's threads prepare the
+job (server/prepare.py) and all model work happens on the `EngineWorker` thread, never on the event loop.
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from .protocol import (
 from .constraints import check_supported, constraint_field, logit_bias, requested_logprobs, structured_output
 from .responses import DONE, ResponseBuilder, TokenText, speculative_metrics, sse, usage
 from .runtime import Prompt, ServedModel
-from .worker import ChoiceDone, EngineWorker, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .worker import EngineWorker
 
 API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
@@ -73,7 +74,7 @@ class Server:
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
         try:
             return SamplingParams(
-                max_new_tokens=max_tokens or max(1, body.min_tokens),  # the worker fills in the rest of the context
+                max_new_tokens=max_tokens or max(1, body.min_tokens),  # the front end fills in the rest of the context
                 min_new_tokens=body.min_tokens, temperature=body.temperature, top_k=max(0, body.top_k),
                 top_p=body.top_p, min_p=body.min_p, repetition_penalty=body.repetition_penalty, seed=body.seed,
                 stop=tuple(stop), stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,

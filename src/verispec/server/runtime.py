@@ -1,7 +1,8 @@
 """`ServedModel`: the target, its tokenizer and engine, the drafters requests may use, and prompt encoding.
 
-Only the worker thread calls into it once the server runs (tokenizers and the engine are not shared across
-threads); `load` runs before the worker starts.
+Threads, once the server runs: the front end's threads (server/prepare.py) encode prompts and check requests,
+which only read the tokenizer and fixed sizes; everything else (drafters, the engine) is the worker thread's.
+`load` runs before the worker starts.
 
 Memory: the target's KV cache grows slot by slot up to `max_num_seqs` slots of `max_len` tokens, so the slots are
 capped at start-up to what fits in free memory (`kv_bounded_slots`): further requests wait for a slot instead of

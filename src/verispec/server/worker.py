@@ -1,20 +1,23 @@
 """The one thread that runs the model: a step loop over the engine's shared batch (continuous batching).
 
 The engine is not thread-safe (one target KV cache, drafters with caches of their own), so no handler touches
-it: a handler puts a `Job` on a queue and reads the job's events from an `asyncio.Queue` that the worker fills
-through `loop.call_soon_threadsafe`. Between two engine steps the worker
+it: a handler submits a `Job` (server/jobs.py) and reads the job's events from an `asyncio.Queue` that the
+worker fills through `loop.call_soon_threadsafe`. A submitted job is first prepared on the front end's threads
+(server/prepare.py: prompts tokenized and checked, grammars compiled), off this thread; a job that fails there
+gets its error from the front end and never reaches the engine. Between two engine steps the worker
 
-1. takes the jobs that arrived, in arrival order: encodes and checks their prompts and queues one engine
-   sequence per choice (prompts x n), each with the job's speculation settings; the engine's scheduler admits
-   them first come, first served, within its slot and token budgets (engine/scheduler.py);
+1. takes the jobs that are prepared, in the order they became ready: resolves their drafter and queues one
+   engine sequence per choice (prompts x n), each with the job's speculation settings; the engine's scheduler
+   admits them first come, first served, within its slot and token budgets (engine/scheduler.py);
 2. aborts the sequences of jobs that were cancelled or whose client went away: their rows leave the batch
    before the next step;
 3. runs one `engine.step()` and posts, for every sequence that committed tokens, the text of its round, and its
    end (finish reason and statistics) once it finished.
 
 A step that raises fails only the jobs it touched (those holding a slot); jobs still waiting for one run
-afterwards as if nothing happened. Bounds: at most `max_queued_requests` jobs wait for a slot (`submit` refuses
-more with a 429), and a job's events stop at its deadline (`request_timeout`) with a 408 and its cancellation.
+afterwards as if nothing happened. Bounds: at most `max_queued_requests` jobs wait for a slot, being prepared or
+prepared (`submit` refuses more with a 429), and a job's events stop at its deadline (`request_timeout`) with a
+408 and its cancellation.
 
 Every sequence has its own sampler state, generator and speculation settings, so what a request gets does not
 depend on what else the server runs (see docs/server.md, "Concurrency").
@@ -22,114 +25,24 @@ depend on what else the server runs (see docs/server.md, "Concurrency").
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
-from ..config import SamplingParams, SpeculativeConfig
 from ..engine import Sequence, SpeculativeEngine
-from ..stats import GenerationStats
-from .errors import APIError, invalid, queue_full, timed_out
+from .errors import APIError, queue_full
+from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .metrics import ServerMetrics
-from .constraints import constraint_param
-from .responses import TokenText, decode_logprobs
-from .runtime import Prompt, ServedModel
+from .prepare import FrontEnd, PreparedJob, internal_error
+from .responses import decode_logprobs
+from .runtime import ServedModel
+
+# The job's types are re-exported: the worker's callers may keep importing them from here.
+__all__ = ["ChoiceDone", "EngineWorker", "Job", "JobDone", "JobFailed", "JobHandle", "Started", "TextDelta"]
 
 logger = logging.getLogger("verispec.server")
-
-
-# -- events, worker thread -> event loop -----------------------------------------------------------------------------
-
-
-@dataclass
-class Started:
-    """The request passed every check that needs the tokenizer; its choices are queued for the batch."""
-
-    prompt_tokens: int  # all prompts of the request, each counted once
-    speculative: bool  # a drafter was found for the request (a named drafter may also resolve to none)
-
-
-@dataclass
-class TextDelta:
-    index: int  # choice
-    text: str  # newly committed text (one engine round)
-    logprobs: list[TokenText] | None = None  # of the round's tokens, when the request asked for logprobs
-
-
-@dataclass
-class ChoiceDone:
-    index: int
-    finish_reason: str  # 'stop' | 'length'
-    stats: GenerationStats
-
-
-@dataclass
-class JobDone:
-    pass
-
-
-@dataclass
-class JobFailed:
-    error: APIError
-
-
-Event = Started | TextDelta | ChoiceDone | JobDone | JobFailed
-
-
-class JobHandle:
-    """The event loop's end of a job: its events, and a flag the worker checks between steps."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self.events: asyncio.Queue[Event] = asyncio.Queue()
-        self._cancelled = threading.Event()
-        self.deadline: float | None = None  # perf_counter time at which the job times out (set by `submit`)
-        self.timeout: float | None = None  # the request timeout it came from, for the error message
-
-    async def next(self) -> Event:
-        """The job's next event; past its deadline, a 408 JobFailed (and the job is cancelled)."""
-        if self.deadline is None:
-            return await self.events.get()
-        try:
-            return await asyncio.wait_for(self.events.get(), self.deadline - time.perf_counter())
-        except TimeoutError:
-            self.cancel()
-            return JobFailed(timed_out(self.timeout))
-
-    def cancel(self) -> None:
-        """Stop the job before the next step (or skip it, when it is still queued)."""
-        self._cancelled.set()
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled.is_set()
-
-    def put(self, event: Event) -> None:
-        """Called on the worker thread."""
-        try:
-            self._loop.call_soon_threadsafe(self.events.put_nowait, event)
-        except RuntimeError:  # the event loop is closed: nobody is listening any more
-            self._cancelled.set()
-
-
-@dataclass
-class Job:
-    """One request: its prompts, times n choices each, all with one speculation setting."""
-
-    prompts: list[Prompt]
-    prompt_param: str  # the request field the prompts came from, named in errors ('messages' or 'prompt')
-    params: SamplingParams  # max_new_tokens is replaced by `max_tokens` or the rest of the context; seed by seed + i
-    max_tokens: int | None  # None: up to the end of the context
-    n: int
-    speculative: bool
-    spec: SpeculativeConfig
-    drafter_name: str | None
-    handle: JobHandle
-    arrival: float = field(default_factory=time.perf_counter)
-    first_token_at: float | None = None
 
 
 # -- what the worker tracks per job ----------------------------------------------------------------------------------
@@ -169,12 +82,13 @@ class EngineWorker:
     def __init__(self, served: ServedModel, metrics: ServerMetrics) -> None:
         self.served = served
         self.metrics = metrics
-        self._jobs: queue.Queue[Job | None] = queue.Queue()
+        self._jobs: queue.Queue[PreparedJob | None] = queue.Queue()  # prepared, for the engine thread to take
+        self._front = FrontEnd(served, ready=self._jobs.put, dropped=self._drop_unprepared)
         self._thread: threading.Thread | None = None
         self._active: list[_Active] = []  # in arrival order
         self._by_seq: dict[int, tuple[_Active, _Choice]] = {}  # seq_id -> its job and choice
         self._lock = threading.Lock()  # guards `queued`: submit runs on the event loop, admission on this thread
-        self.queued = 0  # jobs none of whose choices has a slot yet (submitted, not yet taken, or waiting)
+        self.queued = 0  # jobs none of whose choices has a slot yet (being prepared, prepared, or waiting)
         self._closing: APIError | None = None  # once set (shutdown), every job still there fails with it
 
     @property
@@ -190,15 +104,16 @@ class EngineWorker:
         self._thread.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Cancel every job (queued or running) and end the thread after its current step."""
+        """Cancel every job (being prepared, queued or running) and end the thread after its current step."""
+        self._front.shutdown()
         while True:
             try:
-                job = self._jobs.get_nowait()
+                prepared = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
+            if prepared is not None:
                 self._count_queued(-1)
-                job.handle.cancel()
+                prepared.job.handle.cancel()
         self._jobs.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
@@ -212,7 +127,7 @@ class EngineWorker:
         return self.queued >= self.served.config.max_queued_requests
 
     def submit(self, job: Job) -> None:
-        """Queue a job, or raise a 429 when `max_queued_requests` jobs already wait for a slot."""
+        """Queue a job for preparation, or raise a 429 when `max_queued_requests` jobs already wait for a slot."""
         config = self.served.config
         with self._lock:
             if self.queue_full():
@@ -222,7 +137,13 @@ class EngineWorker:
         if config.request_timeout is not None:
             job.handle.deadline = job.arrival + config.request_timeout
             job.handle.timeout = config.request_timeout
-        self._jobs.put(job)
+        self._front.submit(job)
+
+    def _drop_unprepared(self, job: Job, error: APIError | None) -> None:
+        """On a front-end thread: a job that ends before the engine (its error, or its client left)."""
+        self._count_queued(-1)
+        if error is not None:
+            job.handle.put(JobFailed(error))
 
     def _count_queued(self, delta: int) -> None:
         with self._lock:
@@ -246,28 +167,29 @@ class EngineWorker:
                     self._post(self.engine.step())
                 except Exception as exc:  # noqa: BLE001 - a failed step fails the jobs it touched, never the worker
                     logger.exception("engine step failed")
-                    self._fail([a for a in self._active if a.touched], _internal(exc))
+                    self._fail([a for a in self._active if a.touched], internal_error(exc))
             self._update_gauges()
 
     def _take_jobs(self, block: bool) -> bool:
-        """Start the jobs that arrived (waiting for one when nothing runs). -> False once told to stop."""
+        """Start the jobs that are prepared (waiting for one when nothing runs). -> False once told to stop."""
         while True:
             try:
-                job = self._jobs.get(block=block)
+                prepared = self._jobs.get(block=block)
             except queue.Empty:
                 return True
-            if job is None:
+            if prepared is None:
                 return False
-            self._start(job)
+            self._start(prepared)
             block = False
 
-    def _start(self, job: Job) -> None:
-        """Check a job and queue its choices in the engine, or answer it with its error."""
-        if job.handle.cancelled:
+    def _start(self, prepared: PreparedJob) -> None:
+        """Queue a prepared job's choices in the engine, or answer it with its error."""
+        job = prepared.job
+        if job.handle.cancelled:  # its client left after it was prepared: it never reaches the engine
             self._count_queued(-1)
             return
         try:
-            seqs, speculative = self._queue_choices(job)
+            seqs, speculative = self._queue_choices(prepared)
         except APIError as error:
             self._count_queued(-1)
             job.handle.put(JobFailed(error))
@@ -275,41 +197,28 @@ class EngineWorker:
         except Exception as exc:  # noqa: BLE001 - one bad job must never take the worker down
             logger.exception("starting a generation failed")
             self._count_queued(-1)
-            job.handle.put(JobFailed(_internal(exc)))
+            job.handle.put(JobFailed(internal_error(exc)))
             return
         active = _Active(job, speculative, {seq.seq_id: _Choice(index, seq) for index, seq in enumerate(seqs)})
         self._active.append(active)
         for choice in active.choices.values():
             self._by_seq[choice.seq.seq_id] = (active, choice)
 
-    def _queue_choices(self, job: Job) -> tuple[list[Sequence], bool]:
-        served = self.served
-        # Every check that needs the tokenizer happens before the first token, so a bad request streams nothing.
-        prompts = [served.encode(prompt, job.prompt_param) for prompt in job.prompts]
-        plans: list[tuple[list[int], SamplingParams]] = []
-        for index in range(len(prompts) * job.n):
-            ids = prompts[index // job.n]
-            seed = None if job.params.seed is None else job.params.seed + index % job.n
-            max_new_tokens = job.max_tokens or max(1, served.config.max_len - len(ids))
-            try:
-                params = replace(job.params, max_new_tokens=max_new_tokens, seed=seed)
-            except ValueError as exc:
-                raise invalid(str(exc), param="min_tokens") from exc
-            served.check_request(len(ids), params, job.prompt_param)
-            plans.append((ids, params))
-        drafter = served.drafter(job.drafter_name) if job.speculative else None
+    def _queue_choices(self, prepared: PreparedJob) -> tuple[list[Sequence], bool]:
+        """Resolve the job's drafter (a 400, 404 or 503 when it cannot be used) and add its prepared sequences."""
+        job = prepared.job
+        drafter = self.served.drafter(job.drafter_name) if job.speculative else None
         seqs: list[Sequence] = []
         try:
-            for ids, params in plans:
-                seqs.append(self.engine.add_request(ids, params, spec=job.spec, use_drafter=drafter is not None,
-                                                    drafter=drafter))
-        except BaseException as exc:
+            for choice in prepared.choices:
+                seqs.append(self.engine.add_request(choice.prompt_ids, choice.params, spec=job.spec,
+                                                    use_drafter=drafter is not None, drafter=drafter,
+                                                    grammar=choice.grammar))
+        except BaseException:
             for seq in seqs:
                 self.engine.abort(seq)
-            if isinstance(exc, ValueError):  # the request's grammar does not compile
-                raise invalid(str(exc), param=constraint_param(job.params)) from exc
             raise
-        job.handle.put(Started(sum(len(ids) for ids in prompts), drafter is not None))
+        job.handle.put(Started(prepared.prompt_tokens, drafter is not None))
         return seqs, drafter is not None
 
     def _drop_cancelled(self) -> None:
@@ -400,7 +309,3 @@ class EngineWorker:
 def _started(seq: Sequence) -> bool:
     """The engine has begun the sequence: it holds a slot, or was prefilled or decoded."""
     return seq.slot >= 0 or seq.prefilled > 0 or seq.stats.rounds > 0
-
-
-def _internal(exc: Exception) -> APIError:
-    return APIError(500, f"Generation failed ({type(exc).__name__}: {exc}).", type="server_error")
