@@ -42,7 +42,7 @@ from ..verify import (SpecDecodeMetadata, TreeDraft, VerifyResult, greedy_tree_v
 from ..runtime.runner import make_runner
 from .scheduler import PrefillChunk, Scheduler, SchedulerConfig
 from .logprobs import round_logprobs
-from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob
+from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob, round_origins
 
 logger = logging.getLogger("verispec")
 
@@ -99,6 +99,7 @@ class StepReport:
     tokens_fed: int = 0  # tokens of the verify pass: rows x (max K + 1)
     prefill_tokens: int = 0  # prompt tokens prefilled before it
     speculative_ks: list[int] = field(default_factory=list)  # K of each row that speculates (0: switched off)
+    stages: list[str | None] = field(default_factory=list)  # [batch]: who drafts each row (None: the target alone)
 
 
 class SpeculativeEngine:
@@ -339,6 +340,7 @@ class SpeculativeEngine:
             proposals[i] = _grammar_cut(seq, proposals[i])
         self.last_step.rows = batch
         self.last_step.speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
+        self.last_step.stages = [None if stage is None else stage.name for stage in routed]
         wants = any(_wants_features(seq.drafter) for seq in rows)
         if any(p.is_tree for p in proposals):
             return self._tree_plan(ks, policies, proposals, sampling, wants)
@@ -504,7 +506,12 @@ class SpeculativeEngine:
                 kept += 1
                 if seq.stopper.push(t) is not None:
                     break
-            seq.append(committed[:kept], outcome.logprobs.get(seq.slot, [])[:kept])
+            # Per-token origins (the server's opt-in annotation): a round ends on a bonus token when its accepted
+            # path reached a leaf (a chain's last draft token), else on a recovered one.
+            parents = proposal.parents.tolist() if proposal.is_tree else range(len(draft))  # chain: node j's is j - 1
+            leaf = path[-1] not in parents
+            origins = round_origins(self.last_step.stages[i], seq.stats.rounds + 1, len(draft), accepted, leaf, kept)
+            seq.append(committed[:kept], outcome.logprobs.get(seq.slot, [])[:kept], origins)
             if path[-1] != len(path) - 1:
                 # A tree's accepted path was fed at scattered indices: its entries move into place (the one copy).
                 self.target.keep_path(seq.slot, base, path)
@@ -574,7 +581,7 @@ class SpeculativeEngine:
                 if seq in self.step():
                     token_ids, text = seq.take()
                     yield GenerationChunk(token_ids, text, seq.finish_reason, seq.stats if seq.finished else None,
-                                          seq.take_logprobs())
+                                          seq.take_logprobs(), seq.take_origins())
         finally:
             if not seq.finished:
                 self.abort(seq)

@@ -35,7 +35,7 @@ from ..stats import GenerationStats
 from .errors import APIError, invalid, queue_full, timed_out
 from .metrics import ServerMetrics
 from .constraints import constraint_param
-from .responses import TokenText, decode_logprobs
+from .responses import TokenText, annotate, decode_logprobs
 from .runtime import Prompt, ServedModel
 
 logger = logging.getLogger("verispec.server")
@@ -57,6 +57,7 @@ class TextDelta:
     index: int  # choice
     text: str  # newly committed text (one engine round)
     logprobs: list[TokenText] | None = None  # of the round's tokens, when the request asked for logprobs
+    annotation: list[dict] | None = None  # how each of the round's tokens was decided, when the request asked
 
 
 @dataclass
@@ -128,6 +129,7 @@ class Job:
     spec: SpeculativeConfig
     drafter_name: str | None
     handle: JobHandle
+    annotate: bool = False  # the stream carries each token's origin (`speculative.annotate`)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None
 
@@ -341,9 +343,11 @@ class EngineWorker:
                 choice.last_at = now
                 choice.tokens += len(token_ids)
             logprobs = seq.take_logprobs()
-            if text or logprobs:
+            origins = seq.take_origins()
+            if text or logprobs or (job.annotate and token_ids):
                 tokens = None if logprobs is None else decode_logprobs(logprobs, self.served.tokenizer)
-                job.handle.put(TextDelta(choice.index, text, tokens))
+                annotation = annotate(token_ids, origins, self.served.tokenizer) if job.annotate else None
+                job.handle.put(TextDelta(choice.index, text, tokens, annotation))
             if seq.finished:
                 self.metrics.observe_generation(seq.stats, active.speculative, "ok")
                 if choice.tokens > 1:
