@@ -11,7 +11,6 @@ import pytest
 
 from test_server import MAX_LEN, MODEL, ServerThread, assert_error, one_torch_thread  # noqa: F401 (a fixture)
 from verispec.config import SpeculativeConfig
-from verispec.engine.sequence import TokenOrigin, round_origins
 from verispec.server import ServerConfig, create_app
 
 KEY = "sesame"
@@ -36,13 +35,6 @@ def chat_stream(http, speculative, **extra) -> list[dict]:
         events = [line for line in r.iter_lines() if line]
     assert events[-1] == "data: [DONE]"
     return [json.loads(e.removeprefix("data: ")) for e in events[:-1]]
-
-
-def test_round_origins():
-    assert [o.origin for o in round_origins("ngram", 3, 4, 2, False, 3)] == ["accepted", "accepted", "recovered"]
-    assert [o.origin for o in round_origins("model", 1, 2, 2, True, 3)] == ["accepted", "accepted", "bonus"]
-    assert round_origins(None, 5, 0, 0, True, 1) == [TokenOrigin("target", None, 5, 0)]
-    assert len(round_origins("model", 1, 4, 4, True, 2)) == 2  # a stop keeps the tokens before it
 
 
 def test_page_loads_without_the_key_but_its_api_needs_it(http):
