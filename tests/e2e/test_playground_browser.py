@@ -162,3 +162,22 @@ def test_on_off_comparison_is_identical_under_greedy(driver, running, greedy_tex
     on, off = tokens(driver, "compare-on"), tokens(driver, "compare-off")
     assert "".join(t["text"] for t in on) == "".join(t["text"] for t in off) == greedy_text
     assert "accepted" in {t["origin"] for t in on} and {t["origin"] for t in off} == {"target"}
+
+
+def test_logprobs_on_hover_and_structured_output(driver, running):
+    """Logprobs asked: each token's hover text has its logprob and alternatives; a choice constrains the answer."""
+    connect(driver, running.url, KEY)
+    wait_for(driver, lambda d: f"connected: {MODEL}" in text(d, "status"), "the right key did not connect")
+    set_value(driver, "prompt", PROMPT)
+    set_value(driver, "top-logprobs", 2)
+    driver.find_element("id", "logprobs").click()
+    driver.find_element("css selector", "#structured option[value=choice]").click()
+    set_value(driver, "structured-arg", "the mat\nthe log")
+    driver.find_element("id", "send").click()  # disables Send until the stream ends (the click runs the handler)
+    wait_for(driver, lambda d: d.find_element("id", "send").is_enabled(), "the stream did not finish")
+    assert text(driver, "error") == ""
+    shown = tokens(driver, "output")
+    assert "".join(t["text"] for t in shown) in ("the mat", "the log")
+    titles = driver.execute_script("return [...document.querySelectorAll('#output .tok')].map((s) => s.title)")
+    assert len(titles) == len(shown) and all("logprob -" in t or "logprob 0" in t for t in titles)
+    assert all(len(t.splitlines()) == 2 + 1 + 2 for t in titles)  # origin, round, logprob, two alternatives

@@ -51,9 +51,10 @@ def decode_logprobs(logprobs: list[TokenLogprob], tokenizer) -> list[TokenText]:
 
 
 def annotate(token_ids: list[int], origins: list[TokenOrigin], tokenizer) -> list[dict]:
-    """The `verispec.tokens` of an annotated chunk: per committed token its id, its text (decoded alone), how it
-    was decided and in which round (`drafted`: the draft tokens that round proposed)."""
-    return [{"id": token_id, "text": tokenizer.decode([token_id]), "origin": o.origin, "stage": o.stage,
+    """The `verispec.tokens` of an annotated chunk: per committed token its id, its text (decoded alone; empty for
+    a special token such as EOS, which the text leaves out too), how it was decided and in which round (`drafted`:
+    the draft tokens that round proposed)."""
+    return [{"id": token_id, "text": tokenizer.decode([token_id], skip_special_tokens=True), "origin": o.origin, "stage": o.stage,
              "round": o.round, "drafted": o.drafted} for token_id, o in zip(token_ids, origins)]
 
 
