@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test test-unit test-slow test-fuzz bench clean
+.PHONY: install demo test test-unit test-slow test-fuzz test-browser bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -30,6 +30,11 @@ test-slow: install
 
 test-fuzz: install
 	$(PY) -m pytest -m fuzz
+
+# The playground page in headless Chromium (needs Debian's chromium and chromium-driver: .ci/run installs them).
+# VERISPEC_REQUIRE_BROWSER: a missing browser fails here instead of skipping.
+test-browser: install
+	VERISPEC_REQUIRE_BROWSER=1 $(PY) -m pytest -m browser tests/e2e/test_playground_browser.py
 
 bench: install
 	$(VENV)/bin/verispec bench --out bench-out

@@ -222,3 +222,36 @@ def test_server_drafts_with_a_head_per_request(model_dirs, trained_head):
         with pytest.raises(openai.BadRequestError, match="tree_nodes"):
             client.completions.create(**body({**request, "speculative": {"tree_nodes": 65}}))
     assert MODEL
+
+
+def test_token_origins_of_tree_rounds(trained_pair, tokenizer, trained_head):
+    """The per-token origins the engine hands out (the server's `speculative.annotate`) with a cascade drafting
+    token trees: each round commits its accepted draft tokens, then a bonus token when the accepted path ended on a
+    leaf, else a recovered one; the counts agree with the request's statistics."""
+    target, _ = trained_pair
+    config, weights = load_head(trained_head)
+    drafter = CascadeDrafter([NgramDrafter(), HeadDrafter(config, weights, target, 300)])
+    engine = SpeculativeEngine(target, tokenizer, drafter, spec=SpeculativeConfig(num_draft_tokens=4, tree_nodes=10),
+                               max_len=256, max_batch_size=1)
+    chunks = list(engine.generate_iter(tokenizer("the cat sat on")["input_ids"],
+                                       SamplingParams(max_new_tokens=40, ignore_eos=True)))
+    stats = chunks[-1].stats
+    origins = [o for chunk in chunks for o in chunk.origins]
+    assert len(origins) == sum(len(chunk.token_ids) for chunk in chunks) == stats.generated_tokens == 40
+    assert [o.round for o in origins] == sorted(o.round for o in origins) and origins[-1].round == stats.rounds
+    assert sum(o.origin == "accepted" for o in origins) == stats.accepted_tokens
+    assert sum(o.drafted for o in {o.round: o for o in origins}.values()) == stats.draft_tokens
+    assert {o.stage for o in origins if o.origin == "accepted"} <= {"ngram", "head"}
+    kinds = set()
+    for chunk in chunks:  # one round per chunk (a batch of one)
+        *accepted, last = [o.origin for o in chunk.origins]
+        assert set(accepted) <= {"accepted"} and len({o.round for o in chunk.origins}) == 1
+        drafted = chunk.origins[0].drafted
+        if drafted == 0:
+            assert last == "target"
+        elif not accepted:
+            assert last == "recovered"  # the root of a tree or chain always has a child
+        elif len(accepted) == drafted:
+            assert last == "bonus"  # every draft token accepted: the path ends on a leaf
+        kinds.add((chunk.origins[0].stage, last))
+    assert {("head", "bonus"), ("head", "recovered")} <= kinds  # trees that were accepted in part and to a leaf

@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     auth = "API key required" if config.api_key else "no API key"
     print(f"[verispec] serving {config.model_id} on http://{args.host}:{port}/v1; speculation {speculation}; "
           f"up to {slots} sequences per batch; {auth}", file=sys.stderr, flush=True)
+    print(f"[verispec] playground: open http://{args.host}:{port}/ in a browser", file=sys.stderr, flush=True)
     # The drain (GracefulServer) already let requests finish: uvicorn's own grace period only closes connections.
     server = GracefulServer(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5), app)
     server.run(sockets=[sock])

@@ -17,7 +17,7 @@ from ..stats import GenerationStats
 from .drafter_calls import DrafterCalls, wants_features
 from .proposer import StepDrafts
 from .scheduler import Scheduler
-from .sequence import GenerationChunk, GenerationResult, Sequence
+from .sequence import GenerationChunk, GenerationResult, Sequence, round_origins
 from .verifier import Verdict
 
 
@@ -45,7 +45,9 @@ class OutputStep:
                 kept += 1
                 if seq.stopper.push(token) is not None:
                     break
-            seq.append(committed[:kept], verdict.logprobs.get(seq.slot, [])[:kept])
+            origins = round_origins(drafts.stages[i], seq.stats.rounds + 1, proposal.token_ids.numel(), accepted,
+                                    verdict.bonus[i], kept)  # the server's opt-in annotation
+            seq.append(committed[:kept], verdict.logprobs.get(seq.slot, [])[:kept], origins)
             if path[-1] != len(path) - 1:
                 # A tree's accepted path was fed at scattered indices: its entries move into place (the one copy).
                 self.target.keep_path(seq.slot, base, path)
@@ -94,7 +96,7 @@ def stream_chunk(seq: Sequence) -> GenerationChunk:
     the last chunk carries the request's stats."""
     token_ids, text = seq.take()
     return GenerationChunk(token_ids, text, seq.finish_reason, seq.stats if seq.finished else None,
-                           seq.take_logprobs())
+                           seq.take_logprobs(), seq.take_origins())
 
 
 def final_result(seq: Sequence) -> GenerationResult:

@@ -32,6 +32,7 @@ class StepDrafts:
     ks: list[int]  # [batch]: draft tokens asked per row (0: the target alone)
     policies: list  # [batch]: each row's draft-length policy (FixedK(0) for the target alone)
     speculative_ks: list[int]  # K of each row routed to a drafter (0: switched off this round)
+    stages: list[str | None]  # [batch]: the drafter (a cascade's stage) routed for each row; None: the target alone
     token_ids: torch.Tensor  # [batch, width] long: root, then draft tokens; 0 at padding
     num_draft_tokens: torch.Tensor  # [batch] long, 0..width - 1
     parents: torch.Tensor | None  # [batch, width] long: parent node (-1 at root and padding); None: all chains
@@ -80,7 +81,8 @@ class Proposer:
         proposals = [grammar_rows.cut(seq, grammar_rows.with_forced(f, p))
                      for seq, f, p in zip(rows, forced, proposals)]
         speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
-        return self._pad(rows, proposals, ks, policies, speculative_ks, sampling)
+        stages = [None if stage is None else stage.name for stage in routed]
+        return self._pad(rows, proposals, ks, policies, speculative_ks, stages, sampling)
 
     def _draft_lengths(self, rows: list[Sequence]) -> tuple[list, list, list[int]]:
         """-> (routed drafter or None, policy, K) per row. Each policy chooses once per step, knowing the batch size
@@ -135,7 +137,7 @@ class Proposer:
         return budgets
 
     def _pad(self, rows: list[Sequence], proposals: list[DraftProposal], ks: list[int], policies: list,
-             speculative_ks: list[int], sampling: SamplingBatch) -> StepDrafts:
+             speculative_ks: list[int], stages: list[str | None], sampling: SamplingBatch) -> StepDrafts:
         """The verify pass's inputs. No host sync: every size is known on the host, copies stay on the device."""
         device, vocab, batch = self.target.device, self.target.vocab_size, len(rows)
         counts = [p.token_ids.numel() for p in proposals]
@@ -157,6 +159,6 @@ class Proposer:
                 draft_probs[i, 1 : n + 1] = p.probs[:, :vocab].to(device)
             if parents is not None:
                 parents[i, 1 : n + 1] = p.parents.to(device) if p.is_tree else torch.arange(n, device=device)
-        return StepDrafts(proposals, ks, policies, speculative_ks, token_ids, torch.tensor(counts, device=device),
+        return StepDrafts(proposals, ks, policies, speculative_ks, stages, token_ids, torch.tensor(counts, device=device),
                           parents, draft_probs, torch.tensor(has_probs, device=device), sampling,
                           any(wants_features(seq.drafter) for seq in rows))

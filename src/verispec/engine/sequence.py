@@ -39,6 +39,26 @@ class TokenLogprob:
     top: list[tuple[int, float]]  # (token id, logprob), most likely first; as many as the request asked for
 
 
+@dataclass
+class TokenOrigin:
+    """How a committed token was decided (vocabulary as in DEVELOPERS.md); the server's opt-in annotation."""
+
+    origin: str  # 'accepted' (a draft token the target kept), 'recovered', 'bonus', or 'target' (no draft)
+    stage: str | None  # the drafter (a cascade's stage) that drafted this round; None for the target alone
+    round: int  # the request's round that committed it, from 1
+    drafted: int  # draft tokens proposed that round (K, or a tree's nodes)
+
+
+def round_origins(stage: str | None, round: int, drafted: int, accepted: int, bonus: bool,
+                  kept: int) -> list[TokenOrigin]:
+    """A round's committed tokens: `accepted` draft tokens, then the recovered or bonus token (a round without
+    draft tokens commits the target's own); a stop keeps only the first `kept`."""
+    last = "target" if drafted == 0 else "bonus" if bonus else "recovered"
+    origins = [TokenOrigin("accepted", stage, round, drafted) for _ in range(accepted)]
+    origins.append(TokenOrigin(last, stage if drafted else None, round, drafted))
+    return origins[:kept]
+
+
 @dataclass(eq=False)  # a request is itself: compared (and found in queues) by identity, never by its tensors
 class Sequence:
     """One request. Invariant: tokens[:length] are the committed tokens (prompt, then generated)."""
@@ -60,6 +80,7 @@ class Sequence:
     new_token_ids: list[int] = field(default_factory=list)  # committed since the caller last took them
     logprobs: list[TokenLogprob] | None = None  # per generated token, when the request asked for logprobs
     new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids
+    new_origins: list[TokenOrigin] = field(default_factory=list)  # of new_token_ids
     wall_start: float = 0.0
     features: list[torch.Tensor] = field(default_factory=list)  # prefill hidden states awaiting the drafter's begin
 
@@ -85,7 +106,8 @@ class Sequence:
         """count draws of U(0, 1) from this request's generator, on its device: [count]."""
         return torch.rand(count, generator=self.generator, device=self.tokens.device)
 
-    def append(self, token_ids: list[int], logprobs: list[TokenLogprob] | None = None) -> None:
+    def append(self, token_ids: list[int], logprobs: list[TokenLogprob] | None = None,
+               origins: list[TokenOrigin] | None = None) -> None:
         """Commit tokens (already passed through the stop checker), with their logprobs when asked for."""
         end = self.length + len(token_ids)
         # One small host-to-device copy per row and round: the tokens were decided on the host (stop checks).
@@ -96,6 +118,7 @@ class Sequence:
         if self.logprobs is not None and logprobs is not None:
             self.logprobs += logprobs
             self.new_logprobs += logprobs
+        self.new_origins += origins or []
 
     def take(self) -> tuple[list[int], str]:
         """The tokens committed and the text made safe to show since the last call."""
@@ -109,6 +132,11 @@ class Sequence:
         taken, self.new_logprobs = self.new_logprobs, []
         return taken
 
+    def take_origins(self) -> list[TokenOrigin]:
+        """How each token committed since the last call was decided."""
+        taken, self.new_origins = self.new_origins, []
+        return taken
+
 
 @dataclass
 class GenerationChunk:
@@ -119,6 +147,7 @@ class GenerationChunk:
     finish_reason: str | None = None  # 'stop' | 'length' on the last chunk
     stats: GenerationStats | None = None  # the request's statistics, on the last chunk
     logprobs: list[TokenLogprob] | None = None  # of token_ids, when the request asked for logprobs
+    origins: list[TokenOrigin] = field(default_factory=list)  # of token_ids: how each was decided
 
 
 @dataclass

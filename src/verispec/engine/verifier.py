@@ -36,6 +36,7 @@ class Verdict:
     path: list[list[int]]  # [batch][a + 1]: the accepted nodes, root (0) first; a chain's are 0..a
     next_token: list[int]  # [batch]: the recovered or bonus token
     depth: list[int]  # [batch]: draft tokens on the row's longest path (a chain's length)
+    bonus: list[bool]  # [batch]: the next token is a bonus token (the accepted path ended on a leaf), else recovered
     logprobs: dict[int, list[TokenLogprob]]  # slot -> one per position 0..a, for rows that asked
     verify_s: float
     hidden: torch.Tensor | None  # [batch, width, hidden]: the target's hidden states, when a drafter reads them
@@ -66,23 +67,27 @@ class Verifier:
         batch = len(rows)
         parts = [result.num_accepted, result.next_token]
         if tree is not None:
-            parts += [depths.max(dim=1).values, result.path.flatten()]
+            parts += [depths.max(dim=1).values, result.path.flatten(), drafts.parents.flatten()]
         packed = torch.cat([*parts, drafts.token_ids.flatten()]).tolist()
         num_accepted, next_token = packed[:batch], packed[batch : 2 * batch]
         width = drafts.width
         if tree is None:
             depth = [p.token_ids.numel() for p in drafts.proposals]
             paths = [list(range(a + 1)) for a in num_accepted]
+            bonus = [a == n for a, n in zip(num_accepted, depth)]  # every draft token accepted
             tokens_at = 2 * batch
         else:
             depth = packed[2 * batch : 3 * batch]
             at = 3 * batch
             paths = [packed[at + i * width : at + i * width + a + 1] for i, a in enumerate(num_accepted)]
-            tokens_at = at + batch * width
+            parents_at = at + batch * width
+            parents = [packed[parents_at + i * width : parents_at + (i + 1) * width] for i in range(batch)]
+            bonus = [path[-1] not in row for path, row in zip(paths, parents)]  # the path ended on a leaf
+            tokens_at = parents_at + batch * width
         tokens = [packed[tokens_at + i * width : tokens_at + (i + 1) * width] for i in range(batch)]
         accepted = [[row[node] for node in path[1:]] for row, path in zip(tokens, paths)]
         logprobs = self._logprobs(rows, drafts, processed, result)
-        return Verdict(accepted, paths, next_token, depth, logprobs, time.perf_counter() - start, out.hidden)
+        return Verdict(accepted, paths, next_token, depth, bonus, logprobs, time.perf_counter() - start, out.hidden)
 
     def _decide(self, rows: list[Sequence], drafts: StepDrafts, processed: torch.Tensor):
         """Per row: accepted count, next token (and a tree's accepted path). processed: [batch, width, vocab]."""

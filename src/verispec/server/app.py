@@ -2,7 +2,8 @@
 
 Handlers validate a request, turn it into a `Job` and read the job's events; the front end's threads prepare the
 job (server/prepare.py) and all model work happens on the `EngineWorker` thread, never on the event loop.
-Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics.
+Endpoints: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics, and the
+playground's GET / and GET /v1/speculation (playground.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .config import ServerConfig
 from .errors import APIError, install_error_handlers, invalid, model_not_found
 from .guard import install_guard
 from .metrics import ServerMetrics
+from .playground import install_playground
 from .protocol import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -41,7 +43,7 @@ from .runtime import Prompt, ServedModel
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .worker import EngineWorker
 
-API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics")
+API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/speculation", "/health", "/metrics")
 DISCONNECT_POLL_S = 0.5  # how often a non-streaming request checks whether its client is still there
 CLIENT_GONE = 499  # nginx's "client closed request": the status metrics give requests whose client went away
 _API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}  # SamplingParams -> request field
@@ -128,12 +130,17 @@ class Server:
                           f"{self.config.max_choices} choices (--max-choices).", param="n")
         params = self.sampling(body, max_tokens)
         spec, drafter = self.speculation(body.speculative, params)
+        annotate = isinstance(body.speculative, SpeculativeOptions) and body.speculative.annotate
+        if annotate and not body.stream:
+            raise invalid("speculative.annotate adds a field to each streamed chunk: set stream to true.",
+                          param="speculative.annotate")
         if not self.worker.alive:
             raise APIError(503, "The model worker is not running; restart the server.", type="server_error")
         handle = JobHandle(asyncio.get_running_loop())
         self.worker.submit(Job(
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
-            speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, arrival=arrival,
+            speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
+            arrival=arrival,
         ))
         try:
             first = await self._next(handle, request)
@@ -206,7 +213,7 @@ class Server:
         while True:
             event = await reply.handle.next()
             if isinstance(event, TextDelta):
-                yield builder.text_chunk(event.index, event.text, event.logprobs)
+                yield builder.text_chunk(event.index, event.text, event.logprobs, event.annotation)
             elif isinstance(event, ChoiceDone):
                 total.merge(event.stats)
                 yield builder.finish_chunk(event.index, event.finish_reason, reply.metrics(event.stats))
@@ -331,5 +338,7 @@ def create_app(config: ServerConfig | None = None, served: ServedModel | None = 
     @app.get("/metrics")
     async def metrics() -> Response:
         return Response(server.metrics.render(), media_type=server.metrics.content_type)
+
+    install_playground(app, server)
 
     return app

@@ -8,6 +8,7 @@ One pure ASGI middleware, in front of every route (a streamed response passes th
 - while the server drains for shutdown (`Gate.draining`), every /v1 request and /health get a 503;
 - with an API key, every /v1 request must carry `Authorization: Bearer <key>`, else a 401. /health and /metrics
   stay open: load balancers and Prometheus probe them without the key (neither says anything about requests);
+  so does / (the playground: a static page whose calls to /v1 send the key its user types);
 - while `max_queued_requests` requests wait for a slot, a new generation request gets its 429 here, before any
   parsing, so refusing a burst costs the event loop next to nothing (the worker's `submit` checks again);
 - `Gate.in_flight` counts the /v1 requests being answered, streams until their last byte: the shutdown drain

@@ -35,6 +35,7 @@ class TextDelta:
     index: int  # choice
     text: str  # newly committed text (one engine round)
     logprobs: list[TokenText] | None = None  # of the round's tokens, when the request asked for logprobs
+    annotation: list[dict] | None = None  # how each of the round's tokens was decided, when the request asked
 
 
 @dataclass
@@ -106,5 +107,6 @@ class Job:
     spec: SpeculativeConfig
     drafter_name: str | None
     handle: JobHandle
+    annotate: bool = False  # the stream carries each token's origin (`speculative.annotate`)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

@@ -39,6 +39,9 @@ class SpeculativeOptions(_Request):
     tree_nodes: int | None = None
     """Token trees (0..64 draft tokens per round) for drafters that propose them, e.g. a draft head; 0: chains;
     default: the server's --tree-nodes."""
+    annotate: bool = False
+    """Streaming only: each chunk also carries `verispec.tokens`, how each of its tokens was decided (accepted
+    draft token and its drafter stage, recovered, bonus, or the target's own) and in which round."""
 
 
 class StreamOptions(_Request):

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..config import SpeculativeConfig
-from ..engine import TokenLogprob
+from ..engine import TokenLogprob, TokenOrigin
 from ..stats import GenerationStats
 from .protocol import (
     AssistantMessage,
@@ -48,6 +48,14 @@ def decode_logprobs(logprobs: list[TokenLogprob], tokenizer) -> list[TokenText]:
 
     return [TokenText(text(lp.token_id), max(lp.logprob, LOGPROB_FLOOR),
                       [(text(t), max(value, LOGPROB_FLOOR)) for t, value in lp.top]) for lp in logprobs]
+
+
+def annotate(token_ids: list[int], origins: list[TokenOrigin], tokenizer) -> list[dict]:
+    """The `verispec.tokens` of an annotated chunk: per committed token its id, its text (decoded alone; empty for
+    a special token such as EOS, which the text leaves out too), how it was decided and in which round (`drafted`:
+    the draft tokens that round proposed)."""
+    return [{"id": token_id, "text": tokenizer.decode([token_id], skip_special_tokens=True), "origin": o.origin, "stage": o.stage,
+             "round": o.round, "drafted": o.drafted} for token_id, o in zip(token_ids, origins)]
 
 
 def _utf8(text: str) -> list[int]:
@@ -98,9 +106,10 @@ def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
                  total_tokens=prompt_tokens + completion_tokens)
 
 
-def sse(chunk: ChatCompletionChunk | CompletionChunk | dict) -> str:
+def sse(chunk: ChatCompletionChunk | CompletionChunk | dict, annotation: list[dict] | None = None) -> str:
     """One event. Chunks leave out `usage` and `speculative_metrics` when empty, and deltas their unset keys,
-    as OpenAI's stream does; `finish_reason` and `logprobs` stay, as null."""
+    as OpenAI's stream does; `finish_reason` and `logprobs` stay, as null. `annotation`: the opt-in extension
+    field `verispec.tokens`, after OpenAI's own fields (which it never changes)."""
     if isinstance(chunk, dict):
         return f"data: {json.dumps(chunk, separators=(',', ':'))}\n\n"
     body = chunk.model_dump(mode="json")
@@ -110,6 +119,8 @@ def sse(chunk: ChatCompletionChunk | CompletionChunk | dict) -> str:
     for choice in body["choices"]:
         if "delta" in choice:
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+    if annotation is not None:
+        body["verispec"] = {"tokens": annotation}
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
@@ -131,15 +142,16 @@ class ResponseBuilder:
         """The first chunk of a chat choice: the role and empty content (chat only)."""
         return sse(self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))]))
 
-    def text_chunk(self, index: int, text: str, logprobs: list[TokenText] | None = None) -> str:
-        """A round's text, with its tokens' logprobs when asked for (a round may carry logprobs and no text yet:
-        the detokenizer holds back an incomplete character or a possible stop string)."""
+    def text_chunk(self, index: int, text: str, logprobs: list[TokenText] | None = None,
+                   annotation: list[dict] | None = None) -> str:
+        """A round's text, with its tokens' logprobs and origins when asked for (a round may carry tokens and no
+        text yet: the detokenizer holds back an incomplete character or a possible stop string)."""
         if self.chat:
             choice = ChatChunkChoice(index=index, delta=Delta(content=text),
                                      logprobs=None if logprobs is None else chat_logprobs(logprobs))
         else:
             choice = CompletionChunkChoice(index=index, text=text, logprobs=self._completion_logprobs(index, logprobs))
-        return sse(self._chunk([choice]))
+        return sse(self._chunk([choice]), annotation)
 
     def _completion_logprobs(self, index: int, logprobs: list[TokenText] | None) -> CompletionLogprobs | None:
         if logprobs is None:

@@ -36,7 +36,7 @@ from .errors import APIError, queue_full
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .metrics import ServerMetrics
 from .prepare import FrontEnd, PreparedJob, internal_error
-from .responses import decode_logprobs
+from .responses import annotate, decode_logprobs
 from .runtime import ServedModel
 
 # The job's types are re-exported: the worker's callers may keep importing them from here.
@@ -250,9 +250,11 @@ class EngineWorker:
                 choice.last_at = now
                 choice.tokens += len(token_ids)
             logprobs = seq.take_logprobs()
-            if text or logprobs:
+            origins = seq.take_origins()
+            if text or logprobs or (job.annotate and token_ids):
                 tokens = None if logprobs is None else decode_logprobs(logprobs, self.served.tokenizer)
-                job.handle.put(TextDelta(choice.index, text, tokens))
+                annotation = annotate(token_ids, origins, self.served.tokenizer) if job.annotate else None
+                job.handle.put(TextDelta(choice.index, text, tokens, annotation))
             if seq.finished:
                 self.metrics.observe_generation(seq.stats, active.speculative, "ok")
                 if choice.tokens > 1:
