@@ -244,3 +244,13 @@ def propose_one(drafter, tokens, k, params=None, vocab: int = VOCAB, threshold: 
     """One row's proposal (slot 0) from `drafter`; a stateful drafter must have been begun on slot 0."""
     return drafter.propose(draft_batch([tokens], [k], [params] if params else None, vocab,
                                        [threshold]))[0]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module (`pytestmark = pytest.mark.usefixtures("one_thread")`): a tiny model's matmuls
+    only wait on each other with several threads on a shared machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

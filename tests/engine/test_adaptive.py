@@ -13,12 +13,7 @@ from verispec.drafters.random import RandomDrafter
 from verispec.engine import FixedK, SpeculativeEngine
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add contention
 
 
 class FixedAlpha(AdaptivePolicy):

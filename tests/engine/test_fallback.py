@@ -17,12 +17,7 @@ from verispec.fallback import DrafterBackoff, load_drafter_or_fallback
 from verispec.models import ModelLoadError, load_model
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add contention
 
 
 @pytest.fixture(scope="module")

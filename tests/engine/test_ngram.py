@@ -11,12 +11,7 @@ from verispec.engine import SpeculativeEngine
 from verispec.verify import rejection_verify
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny models: threads only add contention on a shared machine
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add contention
 
 
 def ids(*tokens):
