@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .kv_cache import entry_index, write_entries
+
 # model_type -> (q/k/v carry a bias). Every other architecture runs on Hugging Face modeling.
 ARCHITECTURES = {"llama": False, "mistral": False, "qwen2": True}
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
@@ -157,7 +159,7 @@ def layer_step(
     sin: torch.Tensor,  # [b, 1, n, d]
     keys: torch.Tensor,  # [b, Hk, max_len, d]: this layer's cache rows, written in place
     values: torch.Tensor,  # [b, Hk, max_len, d]
-    write_index: torch.Tensor,  # [b, 1, n, 1] long: cache index of each fed token
+    write_index: torch.Tensor,  # [b * Hk * n] long: flat entry of each fed token's key/value (kv_cache.entry_index)
     mask: torch.Tensor,  # [b, 1, n, L] additive
     w: tuple[torch.Tensor | None, ...],  # Block.weights(): qkv, qkv bias, o, gate_up, down, attn norm, mlp norm
     spec: LlamaSpec,
@@ -173,9 +175,8 @@ def layer_step(
     qk, v = qkv.view(b, n, -1, s.head_dim).transpose(1, 2).split(
         [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)  # [b, H + Hk, n, d], [b, Hk, n, d]
     q, k = rotate(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)  # one rotation for q and k
-    index = write_index.expand(-1, s.num_kv_heads, -1, s.head_dim)  # [b, Hk, n, d]
-    keys.scatter_(2, index, k)
-    values.scatter_(2, index, v)
+    write_entries(keys, write_index, k)
+    write_entries(values, write_index, v)
     kv_len = mask.shape[-1]
     attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask,
                                           enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
@@ -253,7 +254,7 @@ class LlamaModel(nn.Module):
         x = F.embedding(token_ids, self.embed)  # [b, n, hidden]
         cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [b, 1, n, d]
         sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        index = write_index.unsqueeze(1).unsqueeze(-1)  # [b, 1, n, 1]
+        index = entry_index(write_index, self.spec.num_kv_heads, keys[0].shape[2])  # [b * Hk * n]
         step = compiled_layer_step() if compiled else layer_step
         for layer, k, v in zip(self.layers, keys, values):
             x = step(x, cos, sin, k, v, index, mask, layer.weights(), self.spec, layer.packed)
