@@ -43,7 +43,7 @@ def use_disk_cache() -> Path:
     return folder
 
 
-def compiled_forward(model=None):
+def compiled_forward():
     """`llama.model_forward` under torch.compile (Inductor), made once per process; it serves every model (the
     weights are inputs, so a target and its draft share it, each with its own specialisations)."""
     global _COMPILED

@@ -249,7 +249,7 @@ class LlamaModel(nn.Module):
         if compiled:
             from .compile import compiled_forward
 
-            step = compiled_forward(self)
+            step = compiled_forward()
         else:
             step = model_forward
         return step(self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask,
