@@ -40,13 +40,14 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gbps", type=float, default=35.0)
+    parser.add_argument("--max-len", type=int, default=2048, help="KV cache entries per slot (CLI default 2048)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompt = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]])
     runners = {}
     for name in args.dtypes.split(","):
         hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, name))
-        runners[name] = NativeRunner.from_hf(hf, 512, compile=args.compile)
+        runners[name] = NativeRunner.from_hf(hf, args.max_len, compile=args.compile)
         decode(runners[name], prompt, 4)  # warm-up (and compile)
     best: dict[str, float] = {}
     for _ in range(args.repeats):
