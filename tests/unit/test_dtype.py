@@ -40,3 +40,16 @@ def test_resolve_names_and_dtypes():
     assert resolve_dtype("auto", "cpu")[0] == choose_dtype("cpu")[0]
     with pytest.raises(ValueError, match="auto, float32"):
         resolve_dtype("float64")
+
+
+def test_server_config_resolves_auto_once():
+    from dataclasses import replace
+
+    from verispec.server import ServerConfig
+
+    config = ServerConfig(model="m", dtype="auto")
+    assert (config.dtype, config.dtype_reason) == choose_dtype("cpu")
+    assert replace(config, max_len=64).dtype_reason == config.dtype_reason  # replace() keeps the reason
+    assert ServerConfig(model="m", dtype=torch.bfloat16).dtype_reason == "bfloat16: asked for"
+    with pytest.raises(ValueError, match="choose from auto"):
+        ServerConfig(model="m", dtype="int3")
