@@ -50,8 +50,8 @@ def add_runner_args(group) -> None:
                        help="model runner: 'native' (verispec's Llama-family module), 'hf' (Hugging Face modeling), "
                             "'auto' (native where the architecture allows; default)")
     group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                       help="torch.compile the native runner's layer step (default: the measured choice for the "
-                            "device, see README)")
+                       help="torch.compile the native runner's whole step, one program per shape class, cached "
+                            "under ~/.cache/verispec/compile (default: the measured choice for the device, see README)")
 
 
 def runner_options(args) -> RunnerOptions:
