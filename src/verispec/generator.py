@@ -63,7 +63,7 @@ class SpeculativeGenerator:
         draft: str | None,
         K: int = 5,
         max_len: int = 2048,
-        dtype: torch.dtype = torch.float32,
+        dtype: torch.dtype | str = "auto",
         device: str = "cpu",
         spec: SpeculativeConfig | None = None,
         runner: RunnerOptions | None = None,
@@ -72,9 +72,12 @@ class SpeculativeGenerator:
         """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
 
         `draft` is a model (same forms), a draft head ('head:PATH', 'verispec-head-smollm2-135m'), or a drafter
-        name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m')."""
+        name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
+        dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why)."""
         from .models import load_model, load_tokenizer
+        from .runtime.dtype import resolve_dtype
 
+        dtype, _ = resolve_dtype(dtype, device)  # 'auto': the device's fast dtype where speculation stays exact
         target_model = load_model(target, dtype=dtype, device=device)
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype, device=device).drafter

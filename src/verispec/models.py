@@ -138,8 +138,13 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     )
 
 
-def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """Load a causal LM in eval mode with gradients off (see `resolve_model_path` for accepted names)."""
+def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto",
+               device: str | torch.device = "cpu"):
+    """Load a causal LM in eval mode with gradients off (see `resolve_model_path` for accepted names). dtype: a
+    torch dtype, its name, or 'auto' (runtime/dtype.py: the device's fast dtype where speculation stays exact)."""
+    from .runtime.dtype import resolve_dtype
+
+    dtype, _ = resolve_dtype(dtype, device)
     path = resolve_model_path(name_or_path)
     if path.suffix == ".gguf":
         model, _ = _load_gguf(path, with_tokenizer=False)
@@ -180,7 +185,7 @@ def load_tokenizer(name_or_path: str | os.PathLike):
 def load_pair(
     target: str | os.PathLike = DEFAULT_TARGET,
     draft: str | os.PathLike = DEFAULT_DRAFT,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | str = "auto",
     device: str | torch.device = "cpu",
 ):
     """Load `(target_model, draft_model, tokenizer)`; the tokenizer is the target's, shared by both."""

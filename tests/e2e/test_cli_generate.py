@@ -28,6 +28,20 @@ def test_json_output_equals_target_alone(capsys, model_dirs):
                                   "draft_s", "verify_s", "wall_s", "tokens_per_s"}
 
 
+def test_json_says_which_dtype_auto_chose_and_why(capsys, model_dirs):
+    from verispec.runtime.dtype import choose_dtype, dtype_name
+
+    code, out, _ = run_cli(capsys, "--model", model_dirs["target"], "--prompt", "hi", "--max-new-tokens", 2, "--json",
+                           "--draft-model", "none")
+    runner = json.loads(out)["runner"]
+    chosen, why = choose_dtype("cpu")
+    assert code == 0 and runner["dtype"] == dtype_name(chosen) and runner["dtype_reason"] == why
+    code, out, _ = run_cli(capsys, "--model", model_dirs["target"], "--prompt", "hi", "--max-new-tokens", 2, "--json",
+                           "--draft-model", "none", "--dtype", "bfloat16")
+    runner = json.loads(out)["runner"]
+    assert runner["dtype"] == "bfloat16" and runner["dtype_reason"] == "bfloat16: asked for"
+
+
 def test_streams_text_then_stats(capsys, model_dirs):
     code, out, err = run_cli(capsys, "--model", model_dirs["target"], "--draft-model", model_dirs["draft"],
                              "--prompt", "hello", "--chat", "--max-new-tokens", 12, "--temperature", 0.8, "--seed", 3)

@@ -80,7 +80,10 @@ def _bandwidth_gb_s(device: str, threads: int) -> float:
 def describe_machine(device: torch.device | str) -> dict:
     import transformers
 
+    from ..runtime.dtype import NATIVE_BF16_FLAGS, choose_dtype, cpu_flags, dtype_name
+
     device = torch.device(device)
+    auto, why = choose_dtype(device)
     info = {
         "cpu": cpu_model(),
         "cpu_flags": cpu_flags(),
@@ -88,6 +91,9 @@ def describe_machine(device: torch.device | str) -> dict:
         "torch_threads": torch.get_num_threads(),
         "device": str(device),
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+        "cpu_flags": sorted(f for f in cpu_flags() if f.startswith(("avx", "amx")) or f in NATIVE_BF16_FLAGS),
+        "dtype_auto": dtype_name(auto),
+        "dtype_auto_reason": why,
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),
@@ -107,8 +113,11 @@ def machine_line(info: dict) -> str:
     bandwidth = info.get("memory_bandwidth_gb_s")
     measured = "" if bandwidth is None else f" | memory bandwidth {bandwidth:g} GB/s measured"
     load = "" if info.get("load_average_1m") is None else f" | load average {info['load_average_1m']} at start"
-    return (f"{where}{measured} | torch {info['torch']} | transformers {info['transformers']} | "
-            f"Python {info['python']}{load}")
+    bf16 = [f for f in info.get("cpu_flags", []) if "bf16" in f or f == "avx_ne_convert"]
+    flags = f" | bf16 flags {','.join(bf16) or 'none'}" if info["gpu"] is None else ""
+    auto = f" | dtype auto: {info['dtype_auto_reason']}" if info.get("dtype_auto_reason") else ""
+    return (f"{where}{measured}{flags} | torch {info['torch']} | transformers {info['transformers']} | "
+            f"Python {info['python']}{load}{auto}")
 
 
 def decode_floor(weight_bytes: int, bandwidth_gb_s: float, tokens: int, seconds: float) -> dict:

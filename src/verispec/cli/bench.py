@@ -18,9 +18,10 @@ from ..bench.prompts import JSON_EXTRACTION, json_extraction_files
 from ..config import StructuredOutput
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
-from .common import DTYPES, add_runner_args, positive_int, runner_options
+from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
+from .common import add_runner_args, positive_int, runner_options
 
-DTYPE_NAMES = tuple(DTYPES)
+DTYPE_NAMES = DTYPE_CHOICES
 DEFAULT_KS = "1,2,3,4,6,8"
 DEFAULT_METHODS = "target,verispec,adaptive,hf-assisted,hf-target"
 
@@ -32,9 +33,11 @@ def add_parser(sub) -> None:
     g.add_argument("--model", default=DEFAULT_TARGET, help=f"target model (default {DEFAULT_TARGET!r})")
     g.add_argument("--draft-model", default=DEFAULT_DRAFTER,
                    help=f"draft model (default {DEFAULT_DRAFTER!r}); 'none' runs the target-only methods")
-    g.add_argument("--dtype", choices=DTYPE_NAMES, default="float32", help="weights dtype (default float32)")
+    g.add_argument("--dtype", choices=DTYPE_NAMES, default="auto",
+                   help="weights dtype; 'auto' (default): the device's fast dtype where speculation stays exact (the "
+                        "machine line says what it picks and why)")
     g.add_argument("--dtypes", default=None, metavar="LIST",
-                   help="several dtypes in one invocation, e.g. float32,bfloat16 (overrides --dtype)")
+                   help="several dtypes in one invocation, e.g. float32,bfloat16 (overrides --dtype; may name auto)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     add_runner_args(g)
@@ -111,6 +114,7 @@ def build_config(args: argparse.Namespace):
     bad = [d for d in dtypes if d not in DTYPE_NAMES]
     if bad:
         raise CliError(f"unknown dtype {', '.join(bad)} in --dtypes: choose from {', '.join(DTYPE_NAMES)}")
+    dtypes = [dtype_name(choose_dtype(args.device)[0]) if d == "auto" else d for d in dtypes]
     if args.warmup_tokens < 0 or args.probe_repeats < 0:
         raise CliError("--warmup-tokens and --probe-repeats must be >= 0")
     draft = None if args.draft_model == "none" else args.draft_model

@@ -11,10 +11,8 @@ import torch
 
 from ..config import RUNNER_BACKENDS, RunnerOptions
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..runtime.dtype import DTYPE_CHOICES, DTYPES, resolve_dtype  # noqa: F401 (DTYPES: bench/serve_load.py)
 from . import CliError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def positive_int(text: str) -> int:
     value = int(text)
@@ -38,7 +36,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "per round as a tree, its shape chosen per round from the draft's confidences (default 0: "
                         "chains of K)")
     g.add_argument("--max-len", type=positive_int, default=2048, help="longest prompt + output in tokens")
-    g.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights dtype (default float32)")
+    g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
+                   help="weights dtype; 'auto' (default): bfloat16 where the device computes it natively and "
+                        "speculation stays exact in it, else float32 (the choice and why are logged and in --json)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     add_runner_args(g)
@@ -50,8 +50,8 @@ def add_runner_args(group) -> None:
                        help="model runner: 'native' (verispec's Llama-family module), 'hf' (Hugging Face modeling), "
                             "'auto' (native where the architecture allows; default)")
     group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                       help="torch.compile the native runner's layer step (default: the measured choice for the "
-                            "device, see README)")
+                       help="torch.compile the native runner's whole step, one program per shape class, cached "
+                            "under ~/.cache/verispec/compile (default: the measured choice for the device, see README)")
 
 
 def runner_options(args) -> RunnerOptions:
@@ -200,6 +200,8 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 def apply_runtime(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
+    if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
+        args.torch_dtype, args.dtype_reason = resolve_dtype(args.dtype, args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.draft_tokens < 1:

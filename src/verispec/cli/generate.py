@@ -15,7 +15,6 @@ from ..runtime.runner import runner_info
 from ..stats import GenerationStats
 from . import CliError
 from .common import (
-    DTYPES,
     add_model_args,
     add_sampling_args,
     add_speculation_args,
@@ -59,12 +58,13 @@ def run(args: argparse.Namespace) -> int:
 
     apply_runtime(args)
     setup_logging()
+    logging.getLogger("verispec").info("dtype %s", args.dtype_reason)
     sampling = sampling_kwargs(args)
     SamplingParams(**sampling)  # validate before the (slow) model load
     lines = read_prompts_file(args.prompts_file, sampling, args.chat) if args.prompts_file else None
     SpeculativeConfig(**spec_kwargs(args))
     warn_if_lossy(args)
-    dtype = DTYPES[args.dtype]
+    dtype = args.torch_dtype  # --dtype, resolved by apply_runtime
     target = load_model(args.model, dtype=dtype, device=args.device)
     tokenizer = load_tokenizer(args.model)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
         result = gen.generate(ids, return_dict=True, **sampling)
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "model": args.model, "draft_model": loaded.name, "drafter_warning": loaded.warning,
-               "runner": runner_info(gen.engine.target),
+               "runner": {**runner_info(gen.engine.target), "dtype_reason": args.dtype_reason},
                "stats": result.stats.to_dict()}
         if result.logprobs is not None:
             out["logprobs"] = logprobs_json(result.logprobs, tokenizer)

@@ -6,6 +6,7 @@ Requests may turn speculation on or off and change K per request (`"speculative"
 from __future__ import annotations
 
 import argparse
+import logging
 import ipaddress
 import os
 import socket
@@ -13,7 +14,6 @@ import sys
 
 from . import CliError
 from .common import (
-    DTYPES,
     positive_int,
     add_model_args,
     add_speculation_args,
@@ -114,11 +114,12 @@ def run(args: argparse.Namespace) -> int:
 
     apply_runtime(args)
     setup_logging()
+    logging.getLogger("verispec").info("dtype %s", args.dtype_reason)
     spec = SpeculativeConfig(**spec_kwargs(args))
     warn_if_lossy(args)
     config = ServerConfig(
         model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
-        draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=DTYPES[args.dtype],
+        draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=args.torch_dtype,
         device=args.device, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
         runner=runner_options(args), api_key=args.api_key, allowed_draft_models=args.allowed_draft_models,

@@ -12,10 +12,14 @@ Shapes: b = rows, n = tokens fed per row, H / Hk = query / KV heads, d = head di
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .compile import compiled_forward
+from .kv_cache import entry_index, write_entries
 
 # model_type -> (q/k/v carry a bias). Every other architecture runs on Hugging Face modeling.
 ARCHITECTURES = {"llama": False, "mistral": False, "qwen2": True}
@@ -157,7 +161,7 @@ def layer_step(
     sin: torch.Tensor,  # [b, 1, n, d]
     keys: torch.Tensor,  # [b, Hk, max_len, d]: this layer's cache rows, written in place
     values: torch.Tensor,  # [b, Hk, max_len, d]
-    write_index: torch.Tensor,  # [b, 1, n, 1] long: cache index of each fed token
+    write_index: torch.Tensor,  # [b * Hk * n] long: flat entries (kv_cache.entry_index), or [b, 1, n, 1] cache indices
     mask: torch.Tensor,  # [b, 1, n, L] additive
     w: tuple[torch.Tensor | None, ...],  # Block.weights(): qkv, qkv bias, o, gate_up, down, attn norm, mlp norm
     spec: LlamaSpec,
@@ -173,29 +177,16 @@ def layer_step(
     qk, v = qkv.view(b, n, -1, s.head_dim).transpose(1, 2).split(
         [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)  # [b, H + Hk, n, d], [b, Hk, n, d]
     q, k = rotate(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)  # one rotation for q and k
-    index = write_index.expand(-1, s.num_kv_heads, -1, s.head_dim)  # [b, Hk, n, d]
-    keys.scatter_(2, index, k)
-    values.scatter_(2, index, v)
+    if write_index.dim() == 4:  # cache indices (a one-layer caller): their flat entries
+        write_index = entry_index(write_index.view(b, n), s.num_kv_heads, keys.shape[2])  # [b * Hk * n]
+    write_entries(keys, write_index, k)
+    write_entries(values, write_index, v)
     kv_len = mask.shape[-1]
     attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask,
                                           enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
     x = x + linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed)
     gate, up = linear(rms_norm(x, mlp_norm, s.rms_norm_eps), gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I]
     return x + linear(F.silu(gate) * up, down_w, None, packed)
-
-
-_compiled_layer_step = None
-
-
-def compiled_layer_step():
-    """layer_step under torch.compile (Inductor), made once per process; the attended length is dynamic."""
-    global _compiled_layer_step
-    if _compiled_layer_step is None:
-        # A target and its draft (two shapes of layer), each at 1 or many rows and tokens, and the test suite's many
-        # tiny models: more specialisations than Dynamo's default 8, past which it would silently run eager.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        _compiled_layer_step = torch.compile(layer_step, dynamic=None)
-    return _compiled_layer_step
 
 
 class Block(nn.Module):
@@ -237,6 +228,12 @@ class LlamaModel(nn.Module):
         self.lm_head = Linear(weights.get("lm_head.weight", self.embed), None, pack)
         self.cos = nn.Buffer(rope[0], persistent=False)  # [max_len, d]
         self.sin = nn.Buffer(rope[1], persistent=False)  # [max_len, d]
+        assert all(layer.packed == self.lm_head.packed for layer in self.layers)  # model_forward takes one flag
+
+    def tensors(self) -> ModelTensors:
+        """The weights `model_forward` takes (a compiled program takes them as inputs, so it holds no copy)."""
+        return ModelTensors(self.embed, self.cos, self.sin, tuple(layer.weights() for layer in self.layers),
+                            self.norm, self.lm_head.weight)
 
     def forward(
         self,
@@ -250,18 +247,46 @@ class LlamaModel(nn.Module):
         compiled: bool = False,
         all_hidden: bool = False,  # hidden of all n fed tokens, not only the selected ones
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
-        x = F.embedding(token_ids, self.embed)  # [b, n, hidden]
-        cos = self.cos[positions].unsqueeze(1).to(x.dtype)  # [b, 1, n, d]
-        sin = self.sin[positions].unsqueeze(1).to(x.dtype)
-        index = write_index.unsqueeze(1).unsqueeze(-1)  # [b, 1, n, 1]
-        step = compiled_layer_step() if compiled else layer_step
-        for layer, k, v in zip(self.layers, keys, values):
-            x = step(x, cos, sin, k, v, index, mask, layer.weights(), self.spec, layer.packed)
-        if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)
-            every = rms_norm(x, self.norm, self.spec.rms_norm_eps)  # [b, n, hidden]
-            hidden = every if select is None else every.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-            return self.lm_head(hidden), every
-        if select is not None:
-            x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [b, m, hidden]
-        hidden = rms_norm(x, self.norm, self.spec.rms_norm_eps)
-        return self.lm_head(hidden), hidden
+        step = compiled_forward(model_forward) if compiled else model_forward
+        return step(self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask,
+                    tuple(keys), tuple(values), select, all_hidden)
+
+
+class ModelTensors(NamedTuple):
+    embed: torch.Tensor  # [vocab, hidden]
+    cos: torch.Tensor  # [max_len, d]
+    sin: torch.Tensor  # [max_len, d]
+    layers: tuple[tuple[torch.Tensor | None, ...], ...]  # per layer: Block.weights()
+    norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [vocab, hidden] or packed
+
+
+def model_forward(
+    w: ModelTensors,
+    spec: LlamaSpec,
+    packed: bool,
+    token_ids: torch.Tensor,  # [b, n] long
+    positions: torch.Tensor,  # [b, n] long: rotary positions
+    write_index: torch.Tensor,  # [b, n] long: cache index of each fed token
+    mask: torch.Tensor,  # [b, 1, n, L] additive
+    keys: tuple[torch.Tensor, ...],  # per layer [b, Hk, max_len, d]
+    values: tuple[torch.Tensor, ...],  # per layer [b, Hk, max_len, d]
+    select: torch.Tensor | None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
+    all_hidden: bool,  # hidden of all n fed tokens, not only the selected ones
+) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
+    """The whole step as a free function of the weights: embedding, every layer, final norm, the LM head at the
+    selected positions only. Eager, or compiled as one program (`compile.py`)."""
+    x = F.embedding(token_ids, w.embed)  # [b, n, hidden]
+    cos = w.cos[positions].unsqueeze(1).to(x.dtype)  # [b, 1, n, d]: once per step, in the model's dtype
+    sin = w.sin[positions].unsqueeze(1).to(x.dtype)
+    index = entry_index(write_index, spec.num_kv_heads, keys[0].shape[2])  # [b * Hk * n]
+    for layer, k, v in zip(w.layers, keys, values):
+        x = layer_step(x, cos, sin, k, v, index, mask, layer, spec, packed)
+    if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)
+        every = rms_norm(x, w.norm, spec.rms_norm_eps)  # [b, n, hidden]
+        hidden = every if select is None else every.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
+        return linear(hidden, w.lm_head, None, packed), every
+    if select is not None:
+        x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [b, m, hidden]
+    hidden = rms_norm(x, w.norm, spec.rms_norm_eps)
+    return linear(hidden, w.lm_head, None, packed), hidden

@@ -1,12 +1,11 @@
 """`NativeRunner`: the runner interface of `runner.ModelRunner` on verispec's own Llama-family model (`llama.py`),
 optionally torch.compiled. The engine cannot tell the two apart: same slots, same lengths, same masks.
 
-Compilation (`compile=True`): one decoder layer's step (`llama.layer_step`) is compiled and serves all layers; rows,
-fed tokens and the attended length are dynamic dimensions (Dynamo specialises only sizes 0 and 1), so a model
-compiles a handful of graphs (~5-20 s each on two CPU cores), and Inductor's on-disk cache makes later processes
-load rather than compile. Measured on CPU: no faster than eager at batch 1 (the step is the weights' memory
-traffic through oneDNN; the compiled graph saves small ops but adds guard checks per layer), so compile is off by
-default; CUDA graphs are not wired in (no GPU was available to measure them).
+Compilation (`compile=True`): the whole step (`llama.model_forward`: every layer and the LM head) is one compiled
+program per shape class (`compile.py`: rows and fed tokens 1 or many, the attended length dynamic), cached on disk
+under ~/.cache/verispec/compile so a later process loads rather than compiles. Off by default: not yet measured
+faster than eager on a quiet CPU (the step is the weights' memory traffic through oneDNN); CUDA graphs are not
+wired in.
 """
 
 from __future__ import annotations
@@ -163,11 +162,15 @@ class NativeRunner(SlotRunner):
         shape = (min(batch, 2), min(n, 2), 0 if select is None else min(select.shape[1], 2))
         first = self.compiled and shape not in self._shapes
         if first:
-            logger.info("compiling the native layer step (%d rows x %d tokens); later shapes of its kind reuse it",
-                        batch, n)
+            logger.info("compiling the native step for %s row(s) x %s token(s) (once per shape class; cached on "
+                        "disk for later processes)", "1" if batch == 1 else "many", "1" if n == 1 else "many")
             self._shapes.add(shape)
-        if self.compiled:
+        if self.compiled:  # dynamic from the first call of a class (not after a second, specialised compile)
             torch._dynamo.mark_dynamic(mask, 3)
+            for tensor in (token_ids, positions, write_index, mask):
+                for dim, size in enumerate((batch, n)):
+                    if size > 1:
+                        torch._dynamo.maybe_mark_dynamic(tensor, dim if tensor is not mask else (0, 2)[dim])
         rows = slice(start_slot, start_slot + batch)
         logits, hidden = self.model(token_ids, positions, write_index, mask, [k[rows] for k in keys],
                                     [v[rows] for v in values], select, compiled=self.compiled, all_hidden=all_hidden)

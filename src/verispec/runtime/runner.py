@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
 from .base import RunnerOutput, SlotRunner
+from .dtype import choose_dtype, dtype_name
 from .hf_runner import ModelRunner
 from .native import NativeRunner, UnsupportedModel, default_compile
 
@@ -21,8 +22,10 @@ logger = logging.getLogger("verispec")
 
 def runner_info(runner) -> dict:
     """What runs a model, for --json output and benchmark reports."""
+    auto, why = choose_dtype(runner.device)
     info = {"backend": runner.backend, "compiled": runner.compiled, "compile_s": round(runner.compile_s, 2),
-            "dtype": str(runner.dtype).removeprefix("torch."), "device": str(runner.device)}
+            "dtype": dtype_name(runner.dtype), "device": str(runner.device),
+            "dtype_auto": dtype_name(auto), "dtype_auto_reason": why}
     if runner.backend == "native":
         info["packed_weights"] = runner.model.layers[0].packed
     return info

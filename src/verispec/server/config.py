@@ -10,6 +10,7 @@ import torch
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.spec import NONE
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..runtime.dtype import resolve_dtype
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"
@@ -32,8 +33,12 @@ class ServerConfig:
     """The id /v1/models lists and requests name; default: the model's folder name (or the name given)."""
     max_len: int = 2048
     """Longest prompt + output in tokens (the KV cache is allocated for this)."""
-    dtype: torch.dtype = torch.float32
-    """Weights dtype of the target and of every drafter the server loads."""
+    dtype: torch.dtype | str = "auto"
+    """Weights dtype of the target and of every drafter the server loads: a torch dtype, its name, or 'auto'
+    (runtime/dtype.py: bf16 where the device computes it natively and speculation stays exact); resolved to a
+    torch dtype when the config is made, with `dtype_reason` saying why."""
+    dtype_reason: str = ""
+    """Why the dtype is what it is (set from `dtype`)."""
     device: str = "cpu"
     """Torch device of the models."""
     max_cached_drafters: int = 4
@@ -70,6 +75,10 @@ class ServerConfig:
     """On SIGTERM / SIGINT, seconds running requests get to finish before they are cancelled (--shutdown-timeout)."""
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
+            dtype, reason = resolve_dtype(self.dtype, self.device)  # ValueError naming the choices
+            object.__setattr__(self, "dtype", dtype)
+            object.__setattr__(self, "dtype_reason", reason)
         if self.max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
         if self.max_cached_drafters < 0:

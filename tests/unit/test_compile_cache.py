@@ -1,0 +1,21 @@
+"""runtime/compile.py: the compiled step's disk cache is keyed by torch version and CPU flags, under VERISPEC_CACHE."""
+
+import torch
+
+from verispec.runtime import compile as compile_mod
+
+
+def test_cache_folder_is_keyed_and_made(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # recorded, so what use_disk_cache sets is undone afterwards
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    monkeypatch.setattr(compile_mod, "cpu_flags", lambda: frozenset({"avx2"}))
+    avx2 = compile_mod.use_disk_cache()
+    assert avx2.is_dir() and avx2.parent == tmp_path / "compile" and torch.__version__ in avx2.name
+    monkeypatch.setattr(compile_mod, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
+    assert compile_mod.cache_dir() != avx2  # other CPU features, other generated code
+
+
+def test_a_users_inductor_cache_wins(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert compile_mod.use_disk_cache() == tmp_path / "mine"

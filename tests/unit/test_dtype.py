@@ -1,0 +1,55 @@
+"""`--dtype auto` (runtime/dtype.py): the choice from CPU flags, the exactness gate, names and errors."""
+
+import pytest
+import torch
+
+from verispec.runtime.dtype import choose_dtype, resolve_dtype
+
+AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
+AVX512_BF16 = AVX2 | {"avx512f", "avx512_bf16", "avx512_vnni"}
+AMX = AVX2 | {"avx512f", "amx_tile", "amx_bf16"}
+NE_CONVERT = AVX2 | {"avx_vnni", "avx_ne_convert"}
+
+
+@pytest.mark.parametrize("flags", [AVX512_BF16, AMX, NE_CONVERT])
+def test_native_bf16_cpu_picks_bf16_once_exact(flags):
+    dtype, reason = choose_dtype("cpu", flags, bf16_exact="bench: 13/13 equal")
+    assert dtype == torch.bfloat16 and "13/13" in reason
+
+
+@pytest.mark.parametrize("flags", [AVX512_BF16, AMX, NE_CONVERT])
+def test_native_bf16_cpu_stays_fp32_until_exact(flags):
+    dtype, reason = choose_dtype("cpu", flags, bf16_exact=None)
+    assert dtype == torch.float32
+    assert "bit for bit" in reason and any(f in reason for f in ("avx512_bf16", "amx_bf16", "avx_ne_convert"))
+
+
+@pytest.mark.parametrize("flags", [AVX2, frozenset()])
+def test_cpu_without_native_bf16_stays_fp32(flags):
+    dtype, reason = choose_dtype("cpu", flags, bf16_exact="bench: 13/13 equal")
+    assert dtype == torch.float32 and "no native bf16" in reason
+
+
+def test_cuda_is_bf16():
+    assert choose_dtype("cuda", AVX2)[0] == torch.bfloat16
+
+
+def test_resolve_names_and_dtypes():
+    assert resolve_dtype("bfloat16")[0] == torch.bfloat16
+    assert resolve_dtype(torch.float16)[0] == torch.float16
+    assert resolve_dtype("auto", "cpu")[0] == choose_dtype("cpu")[0]
+    with pytest.raises(ValueError, match="auto, float32"):
+        resolve_dtype("float64")
+
+
+def test_server_config_resolves_auto_once():
+    from dataclasses import replace
+
+    from verispec.server import ServerConfig
+
+    config = ServerConfig(model="m", dtype="auto")
+    assert (config.dtype, config.dtype_reason) == choose_dtype("cpu")
+    assert replace(config, max_len=64).dtype_reason == config.dtype_reason  # replace() keeps the reason
+    assert ServerConfig(model="m", dtype=torch.bfloat16).dtype_reason == "bfloat16: asked for"
+    with pytest.raises(ValueError, match="choose from auto"):
+        ServerConfig(model="m", dtype="int3")
