@@ -5,7 +5,7 @@ import torch
 
 from conftest import propose_one, tiny_llama
 from gates import virtual_costs
-from verispec.adaptive import AdaptivePolicy
+from verispec.engine.policy import AdaptivePolicy
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.factory import make_drafter
 from verispec.drafters.model import ModelDrafter

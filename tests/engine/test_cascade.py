@@ -222,7 +222,7 @@ def test_bench_drafts_with_the_cascade_and_anchors_on_its_model(model_dirs, tmp_
 def test_adaptive_k_per_stage_switches_off_only_the_stage_that_does_not_pay(tokenizer, monkeypatch):
     """With adaptive speculation each stage has its own estimates: a costly useless stage (random tokens, 3 ms a
     draft token) goes to K = 0 while prompt lookup keeps drafting on a target that repeats itself; output unchanged."""
-    from verispec.adaptive import AdaptivePolicy
+    from verispec.engine.policy import AdaptivePolicy
     from verispec.drafters.random import RandomDrafter
 
     target = tiny_llama(3)

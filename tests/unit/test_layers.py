@@ -18,7 +18,7 @@ LAYERS = [
     ("core", ["config", "verify", "sampling", "stats", "detokenize"]),
     ("runtime", ["runtime", "models", "memory"]),
     ("drafters", ["drafters", "pairs"]),
-    ("engine", ["engine", "adaptive", "fallback"]),
+    ("engine", ["engine", "fallback"]),
     ("apps", ["generator", "server", "cli", "bench", "distill", "__init__", "__main__"]),
 ]
 
