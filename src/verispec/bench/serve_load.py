@@ -295,7 +295,7 @@ def _write(report: dict, out: Path) -> None:
 def run_from_args(args) -> int:
     """The `verispec bench --serve` entry point (flags parsed by cli/bench.py)."""
     from ..cli import CliError
-    from ..cli.common import DTYPES
+    from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
     from .prompts import PromptError, load_prompts, select_prompts
 
     if args.demo or args.batch_sizes:
@@ -307,8 +307,9 @@ def run_from_args(args) -> int:
     except (ValueError, PromptError) as exc:
         raise CliError(str(exc)) from None
     dtypes = [d.strip() for d in (args.dtypes or args.dtype).split(",") if d.strip()]
-    if bad := [d for d in dtypes if d not in DTYPES]:
-        raise CliError(f"unknown dtype {', '.join(bad)}: choose from {', '.join(DTYPES)}")
+    if bad := [d for d in dtypes if d not in DTYPE_CHOICES]:
+        raise CliError(f"unknown dtype {', '.join(bad)}: choose from {', '.join(DTYPE_CHOICES)}")
+    dtypes = [dtype_name(choose_dtype(args.device)[0]) if d == "auto" else d for d in dtypes]  # as the server picks
     config = ServeLoadConfig(
         model=args.model, draft=args.draft_model, dtypes=dtypes, prompts=prompts, concurrency=concurrency,
         max_new_tokens=args.max_new_tokens or 128, out=args.out, device=args.device, threads=args.threads,
