@@ -45,15 +45,15 @@ class OutputStep:
                 kept += 1
                 if seq.stopper.push(token) is not None:
                     break
-            origins = round_origins(drafts.stages[i], seq.stats.rounds + 1, proposal.token_ids.numel(), accepted,
-                                    verdict.bonus[i], kept)  # the server's opt-in annotation
+            depth, drafted = verdict.depth[i], proposal.token_ids.numel()
+            origins = round_origins(drafts.stages[i], seq.stats.rounds + 1, drafted, accepted, verdict.bonus[i],
+                                    kept)  # the server's opt-in annotation
             seq.append(committed[:kept], verdict.logprobs.get(seq.slot, [])[:kept], origins)
             if path[-1] != len(path) - 1:
                 # A tree's accepted path was fed at scattered indices: its entries move into place (the one copy).
                 self.target.keep_path(seq.slot, base, path)
             self.target.truncate(seq.length - 1, seq.slot)
             # A round cut short by a stop counts only the draft positions in front of the stop.
-            depth, drafted = verdict.depth[i], proposal.token_ids.numel()
             proposed = depth if kept == len(committed) else min(depth, kept)
             if seq.drafter is not None:
                 self.calls.on_row(seq, lambda d: d.observe(seq.slot, seq.length, accepted, drafted))
