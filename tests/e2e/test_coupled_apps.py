@@ -1,7 +1,12 @@
-"""Coupled sampling through the server (`"speculative": {"coupling": "gumbel"}`): a seeded request gets the target
-alone's text with speculation on or off, any K, adaptive K, n > 1; a bad mode is a 400 naming the field."""
+"""Coupled sampling through the server (`"speculative": {"coupling": "gumbel"}`) and the CLI (`--coupled`): a seeded
+request gets the target alone's text with speculation on or off, any K, adaptive K, n > 1; a bad mode is a 400
+naming the field."""
+
+import json
 
 import pytest
+
+from test_cli_generate import run_cli
 
 from test_server import MODEL, assert_error, base_url, client, complete, http, one_torch_thread, running  # noqa: F401
 
@@ -47,3 +52,16 @@ def test_a_coupled_seeded_request_keeps_adaptive_k(coupling, adaptive):
     params = SamplingParams(temperature=0.7, seed=1, coupled=coupling == "gumbel")
     spec, _ = server.speculation(SpeculativeOptions(coupling=coupling), params)
     assert spec.adaptive == adaptive
+
+
+def test_cli_generate_coupled_equals_the_target_alone(capsys, model_dirs):
+    common = ["--model", model_dirs["target"], "--prompt", "a bird", "--max-new-tokens", 30, "--json",
+              "--temperature", 1.3, "--seed", 5, "--coupled"]
+    outputs = []
+    for drafter in (["--draft-model", model_dirs["draft"], "--draft-tokens", 5], ["--draft-model", "ngram"],
+                    ["--draft-model", "none"]):
+        code, out, _ = run_cli(capsys, *common, *drafter)
+        assert code == 0
+        outputs.append(json.loads(out))
+    assert outputs[0]["token_ids"] == outputs[1]["token_ids"] == outputs[2]["token_ids"]
+    assert outputs[0]["stats"]["draft_tokens"] > 0
