@@ -89,6 +89,10 @@ class SamplingParams:
     `logprobs` most likely alternatives at each position (0..20); None returns none."""
     structured: StructuredOutput | None = None
     """A grammar (JSON schema, regex, choice, Lark) every output follows; tokens it forbids are masked."""
+    coupled: bool = False
+    """Coupled (Gumbel-max) sampling: the noise of output position t is keyed by (seed, t), so a seed gives the
+    target alone's tokens whatever the drafter, K, batch or trees (unseeded: a seed drawn once per request).
+    False: rejection sampling, the same distribution with the highest acceptance. No effect on greedy decoding."""
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -7,6 +7,10 @@ with probability min(1, p(x) / q(x)); at the first *rejected* position a *recove
 residual norm(max(0, p - q)); when all k draft tokens are accepted a *bonus* token is sampled from p at
 position k. A drafter without probabilities proposes a point mass: q = one_hot(x).
 
+Coupled sampling (`choice_verify`, `choice_tree_verify`) is the other exact mode: the target's token at each
+position is a Gumbel-max sample keyed by (seed, position), computed by the caller, and a draft token is accepted iff
+it equals it: verification is greedy verification on that choice, and the output is the target alone's for the seed.
+
 Drafts are ragged: row b has num_draft_tokens[b] draft tokens, padded to max_k; padding is never accepted.
 All noise is passed in (drawn by the caller from each row's own generator), and nothing here syncs with the host.
 """
@@ -64,12 +68,24 @@ def greedy_verify(
     A draft token is accepted iff it is the target's argmax at its position (and not padding); the next token is
     the target's argmax at position num_accepted (recovered token, or bonus token after a full acceptance).
     """
-    argmax = target_logits.argmax(dim=-1)  # [batch, max_k + 1]
-    accepted = meta.draft_token_ids == argmax[:, : meta.max_k]  # [batch, max_k]
+    return choice_verify(meta, target_logits.argmax(dim=-1), extra_accepted)
+
+
+def choice_verify(
+    meta: SpecDecodeMetadata,
+    choices: Tensor,  # [batch, max_k + 1] long: the target's own token at each position
+    extra_accepted: Tensor | None = None,  # [batch, max_k] bool, LOSSY modes only (e.g. top_n_accept)
+) -> VerifyResult:
+    """Verification against the token the target alone would pick at each position: its argmax (greedy), or its
+    coupled choice (Gumbel-max with noise keyed by seed and position, `sampling.noise.gumbel_argmax`). A draft
+    token is accepted iff it equals the choice at its position; the next token is the choice at num_accepted. The
+    committed tokens are then the target alone's, whatever the drafts (coupled: the same tokens for a seed).
+    """
+    accepted = meta.draft_token_ids == choices[:, : meta.max_k]  # [batch, max_k]
     if extra_accepted is not None:
         accepted = accepted | extra_accepted
     num_accepted = count_accepted(accepted & meta.valid())  # [batch]
-    next_token = argmax.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [batch]
+    next_token = choices.gather(1, num_accepted.unsqueeze(1)).squeeze(1)  # [batch]
     return VerifyResult(num_accepted, next_token)
 
 
@@ -282,22 +298,31 @@ def greedy_tree_verify(
     becomes the current node; when no child matches (or the node is a leaf) the next token is that argmax.
     Padding nodes are never accepted.
     """
+    return choice_tree_verify(tree, target_logits.argmax(dim=-1), max_depth)
+
+
+def choice_tree_verify(
+    tree: TreeDraft,
+    choices: Tensor,  # [batch, n] long: the target's own token after node i (argmax, or the coupled choice)
+    max_depth: int | None = None,  # a bound on the deepest node (e.g. n - 1): no host sync; None: measured
+) -> TreeVerifyResult:
+    """`greedy_tree_verify` on given choices (see `choice_verify`): a node is accepted iff it is the first child of
+    the current node whose token equals the choice there; the next token is the choice after the last accepted."""
     batch, n = tree.token_ids.shape
-    argmax = target_logits.argmax(dim=-1)  # [batch, n]
     valid = tree.valid()  # [batch, n]
-    cur = torch.zeros(batch, dtype=torch.long, device=argmax.device)  # [batch]: the last accepted node
+    cur = torch.zeros(batch, dtype=torch.long, device=choices.device)  # [batch]: the last accepted node
     num_accepted = torch.zeros_like(cur)  # [batch]
-    path = torch.zeros(batch, n, dtype=torch.long, device=argmax.device)  # [batch, n]
-    depth = torch.zeros(batch, n, dtype=torch.long, device=argmax.device)  # [batch, n]
+    path = torch.zeros(batch, n, dtype=torch.long, device=choices.device)  # [batch, n]
+    depth = torch.zeros(batch, n, dtype=torch.long, device=choices.device)  # [batch, n]
     for i in range(1, n):
         parent = tree._parent(i, valid)  # [batch]
         depth[:, i] = torch.where(valid[:, i], depth.gather(1, parent.unsqueeze(1)).squeeze(1) + 1, 0)
-        choice = argmax.gather(1, cur.unsqueeze(1)).squeeze(1)  # [batch]: the target's token after cur
+        choice = choices.gather(1, cur.unsqueeze(1)).squeeze(1)  # [batch]: the target's token after cur
         accepted = valid[:, i] & (parent == cur) & (tree.token_ids[:, i] == choice)  # [batch]
         num_accepted = num_accepted + accepted.long()
         path = _extend_path(path, num_accepted, accepted, i)
         cur = torch.where(accepted, i, cur)
-    next_token = argmax.gather(1, cur.unsqueeze(1)).squeeze(1)  # [batch]
+    next_token = choices.gather(1, cur.unsqueeze(1)).squeeze(1)  # [batch]
     return TreeVerifyResult(_trim_path(path, depth, max_depth), num_accepted, next_token)
 
 

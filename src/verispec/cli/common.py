@@ -142,6 +142,9 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over the output (-2..2)")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, over the output (-2..2)")
     g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--coupled", action="store_true",
+                   help="coupled (Gumbel-max) sampling: with --seed, the target alone's output whatever the drafter, "
+                        "K or batch (default: rejection sampling, the highest acceptance)")
     g.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     g.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID", help="repeatable")
     g.add_argument("--logit-bias", action="append", type=_bias, default=[], metavar="ID=BIAS",
@@ -192,7 +195,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
         max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
         presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
-        seed=args.seed, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id),
+        seed=args.seed, coupled=args.coupled, stop=tuple(args.stop), stop_token_ids=tuple(args.stop_token_id),
         logit_bias=tuple(args.logit_bias), logprobs=args.logprobs, structured=structured_output(args),
     )
 

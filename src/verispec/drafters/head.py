@@ -21,7 +21,8 @@ score is the product of the draft confidences on its path, an estimate of the ch
 The tree proposed is the `N` best nodes (closed under ancestors, since scores only fall along a path), with N
 chosen up to the row's node budget to maximise (1 + sum of scores) / verify cost(N + 1) when the engine passes the
 measured verify costs. Tree nodes are point masses (distinct top tokens), verified exactly by recursive rejection
-over siblings; a chain (budget <= depth) samples its tokens from q under sampling and carries q.
+over siblings; a chain (budget <= depth) samples its tokens from q under sampling and carries q. A coupled row
+(sampling/noise.py) drafts its coupled choice argmax(log q + g) as a point mass (in a tree: the first child).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 
 from ..config import MAX_DRAFT_TOKENS, RunnerOptions
 from ..runtime.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
-from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
+from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
 
 HEAD_CONFIG = "head_config.json"
@@ -252,7 +253,9 @@ class HeadDrafter(Drafter):
         rows = batch.rows
         b, device, vocab = len(rows), self.device, batch.sampling.vocab_size
         trees = [rows[i].tree_nodes > ks[i] and ks[i] > 0 for i in range(b)]
-        chain_sampled = [not greedy and not tree for greedy, tree in zip(batch.sampling.greedy.tolist(), trees)]
+        coupled = batch.sampling.coupled
+        chain_sampled = [not greedy and not tree and not c
+                         for greedy, tree, c in zip(batch.sampling.greedy.tolist(), trees, coupled)]
         branch = [TREE_BRANCH if trees[i] else 1 for i in range(b)]
         # Per row: nodes as (token, parent node index in this list + 1 (0 = root), log score, depth, q or None)
         nodes: list[list[tuple]] = [[] for _ in range(b)]
@@ -269,6 +272,13 @@ class HeadDrafter(Drafter):
             processed = process_logits(full, batch.sampling, None, start=depth - 1)  # [b, F, vocab]
             q = stable_softmax(processed)  # [b, F, vocab]
             top_p, top_ids = q.topk(TREE_BRANCH, dim=-1)  # [b, F, branch]
+            if any(coupled):
+                # A coupled row's first child is its coupled choice, argmax(log q + g) with the target's noise at
+                # that output position (every frontier node is at this depth); its top tokens follow in a tree.
+                at_depth = torch.zeros(q.shape[:2], dtype=torch.long, device=device)  # [b, F]
+                choice = row_choices(processed, batch.sampling, start=depth - 1, depths=at_depth)  # [b, F]
+                top_ids = torch.cat([choice.unsqueeze(-1), top_ids], dim=-1)  # [b, F, 1 + branch]
+                top_p = torch.cat([q.gather(-1, choice.unsqueeze(-1)), top_p], dim=-1)
             sampled_ids = None
             if any(chain_sampled):
                 uniform = row_uniforms(rows, [chain_sampled[i] and depth <= ks[i] and not stopped[i] for i in range(b)],
@@ -286,7 +296,10 @@ class HeadDrafter(Drafter):
                         token = sampled_ids[i]
                         options = [(token, q[i, f, token].item(), q[i, f])]
                     else:
-                        options = [(top_ids[i][f][c], top_p[i][f][c], None) for c in range(branch[i])]
+                        options = [(token, prob, None) for token, prob in zip(top_ids[i][f], top_p[i][f])]
+                        if coupled[i]:  # the choice, then the other top tokens
+                            options = options[:1] + [o for o in options[1:] if o[0] != options[0][0]]
+                        options = options[: branch[i]]
                     for token, prob, q_row in options:
                         if prob <= 0.0:
                             continue

@@ -9,7 +9,7 @@ from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
 from ..runtime.runner import make_runner
-from ..sampling import check_finite, process_logits, sample_from_probs, stable_softmax
+from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
 
 
@@ -81,18 +81,23 @@ class ModelDrafter(Drafter):
         drafted: list[torch.Tensor] = []  # per step: [batch]
         probs: list[torch.Tensor | None] = []  # per step: [batch, vocab] or None (all rows greedy)
         steps = [0] * len(rows)  # draft tokens kept per row
-        sampled = [not greedy for greedy in batch.sampling.greedy.tolist()]
+        # Rows that sample from q and carry it; greedy and coupled rows draft their own choice (a point mass): the
+        # argmax, or argmax(log q + g) with the noise the target's coupled choice uses at that position.
+        sampled = [not greedy and not coupled for greedy, coupled in zip(batch.sampling.greedy.tolist(),
+                                                                          batch.sampling.coupled)]
         for step in range(max(ks)):
             check_finite(logits, "draft")
             pending = torch.stack(drafted, dim=1) if drafted else None  # [batch, step]
-            processed = process_logits(logits, batch.sampling, pending, start=step)[:, 0]  # [batch, vocab]
-            tokens_now = processed.argmax(dim=-1)  # [batch]
+            processed = process_logits(logits, batch.sampling, pending, start=step)  # [batch, 1, vocab]
+            tokens_now = row_choices(processed, batch.sampling, start=step)[:, 0]  # [batch]
+            processed = processed[:, 0]  # [batch, vocab]
             q = None
             if any(sampled):
                 q = stable_softmax(processed)  # [batch, vocab]
                 # [batch]; only drafting rows draw, on the generator's (the target's) device: the draft may live elsewhere.
                 uniform = row_uniforms(rows, [sampled[i] and step < ks[i] for i in range(len(rows))], device)
-                tokens_now = torch.where(batch.sampling.greedy.to(device), tokens_now, sample_from_probs(q, uniform))
+                drawn = torch.tensor(sampled, device=device)  # [batch] bool
+                tokens_now = torch.where(drawn, sample_from_probs(q, uniform), tokens_now)
             for i, row in enumerate(rows):
                 if step < ks[i] and steps[i] == step:
                     if row.threshold > 0 and step > 0:

@@ -40,6 +40,10 @@ def new_sequence(prompt: torch.Tensor, params: SamplingParams, spec: Speculative
         generator.manual_seed(params.seed)
     else:
         generator.seed()
+    # Coupled sampling keys its noise by (seed, output position); an unseeded request's seed is drawn once, here.
+    noise_seed = None
+    if params.coupled and not params.greedy:
+        noise_seed = params.seed if params.seed is not None else generator.initial_seed()
     eos = eos_token_ids | set(params.stop_token_ids)
     return Sequence(
         tokens=tokens,
@@ -47,7 +51,7 @@ def new_sequence(prompt: torch.Tensor, params: SamplingParams, spec: Speculative
         prompt_len=prompt.numel(),
         params=params,
         spec=spec,
-        sampling=RowSamplingState(params, eos, prompt.tolist(), vocab_size, device, grammar),
+        sampling=RowSamplingState(params, eos, prompt.tolist(), vocab_size, device, grammar, noise_seed),
         generator=generator,
         stopper=StopChecker(params, eos_token_ids, tokenizer, params.max_new_tokens),
         drafter=drafter,

@@ -3,8 +3,9 @@
 A chain is a one-branch tree, and one code path serves both: the target scores each row's root (the last committed
 token) and its draft nodes in ONE forward over [batch, width] (a tree with its ancestor mask and positions
 length + depth); logits are processed with each row's own sampling parameters; greedy rows keep the target's
-argmax path, sampled rows run rejection sampling with k + 1 uniforms from the row's own generator (a seeded
-request draws the same numbers alone or in any batch). Only the math differs, and it is picked at one point
+argmax path, coupled rows the path of the target's coupled choices (Gumbel-max keyed by seed and output position:
+the target alone's tokens for the seed), other sampled rows run rejection sampling with k + 1 uniforms from the
+row's own generator (a seeded request draws the same numbers alone or in any batch). Only the math differs, and it is picked at one point
 (`_decide`): chain verification where every row is a chain (cheaper: no walk over nodes), tree verification
 otherwise; on a chain both give the same result (tests/unit/test_tree_verify.py).
 
@@ -20,8 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import check_finite, process_logits, stable_softmax
-from ..verify import (VerifyResult, greedy_tree_verify, greedy_verify, path_tokens, rejection_verify, top_n_accept,
+from ..sampling import check_finite, process_logits, row_choices, stable_softmax
+from ..verify import (VerifyResult, choice_tree_verify, choice_verify, path_tokens, rejection_verify, top_n_accept,
                       tree_rejection_verify)
 from .logprobs import round_logprobs
 from .proposer import StepDrafts
@@ -62,7 +63,7 @@ class Verifier:
         # node's depth alone (min_tokens' EOS mask): trees are offered only to rows where that holds.
         processed = process_logits(out.logits, drafts.sampling, meta.draft_token_ids, start=0,
                                    depths=depths)  # [batch, width, vocab]
-        result = self._decide(rows, drafts, processed)
+        result = self._decide(rows, drafts, processed, depths)
         # The one host sync of the step: everything the commit branches on, in one transfer.
         batch = len(rows)
         parts = [result.num_accepted, result.next_token]
@@ -89,13 +90,17 @@ class Verifier:
         logprobs = self._logprobs(rows, drafts, processed, result)
         return Verdict(accepted, paths, next_token, depth, bonus, logprobs, time.perf_counter() - start, out.hidden)
 
-    def _decide(self, rows: list[Sequence], drafts: StepDrafts, processed: torch.Tensor):
-        """Per row: accepted count, next token (and a tree's accepted path). processed: [batch, width, vocab]."""
+    def _decide(self, rows: list[Sequence], drafts: StepDrafts, processed: torch.Tensor, depths: torch.Tensor | None):
+        """Per row: accepted count, next token (and a tree's accepted path). processed: [batch, width, vocab];
+        depths: [batch, width] a tree step's node depths, None for chains."""
         tree, meta = drafts.tree, drafts.meta
         bound = drafts.width - 1  # the deepest a node can be: paths come back [batch, width], no host sync
         extra = self._lossy_accept(rows, drafts, processed) if tree is None else None
-        result = greedy_verify(meta, processed, extra) if tree is None else greedy_tree_verify(tree, processed, bound)
-        if all(seq.params.greedy for seq in rows):
+        # Greedy and coupled rows: a draft token is accepted iff it is the target's own choice at its position.
+        choices = row_choices(processed, drafts.sampling, depths=depths)  # [batch, width]
+        result = choice_verify(meta, choices, extra) if tree is None else choice_tree_verify(tree, choices, bound)
+        rejection = [not seq.params.greedy and not c for seq, c in zip(rows, drafts.sampling.coupled)]
+        if not any(rejection):
             return result
         # The noise comes from each row's own generator, k + 1 draws per row (a tree row as many as a chain of its
         # k tokens): node j's at [row, j], the recovered or bonus token's apart.
@@ -103,7 +108,7 @@ class Verifier:
         uniform_accept = torch.zeros(len(rows), drafts.width, device=device)  # [batch, width]; root unused
         uniform_sample = torch.zeros(len(rows), device=device)  # [batch]
         for i, seq in enumerate(rows):
-            if not seq.params.greedy:
+            if rejection[i]:
                 n = drafts.proposals[i].token_ids.numel()
                 u = seq.uniform(n + 1)
                 uniform_accept[i, 1 : n + 1] = u[:n]
@@ -115,10 +120,11 @@ class Verifier:
                                      uniform_accept[:, 1:], uniform_sample, extra)
         else:
             drawn = tree_rejection_verify(tree, q, drafts.has_draft_probs, p, uniform_accept, uniform_sample, bound)
-            result.path = torch.where(drafts.sampling.greedy.to(device).unsqueeze(1), result.path, drawn.path)
-        greedy = drafts.sampling.greedy.to(device)  # [batch] bool
-        result.num_accepted = torch.where(greedy, result.num_accepted, drawn.num_accepted)
-        result.next_token = torch.where(greedy, result.next_token, drawn.next_token)
+        chosen = ~torch.tensor(rejection, device=device)  # [batch] bool: greedy and coupled rows keep their choices
+        if tree is not None:
+            result.path = torch.where(chosen.unsqueeze(1), result.path, drawn.path)
+        result.num_accepted = torch.where(chosen, result.num_accepted, drawn.num_accepted)
+        result.next_token = torch.where(chosen, result.next_token, drawn.next_token)
         return result
 
     def _lossy_accept(self, rows: list[Sequence], drafts: StepDrafts, processed: torch.Tensor) -> torch.Tensor | None:

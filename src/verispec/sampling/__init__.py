@@ -1,10 +1,12 @@
 """Logits processing and sampling, shared by the target (p) and the drafter (q).
 
 `processors` holds the batched, per-row processing of the engine (`SamplingBatch`, `process_logits`,
-`sample_from_probs`). tests/reference_sampler.py keeps the one-sequence reference it is tested against.
+`sample_from_probs`); `noise` the counter-based Gumbel noise of coupled sampling (`row_choices`: each row's own
+token, the argmax or the coupled choice). tests/reference_sampler.py keeps the one-sequence reference it is tested against.
 """
 
 from .grammar import Grammar
+from .noise import gumbel_argmax, row_choices
 from .processors import (
     NumericalError,
     RowSamplingState,
@@ -21,7 +23,9 @@ __all__ = [
     "RowSamplingState",
     "SamplingBatch",
     "check_finite",
+    "gumbel_argmax",
     "process_logits",
+    "row_choices",
     "sample_from_probs",
     "stable_softmax",
 ]

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from ..config import SamplingParams
 from .grammar import Grammar, grammar_masks
+from .noise import seed_halves
 
 NEG_INF = float("-inf")
 
@@ -62,9 +63,12 @@ class RowSamplingState:
         vocab_size: int,
         device: torch.device | str = "cpu",
         grammar: Grammar | None = None,
+        noise_seed: int | None = None,
     ) -> None:
-        """Raises ValueError for a logit_bias token outside the vocabulary."""
+        """Raises ValueError for a logit_bias token outside the vocabulary. noise_seed: the seed of a coupled
+        sampled row's noise (None: not coupled)."""
         self.params = params
+        self.noise_seed = noise_seed
         self.vocab_size = vocab_size
         self.device = torch.device(device)
         # Masked until min_new_tokens: the model's EOS ids and the request's own stop ids.
@@ -146,6 +150,10 @@ class SamplingBatch:
     """(row, grammar) of rows with structured output; their masks are computed per position on the host."""
     greedy: Tensor  # [batch] bool
     """Rows decoded by argmax (temperature 0)."""
+    coupled: tuple[bool, ...]
+    """Per row, on the host: a sampled row whose tokens are coupled choices (sampling/noise.py), not drawn from q."""
+    noise_seeds: Tensor | None  # [batch, 2] int64
+    """Each coupled row's seed as two 32-bit halves (0 in other rows); None when no row is coupled."""
     all_greedy: bool
     """No row samples: the temperature/top-k/top-p/min-p stages are skipped."""
     max_top_k: int
@@ -190,6 +198,11 @@ class SamplingBatch:
             zero = torch.zeros(vocab_size, dtype=torch.float32, device=device)  # [vocab]
             logit_bias = torch.stack([zero if r.logit_bias is None else r.logit_bias.to(device) for r in rows])
         top_p_rows = [i for i, value in enumerate(top_p) if value < 1.0]
+        coupled = tuple(row.noise_seed is not None for row in rows)
+        noise_seeds = None
+        if any(coupled):
+            halves = [seed_halves(0 if row.noise_seed is None else row.noise_seed) for row in rows]
+            noise_seeds = torch.tensor(halves, dtype=torch.long, device=device)  # [batch, 2]
         return cls(
             temperature=column([p.temperature for p in params], torch.float32),
             top_k=column(top_k, torch.long),
@@ -206,6 +219,8 @@ class SamplingBatch:
             logit_bias=logit_bias,
             grammars=[(i, row.grammar) for i, row in enumerate(rows) if row.grammar is not None],
             greedy=column(greedy, torch.bool),
+            coupled=coupled,
+            noise_seeds=noise_seeds,
             all_greedy=all(greedy),
             max_top_k=max(top_k, default=0),
             top_p_rows=column(top_p_rows, torch.long) if top_p_rows else None,

@@ -93,8 +93,9 @@ class Server:
         """-> (speculation config, drafter name or None for the target alone).
 
         A request that fixes K (`draft_tokens`), and a seeded sampling request, run with a fixed K unless they ask
-        for adaptive K: adaptive K follows measured timings and earlier requests, and under sampling a different
-        K draws different random numbers, so the same seed would not give the same output twice.
+        for adaptive K: adaptive K follows measured timings and earlier requests, and under rejection sampling a
+        different K draws different random numbers, so the same seed would not give the same output twice. A
+        coupled request's output does not depend on K: it keeps the server's adaptive setting.
         """
         if not isinstance(option, SpeculativeOptions):
             option = SpeculativeOptions(enabled=option)
@@ -104,7 +105,7 @@ class Server:
             enabled = self.config.enable_speculative or asked
         adaptive = option.adaptive
         if adaptive is None:
-            seeded_sampling = params.seed is not None and not params.greedy
+            seeded_sampling = params.seed is not None and not params.greedy and not params.coupled
             adaptive = self.served.spec.adaptive and option.draft_tokens is None and not seeded_sampling
         changes = {"adaptive": adaptive}
         if option.draft_tokens is not None:
@@ -129,6 +130,8 @@ class Server:
             raise invalid(f"{len(prompts)} prompts times n={body.n} is more than this server's limit of "
                           f"{self.config.max_choices} choices (--max-choices).", param="n")
         params = self.sampling(body, max_tokens)
+        if isinstance(body.speculative, SpeculativeOptions) and body.speculative.coupling is not None:
+            params = replace(params, coupled=body.speculative.coupling == "gumbel")
         spec, drafter = self.speculation(body.speculative, params)
         annotate = isinstance(body.speculative, SpeculativeOptions) and body.speculative.annotate
         if annotate and not body.stream:

@@ -33,12 +33,17 @@ class SpeculativeOptions(_Request):
     """K, draft tokens per round (1..64), fixed for this request; default: the server's --draft-tokens."""
     adaptive: bool | None = None
     """Choose K per round (up to the server's --max-speculation-depth); default: the server's setting, except
-    that a request with draft_tokens, or a seeded sampling request, runs with a fixed K."""
+    that a request with draft_tokens, or a seeded sampling request not coupled, runs with a fixed K."""
     draft_model: str | None = None
     """Another drafter: a model folder / .gguf / hub id / name, or 'none'; loaded on first use and cached."""
     tree_nodes: int | None = None
     """Token trees (0..64 draft tokens per round) for drafters that propose them, e.g. a draft head; 0: chains;
     default: the server's --tree-nodes."""
+    coupling: Literal["rejection", "gumbel"] | None = None
+    """How a sampled request's randomness meets the drafts: "rejection" (rejection sampling, the highest
+    acceptance; a seed repeats its output only with the same K) or "gumbel" (coupled: the noise of each output
+    position is keyed by the seed, so a seed gives the target alone's tokens whatever the drafter, K or batch);
+    default "rejection"."""
     annotate: bool = False
     """Streaming only: each chunk also carries `verispec.tokens`, how each of its tokens was decided (accepted
     draft token and its drafter stage, recovered, bonus, or the target's own) and in which round."""
