@@ -177,7 +177,7 @@ class Scheduler:
         free = [slot for slot in range(len(self.running), self.max_slots) if slot not in held]
         seq.slot = free[-1] if held else free[0]
         self.cache.reset(seq.slot)
-        lookup = self._lookups.get(seq)
+        lookup = self._lookup(seq)
         if lookup is not None and lookup.blocks:
             self.prefix.load(seq.slot, lookup.blocks)  # its prefill starts after them (seq.prefilled)
             self.prefix.unpin(lookup.blocks)
@@ -186,16 +186,19 @@ class Scheduler:
     def store_prefix(self, seq: Sequence, end: int) -> None:
         """After a prefill chunk: the full blocks of prompt[:end], which its slot now holds, go into the prefix
         cache."""
-        lookup = self._lookups.get(seq)
+        lookup = self._lookup(seq)
         if lookup is not None:
             self.prefix.insert(seq.slot, lookup.tokens[:end])
 
     # -- prefix cache --------------------------------------------------------------------------------------------
 
+    def _lookup(self, seq: Sequence) -> PrefixLookup | None:
+        return self._lookups.get(seq) if self.prefix is not None else None
+
     def _match_prefix(self, seq: Sequence) -> None:
         """An admitted sequence starts after the longest cached prefix of its prompt (its blocks pinned until
         `stage` copies them)."""
-        lookup = self._lookups.get(seq)
+        lookup = self._lookup(seq)
         if lookup is None or lookup.blocks is None:
             return
         lookup.blocks = self.prefix.match(lookup.tokens)
@@ -205,19 +208,19 @@ class Scheduler:
 
     def _unmatch_prefix(self, seq: Sequence) -> None:
         """Undo `_match_prefix` for a sequence that was not admitted after all."""
-        lookup = self._lookups.get(seq)
-        if lookup is not None and lookup.blocks:
+        lookup = self._lookup(seq)
+        if lookup is not None and lookup.blocks is not None:
             self.prefix.unpin(lookup.blocks)
             self.prefix.uncount(len(lookup.tokens), len(lookup.blocks))
             lookup.blocks = []
-        seq.prefilled = seq.stats.cached_tokens = 0
+            seq.prefilled = seq.stats.cached_tokens = 0
 
     def _prefix_pending(self, seq: Sequence) -> bool:
         """Whether a sequence being prefilled will store more of seq's prefix than the cache holds now."""
-        lookup = self._lookups.get(seq)
+        lookup = self._lookup(seq)
         if lookup is None or lookup.blocks is None:
             return False
-        others = [self._lookups.get(other) for other in self._admitted]
+        others = [self._lookup(other) for other in self._admitted]
         shared = max((self.prefix.common_blocks(lookup.tokens, other.tokens) for other in others if other), default=0)
         return shared > 0 and shared > len(self.prefix.match(lookup.tokens, count=False))
 
@@ -236,7 +239,8 @@ class Scheduler:
             self.cache.move_slot(seq.slot, slot)
             seq.slot = slot
         self._admitted.remove(seq)
-        self._lookups.pop(seq, None)
+        if self.prefix is not None:
+            self._lookups.pop(seq, None)
         self.running.append(seq)
         seq.status = SequenceStatus.RUNNING
 
@@ -261,7 +265,7 @@ class Scheduler:
         for queue in (self._admitted, self.waiting):
             if seq in queue:
                 queue.remove(seq)
-                lookup = self._lookups.pop(seq, None)
+                lookup = self._lookups.pop(seq, None) if self.prefix is not None else None
                 if lookup is not None and lookup.blocks:
                     self.prefix.unpin(lookup.blocks)
                 if getattr(seq, "slot", -1) >= 0:
