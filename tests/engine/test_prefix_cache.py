@@ -195,3 +195,22 @@ def test_store_evicts_least_recently_used_leaves_and_never_pinned_blocks():
     assert len(store.match(list(range(60, 76)))) == 1 and store.evicted == 2
     store.unpin(pinned)
     assert not store.pins
+
+
+def test_server_budget_shares_the_kv_bound(models):
+    """--kv-cache-memory: the slots take max_len each, the prefix cache what is left; without it, as many tokens
+    as the slots hold, within free memory."""
+    from verispec.config import cache_len
+    from verispec.server import ServerConfig
+    from verispec.server.runtime import kv_bounded_slots, kv_slot_bytes, prefix_cache_tokens
+
+    target, _ = models
+    config = ServerConfig(model="unused", max_len=128, max_num_seqs=4)
+    per_slot = kv_slot_bytes(config, target)
+    bound = ServerConfig(model="unused", max_len=128, max_num_seqs=4, kv_cache_memory_gb=6.5 * per_slot / 2**30)
+    slots = kv_bounded_slots(bound, target, free_bytes=2**40)
+    assert slots == 4 and prefix_cache_tokens(bound, target, slots) == int(2.5 * cache_len(128))
+    assert prefix_cache_tokens(config, target, 4, free_bytes=2**40) == 4 * cache_len(128)
+    assert prefix_cache_tokens(config, target, 4, free_bytes=int(5 * per_slot / 0.9)) == cache_len(128)
+    off = ServerConfig(model="unused", max_len=128, max_num_seqs=4, enable_prefix_caching=False)
+    assert prefix_cache_tokens(off, target, 4, free_bytes=2**40) == 0

@@ -75,7 +75,8 @@ class PrefixLookup:
     """A sequence's prompt as the prefix cache sees it."""
 
     tokens: list[int]  # prompt[:-1]: the tokens whose entries the target's cache takes at prefill
-    blocks: list[int]  # matched at admission and pinned until copied into the slot (empty afterwards)
+    blocks: list[int] | None  # matched at admission, pinned until copied into the slot (then empty); None: the
+    # request may not start from cached blocks (its drafter reads the prompt's hidden states)
 
 
 class Scheduler:
@@ -183,14 +184,14 @@ class Scheduler:
             self.prefix.unpin(lookup.blocks)
             lookup.blocks = []
 
+    # -- prefix cache --------------------------------------------------------------------------------------------
+
     def store_prefix(self, seq: Sequence, end: int) -> None:
         """After a prefill chunk: the full blocks of prompt[:end], which its slot now holds, go into the prefix
         cache."""
         lookup = self._lookup(seq)
         if lookup is not None:
             self.prefix.insert(seq.slot, lookup.tokens[:end])
-
-    # -- prefix cache --------------------------------------------------------------------------------------------
 
     def _lookup(self, seq: Sequence) -> PrefixLookup | None:
         return self._lookups.get(seq) if self.prefix is not None else None
