@@ -62,8 +62,9 @@ class PrefixCache:
     # -- lookup --------------------------------------------------------------------------------------------------
 
     def match(self, tokens: list[int], count: bool = True) -> list[int]:
-        """The blocks of the longest cached prefix of `tokens` made of full blocks, root first (touched: they are
-        the most recently used now). count: add the lookup to `queried_tokens` / `hit_tokens`."""
+        """The blocks of the longest cached prefix of `tokens` made of full blocks, root first. count: a real
+        lookup, whose blocks become the most recently used and which `queried_tokens` / `hit_tokens` count
+        (False: a peek that changes nothing)."""
         blocks: list[int] = []
         parent = ROOT
         for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
