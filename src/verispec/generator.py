@@ -38,10 +38,12 @@ class SpeculativeGenerator:
         max_batch_size: int = 16,
         runner: RunnerOptions | None = None,
         tree_nodes: int = 0,
+        enable_prefix_caching: bool = True,
     ) -> None:
         """runner: which model runner executes the models (RunnerOptions: backend "auto" | "native" | "hf",
         compile True / False / None for the measured default); tree_nodes: token trees of up to that many draft
-        tokens per round, for drafters that propose trees (a draft head; default 0: chains of K)."""
+        tokens per round, for drafters that propose trees (a draft head; default 0: chains of K);
+        enable_prefix_caching: prompts that start like earlier ones reuse their prefix's KV (docs/server.md)."""
         if device is not None:
             target_model = target_model.to(device)
             if isinstance(draft_model, PreTrainedModel):
@@ -53,7 +55,8 @@ class SpeculativeGenerator:
             drafter = draft_model
         self.spec = spec or SpeculativeConfig(num_draft_tokens=K, tree_nodes=tree_nodes)
         self.engine = SpeculativeEngine(target_model.eval(), tokenizer, drafter, self.spec, max_len=max_len,
-                                        max_batch_size=max_batch_size, runner=runner)
+                                        max_batch_size=max_batch_size, runner=runner,
+                                        enable_prefix_caching=enable_prefix_caching)
         self.last_stats = GenerationStats()
 
     @classmethod

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (their prefill was skipped)
     generated_tokens: int = 0  # committed tokens returned to the caller
     rounds: int = 0
     draft_tokens: int = 0  # draft tokens proposed (positions the target examined)
@@ -62,7 +63,7 @@ class GenerationStats:
                 other.acceptance_mode if not self.requests or self.acceptance_mode == other.acceptance_mode else "mixed"
             )
         self.lossy = self.lossy or other.lossy
-        for name in ("prompt_tokens", "generated_tokens", "rounds", "draft_tokens", "accepted_tokens", "fallbacks",
+        for name in ("prompt_tokens", "cached_tokens", "generated_tokens", "rounds", "draft_tokens", "accepted_tokens", "fallbacks",
                      "requests"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("draft_s", "verify_s", "prefill_s", "wall_s"):

@@ -46,8 +46,10 @@ class BenchModels:
     def build(cls, target, draft, tokenizer, max_len: int, drafter, runner=None,
               structured: StructuredOutput | None = None) -> BenchModels:
         """`draft`: the draft model HF assisted generation uses (None: HF assisted is skipped); `drafter`: what our
-        methods draft with (None: only the target-only methods run)."""
-        engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len, runner=runner)
+        methods draft with (None: only the target-only methods run). Prefix caching is off: every method prefills
+        every prompt, as HF's and the peers' runs do (vLLM's with enable_prefix_caching=False)."""
+        engine = SpeculativeEngine(target, tokenizer, drafter, max_len=max_len, runner=runner,
+                                   enable_prefix_caching=False)
         return cls(target, draft, tokenizer, engine, engine.target.device, structured)
 
 

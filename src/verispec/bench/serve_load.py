@@ -75,6 +75,7 @@ class RequestRecord:
     tokens: int = 0  # completion tokens (usage)
     text: str = ""
     metrics: dict = field(default_factory=dict)  # the usage chunk's speculative_metrics
+    cached: int = 0  # prompt tokens the server took from its prefix cache (usage.prompt_tokens_details)
     error: str | None = None
 
 
@@ -146,11 +147,13 @@ class ServerProcess:
 # -- the clients -----------------------------------------------------------------------------------------------------
 
 
-async def _one(client, model_id: str, prompt: BenchPrompt, index: int, mode: str, max_tokens: int) -> RequestRecord:
+async def _one(client, model_id: str, prompt: BenchPrompt, index: int, mode: str, max_tokens: int,
+               system: str | None = None) -> RequestRecord:
     record = RequestRecord(index, time.perf_counter())
+    messages = [{"role": "system", "content": system}] if system else []
     try:
         stream = await client.chat.completions.create(
-            model=model_id, messages=[{"role": "user", "content": prompt.text}], max_tokens=max_tokens,
+            model=model_id, messages=[*messages, {"role": "user", "content": prompt.text}], max_tokens=max_tokens,
             temperature=0, stream=True, stream_options={"include_usage": True},
             extra_body={"ignore_eos": True, "speculative": {"enabled": mode == "on"}},
         )
@@ -163,6 +166,8 @@ async def _one(client, model_id: str, prompt: BenchPrompt, index: int, mode: str
                 pieces.append(chunk.choices[0].delta.content)
             if chunk.usage is not None:
                 record.tokens = chunk.usage.completion_tokens
+                details = chunk.usage.prompt_tokens_details
+                record.cached = (details.cached_tokens or 0) if details is not None else 0
                 record.metrics = (chunk.model_extra or {}).get("speculative_metrics") or {}
         record.text = "".join(pieces)
     except Exception as exc:  # noqa: BLE001 - a failed request is counted, the run goes on
@@ -172,8 +177,9 @@ async def _one(client, model_id: str, prompt: BenchPrompt, index: int, mode: str
 
 
 async def drive(url: str, model_id: str, prompts: list[BenchPrompt], concurrency: int, requests: int, mode: str,
-                max_tokens: int, stagger_s: float) -> tuple[list[RequestRecord], float]:
-    """`concurrency` closed-loop clients until `requests` requests were answered. -> (records, wall seconds)."""
+                max_tokens: int, stagger_s: float, system: str | None = None) -> tuple[list[RequestRecord], float]:
+    """`concurrency` closed-loop clients until `requests` requests were answered (each chat after a `system`
+    message when given). -> (records, wall seconds)."""
     import openai
 
     pending = iter(range(requests))
@@ -183,7 +189,7 @@ async def drive(url: str, model_id: str, prompts: list[BenchPrompt], concurrency
             await asyncio.sleep(i * stagger_s)
             for j in pending:
                 records.append(await _one(client, model_id, prompts[j % len(prompts)], j % len(prompts), mode,
-                                          max_tokens))
+                                          max_tokens, system))
 
         start = time.perf_counter()
         await asyncio.gather(*(user(i) for i in range(concurrency)))
@@ -301,7 +307,7 @@ def run_from_args(args) -> int:
     if args.demo or args.batch_sizes:
         raise CliError("--serve does not combine with --demo or --batch-sizes: drop one of them")
     try:
-        concurrency = parse_concurrency(args.concurrency or "1,2,4,8,16")
+        concurrency = parse_concurrency(args.concurrency or ("8" if getattr(args, "prefix_cache", False) else "1,2,4,8,16"))
         prompts = select_prompts(load_prompts(args.prompts), args.categories and args.categories.split(","),
                                  args.limit)
     except (ValueError, PromptError) as exc:
@@ -310,15 +316,26 @@ def run_from_args(args) -> int:
     if bad := [d for d in dtypes if d not in DTYPE_CHOICES]:
         raise CliError(f"unknown dtype {', '.join(bad)}: choose from {', '.join(DTYPE_CHOICES)}")
     dtypes = [dtype_name(choose_dtype(args.device)[0]) if d == "auto" else d for d in dtypes]  # as the server picks
+    serve_args = tuple(shlex.split(args.serve_args or ""))
+    if not getattr(args, "enable_prefix_caching", True) and not getattr(args, "prefix_cache", False):
+        serve_args += ("--no-enable-prefix-caching",)
     config = ServeLoadConfig(
         model=args.model, draft=args.draft_model, dtypes=dtypes, prompts=prompts, concurrency=concurrency,
         max_new_tokens=args.max_new_tokens or 128, out=args.out, device=args.device, threads=args.threads,
-        serve_args=tuple(shlex.split(args.serve_args or "")), repeats=args.serve_repeats,
+        serve_args=serve_args, repeats=args.serve_repeats,
     )
     if args.threads:  # the machine line (and its bandwidth figure) with the server's thread count
         import torch
 
         torch.set_num_threads(args.threads)
+    if getattr(args, "prefix_cache", False):
+        from .serve_prefix import SYSTEM_PROMPT, run_prefix_compare
+
+        report = run_prefix_compare(config, args.system_prompt or SYSTEM_PROMPT)
+        summary = {k: v for k, v in report.items() if k not in ("runs", "machine")}
+        print(json.dumps(summary, indent=2))
+        print(f"[bench --serve --prefix-cache] wrote {args.out / 'prefix_cache.json'}")
+        return 0
     report = run_serve_load(config)
     print(f"[bench --serve] wrote {args.out / 'report.md'}, report.json and the plots")
     print(markdown(report))

@@ -83,6 +83,12 @@ def add_parser(sub) -> None:
                    help="more `verispec serve` flags with --serve, e.g. '--max-batched-tokens 512'")
     g.add_argument("--serve-repeats", type=positive_int, default=2, metavar="N",
                    help="runs per concurrency and mode with --serve, in A B B A order (default 2)")
+    g.add_argument("--prefix-cache", action="store_true",
+                   help="with --serve: measure prefix caching (on vs off) under a shared system prompt instead of "
+                        "speculation: TTFT uncached vs cached, throughput at the largest --concurrency "
+                        "(bench/serve_prefix.py)")
+    g.add_argument("--system-prompt", default=None, metavar="TEXT",
+                   help="the shared system prompt of --prefix-cache (default: a built-in one of ~250 tokens)")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")

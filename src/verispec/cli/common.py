@@ -52,6 +52,9 @@ def add_runner_args(group) -> None:
     group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                        help="torch.compile the native runner's whole step, one program per shape class, cached "
                             "under ~/.cache/verispec/compile (default: the measured choice for the device, see README)")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                       help="keep the KV of prompt prefixes for later prompts that start the same (default on; "
+                            "docs/server.md, \"Prefix caching\")")
 
 
 def runner_options(args) -> RunnerOptions:

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
         args.draft_tokens = loaded.num_draft_tokens  # the auto-selected pair's K
     spec = SpeculativeConfig(**spec_kwargs(args))
     gen = SpeculativeGenerator(target, loaded.drafter, tokenizer, K=args.draft_tokens, max_len=args.max_len, spec=spec,
-                               max_batch_size=args.max_batch_size, runner=runner_options(args))
+                               max_batch_size=args.max_batch_size, runner=runner_options(args),
+                               enable_prefix_caching=args.enable_prefix_caching)
     # The native runner holds its own (packed) copy of the weights: free Hugging Face's, so memory stays ~1x.
     release_engine_weights(gen.engine)
     if lines is not None:

@@ -122,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=args.torch_dtype,
         device=args.device, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
+        enable_prefix_caching=args.enable_prefix_caching,
         runner=runner_options(args), api_key=args.api_key, allowed_draft_models=args.allowed_draft_models,
         max_cached_drafters=args.max_cached_drafters, max_queued_requests=args.max_queued_requests,
         request_timeout=args.request_timeout or None, max_request_bytes=args.max_request_bytes,

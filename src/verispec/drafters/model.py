@@ -8,6 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
+from ..runtime.prefix_cache import PrefixCache
 from ..runtime.runner import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
@@ -25,6 +26,8 @@ class ModelDrafter(Drafter):
 
     name = "model"
     provides_probs = True
+    prefix_tokens = 0  # KV of prompt prefixes kept for later prompts (the engine sets it; 0: off)
+    _prefix: PrefixCache | None = None
 
     def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1,
                  runner: RunnerOptions | None = None) -> None:
@@ -42,8 +45,19 @@ class ModelDrafter(Drafter):
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
         # Prefill the prompt here (not in the first round), so a round's draft time is the draft steps alone.
         self.runner.reset(slot)
-        if prompt_ids.numel() > 1:
-            self.runner.forward(prompt_ids[:-1].unsqueeze(0), start_slot=slot, last_only=True)
+        prefix = self._prefix_cache()
+        tokens = prompt_ids[:-1].tolist() if prefix is not None else []
+        cached = prefix.load(slot, prefix.match(tokens)) if prefix is not None else 0  # a cached prefix is copied in
+        if prompt_ids.numel() - 1 > cached:
+            self.runner.forward(prompt_ids[cached:-1].unsqueeze(0), start_slot=slot, last_only=True)
+        if prefix is not None:
+            prefix.insert(slot, tokens)
+
+    def _prefix_cache(self) -> PrefixCache | None:
+        """The draft model's own prefix cache (runtime/prefix_cache.py), on its current runner's cache."""
+        if self.prefix_tokens and (self._prefix is None or self._prefix.cache is not self.runner.cache):
+            self._prefix = PrefixCache(self.runner.cache, self.prefix_tokens)
+        return self._prefix if self.prefix_tokens else None
 
     def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
         # The cache holds seq_before + draft[:-1]; of those, seq_before + accepted draft tokens are still valid.

@@ -31,6 +31,7 @@ from transformers import PreTrainedModel
 from ..config import MAX_VERIFY_WIDTH, RunnerOptions, SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.base import Drafter
 from ..sampling import Grammar
+from ..runtime.prefix_cache import PrefixCache
 from ..runtime.runner import make_runner
 from ..stats import GenerationStats
 from .drafter_calls import DrafterCalls, wants_features
@@ -59,6 +60,8 @@ class StepReport:
     tokens_fed: int = 0  # tokens of the verify pass: rows x (max K + 1)
     prefill_tokens: int = 0  # prompt tokens prefilled before it
     speculative_ks: list[int] = field(default_factory=list)  # K of each row that speculates (0: switched off)
+    prefix_queried_tokens: int = 0  # prompt tokens of sequences admitted this step, looked up in the prefix cache
+    prefix_hit_tokens: int = 0  # of those, found there (their prefill skipped)
 
 
 class SpeculativeEngine:
@@ -74,20 +77,32 @@ class SpeculativeEngine:
         max_batch_size: int = 16,
         runner: RunnerOptions | None = None,
         scheduler: SchedulerConfig | None = None,
+        enable_prefix_caching: bool = True,
+        prefix_cache_tokens: int | None = None,
     ) -> None:
+        """enable_prefix_caching: keep the KV of prompt prefixes for later requests that start the same
+        (runtime/prefix_cache.py); prefix_cache_tokens: how many tokens it keeps (LRU beyond; None: as many as
+        the slot cache holds, max_batch_size x max_len)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if prefix_cache_tokens is not None and prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0 (or None), got {prefix_cache_tokens}")
         self.runner_options = runner
         self.target = make_runner(target, cache_len(max_len), max_batch_size, self.runner_options)
         self.tokenizer = tokenizer
+        if prefix_cache_tokens is None:
+            prefix_cache_tokens = max_batch_size * max_len
+        self.prefix_cache = (PrefixCache(self.target.cache, prefix_cache_tokens)
+                             if enable_prefix_caching and prefix_cache_tokens > 0 else None)
         self.drafter = drafter
         if drafter is not None:
             drafter.reserve(max_batch_size, self.runner_options)
+            self._share_prefix_cache(drafter)
         self.spec = spec or SpeculativeConfig()
         self.max_len = max_len
         self.max_batch_size = max_batch_size
         self.eos_token_ids = model_eos_ids(target, tokenizer)
-        self.scheduler = Scheduler(scheduler, max_batch_size, self.target)
+        self.scheduler = Scheduler(scheduler, max_batch_size, self.target, self.prefix_cache)
         self.calls = DrafterCalls()  # failure back-off per drafter, kept across requests
         self.policies = DraftPolicies()  # adaptive estimates per drafter, kept across requests
         self.proposer = Proposer(self.target, self.calls, self.policies)
@@ -167,13 +182,22 @@ class SpeculativeEngine:
             drafter = None
         if drafter is not None:
             drafter.reserve(self.max_batch_size, self.runner_options)  # idempotent: a request-named drafter gets its slots here
+            self._share_prefix_cache(drafter)
         if grammar is None:
             grammar = self.new_grammar(params)
         assert grammar is None or grammar.structured == params.structured, "a grammar compiled for other params"
         seq = new_sequence(prompt, params, spec, drafter, self.tokenizer, self.target.vocab_size, self.target.device,
                            self.eos_token_ids, CACHE_SLACK, grammar)
-        self.waiting.append(seq)
+        # A draft head needs the prompt's hidden states, which a cached prefix lacks: such a request computes it.
+        self.scheduler.enqueue(seq, prompt.tolist(), cacheable=not wants_features(drafter))
         return seq
+
+    def _share_prefix_cache(self, drafter: Drafter) -> None:
+        """A draft model keeps its own prompt prefixes (its own KV) when the engine does, as many tokens."""
+        for stage in getattr(drafter, "stages", [drafter]):
+            if hasattr(stage, "prefix_tokens"):
+                stage.prefix_tokens = self.prefix_cache.capacity * self.prefix_cache.block_size \
+                    if self.prefix_cache is not None else 0
 
     def abort(self, seq: Sequence) -> None:
         """Stop a request now (a client went away); its figures still count. A decoding sequence's row leaves the
@@ -187,17 +211,23 @@ class SpeculativeEngine:
 
     def step(self) -> list[Sequence]:
         """Advance every running sequence by one round. -> the sequences that committed tokens (finished ones too)."""
+        prefix = self.prefix_cache
+        queried, hits = (prefix.queried_tokens, prefix.hit_tokens) if prefix is not None else (0, 0)
         chunks = self.scheduler.admit(self._last_width)
         for chunk in chunks:
             self._prefill(chunk)
         report = StepReport(prefill_tokens=sum(c.end - c.start for c in chunks))
+        if prefix is not None:
+            report.prefix_queried_tokens = prefix.queried_tokens - queried
+            report.prefix_hit_tokens = prefix.hit_tokens - hits
         rows = self.running
         if rows:
             drafts = self.proposer.propose(rows)
             verdict = self.verifier.verify(rows, drafts)
             rows = self.output.commit(rows, drafts, verdict)
             self._last_width = drafts.width
-            report = StepReport(len(rows), len(rows) * drafts.width, report.prefill_tokens, drafts.speculative_ks)
+            report = StepReport(len(rows), len(rows) * drafts.width, report.prefill_tokens, drafts.speculative_ks,
+                                report.prefix_queried_tokens, report.prefix_hit_tokens)
         self.last_step = report
         return list(rows)
 
@@ -214,6 +244,7 @@ class SpeculativeEngine:
                                       last_only=True, all_hidden=features)
             if features:
                 seq.features.append(out.hidden[0])  # [chunk, hidden]
+            self.scheduler.store_prefix(seq, chunk.end)
             seq.stats.prefill_s += time.perf_counter() - start
         if chunk.joins:
             self.scheduler.join(seq)

@@ -16,6 +16,13 @@ Invariants:
   always has a spare slot when a later prompt completes first and must take the decoding slot (see
   `Scheduler.join`); a prompt with nothing to prefill (one token) is admitted only when no other is being
   prefilled, as it joins at once.
+
+Prefix caching (`PrefixCache`, runtime/prefix_cache.py): a sequence admitted finds the longest cached prefix of
+its prompt (full blocks of the part the target's cache takes, prompt[:-1]); those blocks are pinned, copied into
+its slot when it is staged, and its prefill starts after them (a fully cached prompt joins at once). After each
+prefill chunk the prompt's full blocks are stored. The head of the queue waits while a sequence being prefilled
+will store more of its prefix than is cached now (n copies of one prompt, a shared system prompt arriving at
+once): a copy later beats computing the same entries twice.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
+from ..runtime.prefix_cache import PrefixCache
 from .sequence import Sequence, SequenceStatus
 
 
@@ -62,15 +70,26 @@ class SlotCache(Protocol):
     def move_slot(self, src: int, dst: int) -> None: ...
 
 
+@dataclass
+class PrefixLookup:
+    """A sequence's prompt as the prefix cache sees it."""
+
+    tokens: list[int]  # prompt[:-1]: the tokens whose entries the target's cache takes at prefill
+    blocks: list[int] | None  # matched at admission, pinned until copied into the slot (then empty); None: the
+    # request may not start from cached blocks (its drafter reads the prompt's hidden states)
+
+
 class Scheduler:
     """The queues of one engine. A sequence is in exactly one: `waiting` (FIFO), admitted (prefilling, holding a
     slot past the decoding rows) or `running` (decoding; index == slot, slots contiguous from 0)."""
 
     def __init__(self, config: SchedulerConfig | None = None, max_slots: int | None = None,
-                 cache: SlotCache | None = None) -> None:
+                 cache: SlotCache | None = None, prefix: PrefixCache | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.max_slots = max_slots  # None: planning only (schedule()), no slots handed out
         self.cache = cache
+        self.prefix = prefix  # None: no prefix caching
+        self._lookups: dict[Sequence, PrefixLookup] = {}  # waiting or admitted sequences that may use the prefix cache
         self.waiting: deque[Sequence] = deque()
         self._admitted: list[Sequence] = []  # prefilling until they join; arrival order is their priority
         self.running: list[Sequence] = []  # decoding; index == slot
@@ -83,6 +102,13 @@ class Scheduler:
     def __len__(self) -> int:
         """Sequences not yet decoding (waiting or being prefilled)."""
         return len(self.waiting) + len(self.prefilling)
+
+    def enqueue(self, seq: Sequence, prompt: list[int], cacheable: bool = True) -> None:
+        """A new request waits for a slot. prompt: its token ids; cacheable: it may start from cached prefix
+        blocks (its prompt's blocks are stored either way)."""
+        if self.prefix is not None:
+            self._lookups[seq] = PrefixLookup(prompt[:-1], [] if cacheable else None)
+        self.waiting.append(seq)
 
     # -- planning ------------------------------------------------------------------------------------------------
 
@@ -108,7 +134,11 @@ class Scheduler:
                 head = self.waiting[0]
                 if staged and head.prompt_len == 1:
                     break  # it joins at once, into the decoding slot: after the others (module docstring)
+                if self._prefix_pending(head):
+                    break  # its prefix will be cached soon (module docstring)
+                self._match_prefix(head)
                 if chunks and self._next_chunk(head)[2] > left:
+                    self._unmatch_prefix(head)
                     break  # strict arrival order: nobody is admitted ahead of the head of the queue
                 self._admitted.append(self.waiting.popleft())
                 head.status = SequenceStatus.PREFILLING
@@ -134,7 +164,8 @@ class Scheduler:
         # The target's cache takes the prompt but its last token, which the first round feeds.
         todo = seq.prompt_len - 1 - seq.prefilled
         size = self.config.prefill_chunk_tokens
-        n = todo if size is None else min(size, todo)
+        # Chunks end at multiples of size (after a cached prefix too): boundaries set by the prompt alone.
+        n = todo if size is None else min(size - seq.prefilled % size, todo)
         joins = n == todo
         return n, joins, n + joins  # a joining row feeds at least one token in this step's verify pass
 
@@ -147,6 +178,52 @@ class Scheduler:
         free = [slot for slot in range(len(self.running), self.max_slots) if slot not in held]
         seq.slot = free[-1] if held else free[0]
         self.cache.reset(seq.slot)
+        lookup = self._lookup(seq)
+        if lookup is not None and lookup.blocks:
+            self.prefix.load(seq.slot, lookup.blocks)  # its prefill starts after them (seq.prefilled)
+            self.prefix.unpin(lookup.blocks)
+            lookup.blocks = []
+
+    # -- prefix cache --------------------------------------------------------------------------------------------
+
+    def store_prefix(self, seq: Sequence, end: int) -> None:
+        """After a prefill chunk: the full blocks of prompt[:end], which its slot now holds, go into the prefix
+        cache."""
+        lookup = self._lookup(seq)
+        if lookup is not None:
+            self.prefix.insert(seq.slot, lookup.tokens[:end])
+
+    def _lookup(self, seq: Sequence) -> PrefixLookup | None:
+        return self._lookups.get(seq) if self.prefix is not None else None
+
+    def _match_prefix(self, seq: Sequence) -> None:
+        """An admitted sequence starts after the longest cached prefix of its prompt (its blocks pinned until
+        `stage` copies them)."""
+        lookup = self._lookup(seq)
+        if lookup is None or lookup.blocks is None:
+            return
+        lookup.blocks = self.prefix.match(lookup.tokens)
+        self.prefix.pin(lookup.blocks)
+        seq.prefilled = len(lookup.blocks) * self.prefix.block_size
+        seq.stats.cached_tokens = seq.prefilled
+
+    def _unmatch_prefix(self, seq: Sequence) -> None:
+        """Undo `_match_prefix` for a sequence that was not admitted after all."""
+        lookup = self._lookup(seq)
+        if lookup is not None and lookup.blocks is not None:
+            self.prefix.unpin(lookup.blocks)
+            self.prefix.uncount(len(lookup.tokens), len(lookup.blocks))
+            lookup.blocks = []
+            seq.prefilled = seq.stats.cached_tokens = 0
+
+    def _prefix_pending(self, seq: Sequence) -> bool:
+        """Whether a sequence being prefilled will store more of seq's prefix than the cache holds now."""
+        lookup = self._lookup(seq)
+        if lookup is None or lookup.blocks is None:
+            return False
+        others = [self._lookup(other) for other in self._admitted]
+        shared = max((self.prefix.common_blocks(lookup.tokens, other.tokens) for other in others if other), default=0)
+        return shared > 0 and shared > len(self.prefix.match(lookup.tokens, count=False))
 
     def join(self, seq: Sequence) -> None:
         """A sequence whose prompt is complete decodes from now on, in slot len(running) (slots stay contiguous)."""
@@ -163,6 +240,8 @@ class Scheduler:
             self.cache.move_slot(seq.slot, slot)
             seq.slot = slot
         self._admitted.remove(seq)
+        if self.prefix is not None:
+            self._lookups.pop(seq, None)
         self.running.append(seq)
         seq.status = SequenceStatus.RUNNING
 
@@ -187,6 +266,9 @@ class Scheduler:
         for queue in (self._admitted, self.waiting):
             if seq in queue:
                 queue.remove(seq)
+                lookup = self._lookups.pop(seq, None) if self.prefix is not None else None
+                if lookup is not None and lookup.blocks:
+                    self.prefix.unpin(lookup.blocks)
                 if getattr(seq, "slot", -1) >= 0:
                     self.cache.reset(seq.slot)
                     seq.slot = -1

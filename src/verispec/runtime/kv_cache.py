@@ -148,6 +148,28 @@ class SlotCache(Cache):
     def reset(self) -> None:
         self.lengths = [0] * self.num_slots
 
+    def read_entries(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """A copy of slot's kept entries [start, end) -> [layers, 2 (keys, values), kv_heads, end - start, head_dim]
+        (the prefix cache's copy out, runtime/prefix_cache.py)."""
+        assert end <= self.lengths[slot], f"slot {slot} keeps {self.lengths[slot]} entries, not {end}"
+        return torch.stack([torch.stack((layer.keys[slot, :, start:end], layer.values[slot, :, start:end]))
+                            for layer in self.layers])
+
+    def write_prefix(self, slot: int, entries: torch.Tensor) -> None:
+        """An empty slot gets a cached prefix's entries [layers, 2, kv_heads, n, head_dim] at [0, n) and keeps
+        them (the prefix cache's copy in); buffers are made or grown as a forward would."""
+        assert self.lengths[slot] == 0, f"slot {slot} is not empty"
+        n = entries.shape[3]
+        proto = entries.new_empty(0, entries.shape[2], 0, entries.shape[4])  # [0, kv_heads, 0, head_dim]
+        for layer, (keys, values) in zip(self.layers, entries):
+            if not layer.is_initialized:
+                layer.lazy_initialization(proto, proto)
+            if layer.keys.shape[0] <= slot:
+                layer._grow(slot + 1)
+            layer.keys[slot, :, :n] = keys
+            layer.values[slot, :, :n] = values
+        self.lengths[slot] = n
+
 
 def attention_mask(cache_lengths: torch.Tensor, n: int, kv_len: int, dtype: torch.dtype,
                    tree_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -157,6 +157,7 @@ class Server:
         reply = _Reply(
             handle=handle, builder=ResponseBuilder(chat, self.model_id), count=len(prompts) * body.n,
             prompt_tokens=first.prompt_tokens, drafter=drafter, spec=spec, logprobs=params.logprobs is not None,
+            n=body.n,
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -189,6 +190,7 @@ class Server:
         logprobs: list[list[TokenText]] = [[] for _ in range(reply.count)]
         finish_reasons = ["length"] * reply.count
         total = GenerationStats()
+        cached = 0
         while True:
             event = await self._next(reply.handle, request)
             if isinstance(event, TextDelta):
@@ -197,12 +199,13 @@ class Server:
             elif isinstance(event, ChoiceDone):
                 finish_reasons[event.index] = event.finish_reason
                 total.merge(event.stats)
+                cached += reply.cached_tokens(event)
             elif isinstance(event, JobFailed):
                 raise event.error
             elif isinstance(event, JobDone):
                 break
         return reply.builder.response(["".join(t) for t in texts], finish_reasons,
-                                      usage(reply.prompt_tokens, total.generated_tokens), reply.metrics(total),
+                                      usage(reply.prompt_tokens, total.generated_tokens, cached), reply.metrics(total),
                                       logprobs if reply.logprobs else None)
 
     async def _stream(self, reply: _Reply, include_usage: bool, outcome: _Outcome) -> AsyncIterator[str]:
@@ -213,12 +216,14 @@ class Server:
             for index in range(reply.count):
                 yield builder.role_chunk(index)
         total = GenerationStats()
+        cached = 0
         while True:
             event = await reply.handle.next()
             if isinstance(event, TextDelta):
                 yield builder.text_chunk(event.index, event.text, event.logprobs, event.annotation)
             elif isinstance(event, ChoiceDone):
                 total.merge(event.stats)
+                cached += reply.cached_tokens(event)
                 yield builder.finish_chunk(event.index, event.finish_reason, reply.metrics(event.stats))
             elif isinstance(event, JobFailed):
                 outcome.status = event.error.status
@@ -227,7 +232,8 @@ class Server:
             elif isinstance(event, JobDone):
                 outcome.status = 200
                 if include_usage:
-                    yield builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens), reply.metrics(total))
+                    yield builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens, cached),
+                                              reply.metrics(total))
                 break
         yield DONE
 
@@ -246,6 +252,12 @@ class _Reply:
     drafter: str | None  # None: the target alone
     spec: SpeculativeConfig
     logprobs: bool  # the request asked for logprobs
+    n: int = 1  # choices per prompt
+
+    def cached_tokens(self, done: ChoiceDone) -> int:
+        """A finished choice's share of usage's cached_tokens: each prompt counts once, by its first choice (the
+        others copy that choice's prefix, within this request, which OpenAI's figure does not count)."""
+        return done.stats.cached_tokens if done.stats is not None and done.index % self.n == 0 else 0
 
     def metrics(self, stats: GenerationStats) -> SpeculativeMetrics:
         return speculative_metrics(stats, self.drafter, self.spec)

@@ -53,6 +53,10 @@ class ServerConfig:
     kv_cache_memory_gb: float | None = None
     """Bound on the target's KV cache in GiB: each slot holds max_len tokens, so the bound caps the slots
     (sequences decoding at once) below max_num_seqs (--kv-cache-memory). None: max_num_seqs slots."""
+    enable_prefix_caching: bool = True
+    """Keep the KV of prompt prefixes for later requests that start the same (--[no-]enable-prefix-caching): it
+    takes what --kv-cache-memory leaves beyond the slots, else as many tokens as the slots hold (within free
+    memory)."""
     runner: RunnerOptions = field(default_factory=RunnerOptions)
     """What runs the models: the native Llama-family runner or Hugging Face modeling (--runner, --compile)."""
     # -- limits for untrusted clients (docs/server.md, "Running it safely") --

@@ -56,6 +56,10 @@ class ServerMetrics:
                                           "last byte", ["endpoint"], buckets=_DURATION_BUCKETS, registry=r)
         self.chosen_k = Counter("verispec_chosen_k", "Rounds of speculating rows, by the K (draft tokens) chosen "
                                 "for them (0: speculation switched off for that step)", ["k"], registry=r)
+        self.prefix_cache_queries = Counter("verispec_prefix_cache_queries", "Prompt tokens looked up in the prefix "
+                                            "cache (the cacheable part of each admitted prompt)", registry=r)
+        self.prefix_cache_hits = Counter("verispec_prefix_cache_hits", "Prompt tokens found in the prefix cache "
+                                         "(their prefill skipped); hit rate = hits / queries", registry=r)
         self.steps = Counter("verispec_steps", "Engine steps (one batched verify pass each)", registry=r)
         self.step_rows = Histogram("verispec_step_rows", "Rows (sequences) verified together per step",
                                    buckets=_ROW_BUCKETS, registry=r)

@@ -159,10 +159,15 @@ class CompletionRequest(SamplingFields):
 # -- responses -------------------------------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (OpenAI's field)
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class SpeculativeMetrics(BaseModel):

@@ -23,6 +23,7 @@ from .protocol import (
     CompletionChunkChoice,
     CompletionLogprobs,
     Delta,
+    PromptTokensDetails,
     SpeculativeMetrics,
     TokenLogprobEntry,
     TopLogprob,
@@ -101,9 +102,11 @@ def speculative_metrics(stats: GenerationStats, draft_model: str | None, spec: S
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> Usage:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
+    """cached_tokens: of prompt_tokens (each prompt counted once), those served from the prefix cache."""
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                 total_tokens=prompt_tokens + completion_tokens)
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
 
 
 def sse(chunk: ChatCompletionChunk | CompletionChunk | dict, annotation: list[dict] | None = None) -> str:

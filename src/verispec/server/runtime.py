@@ -71,6 +71,23 @@ def kv_bounded_slots(config: ServerConfig, target, free_bytes: int | None = None
     return min(slots, config.max_num_seqs)
 
 
+def prefix_cache_tokens(config: ServerConfig, target, slots: int, free_bytes: int | None = None) -> int:
+    """Tokens the prefix cache keeps: with --kv-cache-memory, what the bound leaves beyond the slots' KV; else as
+    many as the slots hold, within HEADROOM x free memory beside them (`free_bytes`, measured by default)."""
+    if not config.enable_prefix_caching:
+        return 0
+    per_slot = kv_slot_bytes(config, target)
+    per_token = per_slot / cache_len(config.max_len)
+    if config.kv_cache_memory_gb is not None:
+        room = config.kv_cache_memory_gb * 2**30 - slots * per_slot
+    else:
+        room = slots * per_slot
+        free = free_memory_bytes(config.device) if free_bytes is None else free_bytes
+        if free is not None:
+            room = min(room, HEADROOM * free - slots * per_slot)
+    return max(int(room // per_token), 0)
+
+
 class ServedModel:
     def __init__(self, config: ServerConfig, target, tokenizer) -> None:
         self.config = config
@@ -79,8 +96,13 @@ class ServedModel:
         scheduler = SchedulerConfig(max_batched_tokens=config.max_batched_tokens,
                                     prefill_chunk_tokens=config.prefill_chunk_tokens)
         self.max_num_seqs = kv_bounded_slots(config, target)
+        prefix_tokens = prefix_cache_tokens(config, target, self.max_num_seqs)
+        if config.enable_prefix_caching:
+            logger.info("prefix caching: up to %d tokens of prompt prefixes kept", prefix_tokens)
         self.engine = SpeculativeEngine(target, tokenizer, drafter=None, spec=config.spec, max_len=config.max_len,
-                                        max_batch_size=self.max_num_seqs, scheduler=scheduler, runner=config.runner)
+                                        max_batch_size=self.max_num_seqs, scheduler=scheduler, runner=config.runner,
+                                        enable_prefix_caching=config.enable_prefix_caching,
+                                        prefix_cache_tokens=prefix_tokens)
         self.spec = config.spec  # the default speculation of requests (K may come from an 'auto' pair once loaded)
         self.vocab_size = len(tokenizer)
         self.draft_models = config.draft_models  # request name -> drafter value (the operator's allow-list)

@@ -234,8 +234,10 @@ class EngineWorker:
         """Each stepped sequence's round: its text, and its end once it finished."""
         self._note_admissions()
         now = time.perf_counter()
+        report = self.engine.last_step
+        self.metrics.prefix_cache_queries.inc(report.prefix_queried_tokens)
+        self.metrics.prefix_cache_hits.inc(report.prefix_hit_tokens)
         if stepped:  # else the step only prefilled
-            report = self.engine.last_step
             self.metrics.observe_step(report.rows, report.speculative_ks)
         for seq in stepped:
             active, choice = self._by_seq[seq.seq_id]

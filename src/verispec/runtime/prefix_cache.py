@@ -1,0 +1,189 @@
+"""Automatic prefix caching: the KV entries of prompt prefixes kept in fixed-size blocks beside a `SlotCache`,
+shared read-only by the sequences whose prompts start the same (vLLM's APC, SGLang's RadixAttention).
+
+A block holds the keys/values of `block_size` consecutive tokens at positions [i * block_size, (i + 1) *
+block_size) of some prompt, for every layer. It is keyed by (its parent block, its tokens): the parent is the
+block of the tokens before it (ROOT for the first), so a key names the whole prefix exactly (a radix tree of
+blocks; no hash collision can map two prefixes to one block). A sequence's prefix is found by walking its
+prompt's blocks from the root (`match`), copied into its slot before its prefill (`load`, one copy per layer:
+far cheaper than recomputing) and, once prefilled, its full blocks are copied out of its slot (`insert`).
+
+Eviction is LRU among unpinned blocks. Every use of a block also touches all its ancestors, after it, so an
+ancestor is always more recent than its descendants: the least recently used unpinned block is a leaf, and no
+stored block ever loses its parent. A sequence admitted with a hit pins its blocks until they are loaded into its
+slot (`pin` / `unpin`), so inserts of the same step cannot evict them in between.
+
+Exactness: the entries copied are the ones a prefill of the same tokens at the same positions wrote; a hit skips
+those forwards and changes nothing else (fp32 greedy tokens are identical; the prefill's widths differ, so logits
+agree to float rounding until the forward is width-invariant).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import torch
+
+from .kv_cache import SlotCache
+
+ROOT = -1  # the parent of a prompt's first block
+BLOCK_SIZE = 16  # tokens per block (vLLM's default)
+
+
+class PrefixCache:
+    """Blocks of KV entries for `cache`'s layers, at most `max_tokens // block_size` of them (LRU beyond)."""
+
+    def __init__(self, cache: SlotCache, max_tokens: int, block_size: int = BLOCK_SIZE) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.cache = cache
+        self.block_size = block_size
+        self.capacity = max(max_tokens, 0) // block_size  # blocks
+        self.data: torch.Tensor | None = None  # [blocks, layers, 2 (keys, values), kv_heads, block_size, head_dim]
+        self.table: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent block, tokens) -> block
+        self.keys: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> its key
+        self.lru: OrderedDict[int, None] = OrderedDict()  # stored blocks, least recently used first
+        self.pins: dict[int, int] = {}  # block -> sequences about to load it
+        self.allocated = 0  # block ids handed out: [0, allocated)
+        self.evicted = 0  # blocks evicted (LRU)
+        self.queried_tokens = 0  # prompt tokens looked up (each admitted prompt's cacheable part)
+        self.hit_tokens = 0  # of those, found in the cache
+
+    @property
+    def stored(self) -> int:
+        """Blocks stored."""
+        return len(self.lru)
+
+    @property
+    def bytes_per_block(self) -> int:
+        """2 x layers x kv_heads x block_size x head_dim x dtype bytes (0 before the first insert)."""
+        return 0 if self.data is None else self.data[0].numel() * self.data.element_size()
+
+    # -- lookup --------------------------------------------------------------------------------------------------
+
+    def match(self, tokens: list[int], count: bool = True) -> list[int]:
+        """The blocks of the longest cached prefix of `tokens` made of full blocks, root first. count: a real
+        lookup, whose blocks become the most recently used and which `queried_tokens` / `hit_tokens` count
+        (False: a peek that changes nothing)."""
+        blocks: list[int] = []
+        parent = ROOT
+        for start in range(0, len(tokens) - self.block_size + 1, self.block_size):
+            block = self.table.get((parent, tuple(tokens[start : start + self.block_size])))
+            if block is None:
+                break
+            blocks.append(block)
+            parent = block
+        if count:
+            self._touch(blocks)
+            self.queried_tokens += len(tokens) // self.block_size * self.block_size
+            self.hit_tokens += len(blocks) * self.block_size
+        return blocks
+
+    def uncount(self, tokens: int, blocks: int) -> None:
+        """Take back a counted lookup of `tokens` tokens that found `blocks` blocks (its request was not admitted)."""
+        self.queried_tokens -= tokens // self.block_size * self.block_size
+        self.hit_tokens -= blocks * self.block_size
+
+    def common_blocks(self, a: list[int], b: list[int]) -> int:
+        """Full blocks two token lists share from their start."""
+        n = 0
+        limit = min(len(a), len(b)) // self.block_size * self.block_size
+        while n < limit and a[n] == b[n]:
+            n += 1
+        return n // self.block_size
+
+    def pin(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self.pins[block] = self.pins.get(block, 0) + 1
+
+    def unpin(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self.pins[block] -= 1
+            if not self.pins[block]:
+                del self.pins[block]
+
+    # -- copies --------------------------------------------------------------------------------------------------
+
+    @torch.inference_mode()  # the slot buffers were made under inference mode: in-place writes must be too
+    def load(self, slot: int, blocks: list[int]) -> int:
+        """Copy `blocks` (a matched prefix, root first) into slot's entries [0, n); the slot then keeps n = blocks x
+        block_size entries. -> n."""
+        n = len(blocks) * self.block_size
+        if not blocks:
+            return 0
+        index = torch.tensor(blocks, device=self.data.device)
+        entries = self.data.index_select(0, index)  # [blocks, layers, 2, kv_heads, block_size, head_dim]
+        heads, dim = entries.shape[3], entries.shape[5]
+        # [layers, 2, kv_heads, n, head_dim]: the blocks side by side along the token axis
+        entries = entries.permute(1, 2, 3, 0, 4, 5).reshape(entries.shape[1], 2, heads, n, dim)
+        self.cache.write_prefix(slot, entries)
+        return n
+
+    @torch.inference_mode()
+    def insert(self, slot: int, tokens: list[int]) -> None:
+        """Store the full blocks of `tokens`, whose entries slot holds at [0, len(tokens)); blocks stored already
+        are only touched (and one evicted since is stored again: the slot still holds its entries)."""
+        if self.capacity == 0:
+            return
+        parent = ROOT
+        chain: list[int] = []
+        new: list[tuple[int, int]] = []  # (block, its index in the prompt)
+        for i in range(len(tokens) // self.block_size):
+            key = (parent, tuple(tokens[i * self.block_size : (i + 1) * self.block_size]))
+            block = self.table.get(key)
+            if block is None:
+                block = self._allocate(chain)
+                if block is None:
+                    break  # every other block is pinned
+                self.table[key] = block
+                self.keys[block] = key
+                new.append((block, i))
+            chain.append(block)
+            parent = block
+        self._touch(chain)
+        if new:
+            self._copy_out(slot, new)
+
+    def _copy_out(self, slot: int, new: list[tuple[int, int]]) -> None:
+        bs = self.block_size
+        first, last = new[0][1], new[-1][1] + 1  # prompt blocks [first, last) cover every new one
+        entries = self.cache.read_entries(slot, first * bs, last * bs)  # [layers, 2, kv_heads, tokens, head_dim]
+        layers, _, heads, _, dim = entries.shape
+        # [prompt blocks, layers, 2, kv_heads, block_size, head_dim]
+        entries = entries.reshape(layers, 2, heads, last - first, bs, dim).permute(3, 0, 1, 2, 4, 5)
+        self._grow(entries)
+        source = torch.tensor([i - first for _, i in new], device=entries.device)
+        target = torch.tensor([block for block, _ in new], device=self.data.device)
+        self.data.index_copy_(0, target, entries.index_select(0, source).to(self.data.device, self.data.dtype))
+
+    def _grow(self, like: torch.Tensor) -> None:
+        """Room for every block handed out (doubling, up to capacity); `like`: [*, layers, 2, heads, bs, dim]."""
+        size = 0 if self.data is None else self.data.shape[0]
+        if size >= self.allocated:
+            return
+        grown = min(max(self.allocated, 2 * size, 16), self.capacity)
+        data = like.new_empty(grown, *like.shape[1:])
+        if self.data is not None:
+            data[:size] = self.data
+        self.data = data
+
+    def _allocate(self, chain: list[int]) -> int | None:
+        """A block to fill: a new one (up to capacity), else the least recently used unpinned block outside `chain`
+        (a leaf: see the module docstring). None when none is left."""
+        if self.allocated < self.capacity:
+            self.allocated += 1
+            return self.allocated - 1
+        busy = set(chain)
+        for block in self.lru:
+            if block not in self.pins and block not in busy:
+                del self.table[self.keys.pop(block)]
+                del self.lru[block]
+                self.evicted += 1
+                return block
+        return None
+
+    def _touch(self, chain: list[int]) -> None:
+        """Mark a chain (root first) most recently used, descendants before ancestors."""
+        for block in reversed(chain):
+            self.lru[block] = None
+            self.lru.move_to_end(block)
