@@ -298,8 +298,8 @@ def _write(report: dict, out: Path) -> None:
     (out / "report.md").write_text(markdown(report), encoding="utf-8")
 
 
-def run_from_args(args) -> int:
-    """The `verispec bench --serve` entry point (flags parsed by cli/bench.py)."""
+def config_from_args(args) -> ServeLoadConfig:
+    """`verispec bench --serve`'s flags (parsed by cli/bench.py) as a ServeLoadConfig; CliError on bad ones."""
     from ..cli import CliError
     from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
     from .prompts import PromptError, load_prompts, select_prompts
@@ -328,15 +328,12 @@ def run_from_args(args) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    if getattr(args, "prefix_cache", False):
-        from .serve_prefix import SYSTEM_PROMPT, run_prefix_compare
+    return config
 
-        report = run_prefix_compare(config, args.system_prompt or SYSTEM_PROMPT)
-        summary = {k: v for k, v in report.items() if k not in ("runs", "machine")}
-        print(json.dumps(summary, indent=2))
-        print(f"[bench --serve --prefix-cache] wrote {args.out / 'prefix_cache.json'}")
-        return 0
-    report = run_serve_load(config)
+
+def run_from_args(args) -> int:
+    """The `verispec bench --serve` entry point (flags parsed by cli/bench.py)."""
+    report = run_serve_load(config_from_args(args))
     print(f"[bench --serve] wrote {args.out / 'report.md'}, report.json and the plots")
     print(markdown(report))
     return 0

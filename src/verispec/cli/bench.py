@@ -158,7 +158,10 @@ def build_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.serve or args.concurrency:
-        from ..bench.serve_load import run_from_args
+        if getattr(args, "prefix_cache", False):
+            from ..bench.serve_prefix import run_from_args
+        else:
+            from ..bench.serve_load import run_from_args
 
         return run_from_args(args)
     from ..bench import run_benchmark
