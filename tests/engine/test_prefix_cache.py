@@ -214,3 +214,21 @@ def test_server_budget_shares_the_kv_bound(models):
     assert prefix_cache_tokens(config, target, 4, free_bytes=int(5 * per_slot / 0.9)) == cache_len(128)
     off = ServerConfig(model="unused", max_len=128, max_num_seqs=4, enable_prefix_caching=False)
     assert prefix_cache_tokens(off, target, 4, free_bytes=2**40) == 0
+
+
+def test_a_draft_head_request_computes_its_prompt_and_stores_it(models, tokenizer, shared):
+    """A draft head reads the prompt's hidden states, which the cache does not hold: its requests never start
+    from cached blocks (yet store theirs), and stay exact."""
+    from verispec.distill.head import HeadNet
+    from verispec.drafters.head import HeadConfig, HeadDrafter
+
+    target, _ = models
+    config = HeadConfig.for_target(target.config, "tiny", target.config.vocab_size)
+    head = HeadDrafter(config, HeadNet(config, target, torch.arange(target.config.vocab_size), seed=0).export(),
+                       target, MAX_LEN)
+    on, off = engines(target, tokenizer, max_batch_size=2)
+    with_head = [on.generate(p, greedy(), drafter=head) for p in shared[:2]]
+    assert [r.stats.cached_tokens for r in with_head] == [0, 0] and on.prefix_cache.stored > 0
+    plain = on.generate(shared[1], greedy(), use_drafter=False)  # a request without the head hits its blocks
+    assert plain.stats.cached_tokens > 0
+    assert_same(with_head + [plain], [off.generate(p, greedy(), use_drafter=False) for p in shared[:2] + shared[1:2]])

@@ -194,10 +194,11 @@ class SpeculativeEngine:
 
     def _share_prefix_cache(self, drafter: Drafter) -> None:
         """A draft model keeps its own prompt prefixes (its own KV) when the engine does, as many tokens."""
+        prefix = self.prefix_cache
+        tokens = 0 if prefix is None else prefix.capacity * prefix.block_size
         for stage in getattr(drafter, "stages", [drafter]):
             if hasattr(stage, "prefix_tokens"):
-                stage.prefix_tokens = self.prefix_cache.capacity * self.prefix_cache.block_size \
-                    if self.prefix_cache is not None else 0
+                stage.prefix_tokens = tokens
 
     def abort(self, seq: Sequence) -> None:
         """Stop a request now (a client went away); its figures still count. A decoding sequence's row leaves the
