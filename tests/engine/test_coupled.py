@@ -220,3 +220,17 @@ def test_the_check_catches_uniform_noise(monkeypatch):
     results = run_coupled_cases()
     print({case: round(tvd, 4) for case, (tvd, _) in results.items()}, f"bound {bound:.4f}")
     assert all(tvd > bound for tvd, _ in results.values()), results
+
+
+def test_an_unseeded_coupled_request_draws_its_seed_once(trained_pair, tokenizer, prompts):
+    """Its seed is drawn when it arrives and keys every position: the output is the target alone's for that seed."""
+    engine = model_engine(trained_pair, tokenizer, 2, SpeculativeConfig(num_draft_tokens=4))
+    seqs = [engine.add_request(prompts[i], params(None)) for i in (0, 1)]
+    seeds = [seq.sampling.noise_seed for seq in seqs]
+    assert None not in seeds and seeds[0] != seeds[1]
+    while engine.has_unfinished:
+        engine.step()
+    target, _ = trained_pair
+    alone = SpeculativeEngine(target, tokenizer, None, max_len=MAX_LEN)
+    for i, (seq, seed) in enumerate(zip(seqs, seeds)):
+        assert seq.stopper.token_ids == alone.generate(prompts[i], params(seed), use_drafter=False).token_ids
