@@ -32,7 +32,7 @@ from test_server import MODEL, ServerThread  # noqa: E402
 KEY = "sesame"
 MAX_LEN = 1024
 PROMPTS = ["the cat sat", "one two three", "a bird sang in", "the dog", "four five six seven"]
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 def _free_port() -> int:

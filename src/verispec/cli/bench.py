@@ -83,6 +83,9 @@ def add_parser(sub) -> None:
                    help="more `verispec serve` flags with --serve, e.g. '--max-batched-tokens 512'")
     g.add_argument("--serve-repeats", type=positive_int, default=2, metavar="N",
                    help="runs per concurrency and mode with --serve, in A B B A order (default 2)")
+    g.add_argument("--replicas", default=None, metavar="LIST",
+                   help="with --serve: replica counts on Ray Serve to compare, e.g. 1,2 (each --threads threads; "
+                        "clients: --concurrency, default 16; bench/serve_replicas.py)")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -151,6 +154,10 @@ def build_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replicas:
+        from ..bench.serve_replicas import run_from_args
+
+        return run_from_args(args)
     if args.serve or args.concurrency:
         from ..bench.serve_load import run_from_args
 

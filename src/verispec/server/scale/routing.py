@@ -33,6 +33,8 @@ def routing_key(path: str, body: bytes, chars: int) -> str | None:
         text = "".join(f"{m.get('role')}\n{_content(m.get('content'))}\n" for m in messages if isinstance(m, dict))
     else:
         prompt = data.get("prompt")
+        if not prompt:
+            return None
         text = prompt if isinstance(prompt, str) else json.dumps(prompt)
     return text[:chars] or None
 
