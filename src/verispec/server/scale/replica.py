@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import torch
 from ray import serve
+from transformers.utils import logging as hf_logging
 
 from ..app import create_app
 from ..config import ServerConfig
@@ -25,6 +26,7 @@ class Replica:
     def __init__(self, config: ServerConfig, threads: int | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
+        hf_logging.disable_progress_bar()  # one bar per replica per load, relayed by Ray: noise
         self.app = create_app(config)
         self.server = self.app.state.server
         self.server.worker.start()  # the app's lifespan would; here nothing runs it
