@@ -222,3 +222,51 @@ def test_a_replica_killed_under_load(cluster):
         if series.endswith("_total"):
             assert stats["totals"].get(series, 0.0) >= value, series  # the dead replica's counters stay
     assert _complete(client, "the cat").choices[0].text  # and it serves again
+
+
+@pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "2", "--draft-device", "meta"],
+                                  ["--replicas", "1", "--port", "70000"]])
+def test_serve_rejects_bad_replica_flags(argv, model_dirs, capsys):
+    from verispec.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(model_dirs["target"]), *argv])
+    assert info.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_drain_lets_running_streams_finish_and_refuses_new_requests(cluster):
+    """Last in this file: the ingress stays draining (as on SIGTERM, before Serve stops)."""
+    from threading import Event, Thread
+
+    from ray import serve
+
+    client = _client(cluster)
+    started, outcome = Event(), {}
+
+    def stream() -> None:
+        chunks = client.completions.create(model=MODEL, prompt="the cat", max_tokens=400, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        text = []
+        for chunk in chunks:
+            started.set()
+            text.append(chunk.choices[0].text if chunk.choices else "")
+            outcome["finish"] = chunk.choices[0].finish_reason if chunk.choices else outcome.get("finish")
+        outcome["chars"] = len("".join(text))
+
+    reader = Thread(target=stream)
+    reader.start()
+    assert started.wait(120)
+    draining = serve.get_app_handle(APP_NAME).drain.remote(120)
+
+    def refused() -> bool:
+        try:
+            _complete(client, "one", max_tokens=1)
+            return False
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503 and exc.body["code"] == "server_shutting_down"
+            return True
+
+    _until(refused, "a 503 while draining")
+    reader.join(240)
+    assert outcome.get("finish") == "length" and outcome["chars"] > 0
+    assert draining.result(timeout_s=120) == 0

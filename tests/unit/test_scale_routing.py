@@ -100,6 +100,8 @@ def test_summary_ratios():
                            "verispec_rounds_total": 4, "verispec_generated_tokens_total": 10})
     assert s["acceptance_rate"] == 0.6 and s["mean_accepted_length"] == 2.5
     assert aggregate.summary({})["acceptance_rate"] is None
+    cache = {"verispec_prefix_cache_queries_total": 200, "verispec_prefix_cache_hits_total": 150}
+    assert aggregate.summary(cache)["prefix_cache_hit_rate"] == 0.75
 
 
 @pytest.mark.parametrize("kwargs", [dict(replicas=0), dict(replicas=2, min_replicas=3), dict(replicas=3, max_replicas=2),

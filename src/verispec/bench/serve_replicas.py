@@ -47,9 +47,12 @@ class ReplicaSweepConfig:
 
 
 def _cache_series(url: str) -> dict[str, float]:
-    """Prefix-cache counters of the summed /v1/stats (whatever the engine names them: 'prefix' or 'cached')."""
-    totals = httpx.get(f"{url}/v1/stats", timeout=60).json()["totals"]
-    return {k: v for k, v in totals.items() if ("prefix" in k or "cached" in k) and not k.endswith("_created")}
+    """The prefix cache's counters and hit rate from the summed /v1/stats (empty where the engine has none)."""
+    stats = httpx.get(f"{url}/v1/stats", timeout=60).json()
+    series = {k: v for k, v in stats["totals"].items() if "prefix" in k or "cached" in k}
+    if stats["summary"].get("prefix_cache_hit_rate") is not None:
+        series["hit_rate"] = round(stats["summary"]["prefix_cache_hit_rate"], 4)
+    return series
 
 
 def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
