@@ -122,7 +122,7 @@ class Ingress:
         key = routing_key(call.path, body, self.scale.prefix_chars)
         endpoint = call.path if call.path.startswith("/v1/") or call.path == "/health" else "other"
         generation = call.path in _GENERATIONS
-        self.generations += generation
+        self.generations += int(generation)
         streaming = False
         try:
             for attempt in range(ATTEMPTS):
@@ -146,9 +146,7 @@ class Ingress:
                 except BaseException:
                     stream.cancel()
                     raise
-            error = replica_unavailable(f"{ATTEMPTS} replicas in a row went away while answering")
-            self.metrics.requests.labels(endpoint, "503").inc()
-            raise error
+            raise replica_unavailable(f"{ATTEMPTS} replicas in a row went away while answering")  # counted there
         finally:
             if not streaming:
                 self.generations -= generation
