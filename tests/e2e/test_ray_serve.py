@@ -224,8 +224,8 @@ def test_a_replica_killed_under_load(cluster):
     assert _complete(client, "the cat").choices[0].text  # and it serves again
 
 
-@pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "2", "--draft-device", "meta"],
-                                  ["--replicas", "1", "--port", "70000"]])
+@pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "1", "--port", "70000"],
+                                  ["--replicas", "2", "--draft-device", "meta"]])
 def test_serve_rejects_bad_replica_flags(argv, model_dirs, capsys):
     from verispec.cli import main
 

@@ -104,8 +104,9 @@ def test_summary_ratios():
     assert aggregate.summary(cache)["prefix_cache_hit_rate"] == 0.75
 
 
-@pytest.mark.parametrize("kwargs", [dict(replicas=0), dict(replicas=2, min_replicas=3), dict(replicas=3, max_replicas=2),
-                                    dict(replica_cpus=0), dict(replica_gpus=-1), dict(object_store_gb=0.01)])
+@pytest.mark.parametrize("kwargs", [dict(replicas=0), dict(replicas=2, min_replicas=3),
+                                    dict(replicas=3, max_replicas=2), dict(replica_cpus=0), dict(replica_gpus=-1),
+                                    dict(object_store_gb=0.01)])
 def test_scale_config_rejects(kwargs):
     with pytest.raises(ValueError):
         ScaleConfig(**kwargs)

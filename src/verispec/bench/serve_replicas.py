@@ -104,8 +104,9 @@ def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
 
 def markdown(report: dict) -> str:
     s = report["settings"]
-    lines = [f"Replicas on Ray Serve: {s['model']} ({s['dtype']}), draft {s['draft_model']}, {s['threads_per_replica']} "
-             f"thread(s) per replica, {s['max_new_tokens']} tokens per request, speculation on, greedy; "
+    lines = [f"Replicas on Ray Serve: {s['model']} ({s['dtype']}), draft {s['draft_model']}, "
+             f"{s['threads_per_replica']} thread(s) per replica, {s['max_new_tokens']} tokens per request, "
+             "speculation on, greedy; "
              f"{report['machine'].get('logical_cpus', '?')} CPU cores shared by all replicas.", "",
              "| replicas | clients | tokens/s | x 1 replica | TTFT p50 (s) | = 1 replica | failed |",
              "|---:|---:|---:|---:|---:|---:|---:|"]

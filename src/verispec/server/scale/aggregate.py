@@ -77,7 +77,8 @@ def summary(total: dict[str, float]) -> dict[str, float | None]:
     """The headline ratios of the summed counters (DEVELOPERS.md's vocabulary)."""
     draft, accepted = total.get("verispec_draft_tokens_total", 0.0), total.get("verispec_accepted_tokens_total", 0.0)
     rounds, generated = total.get("verispec_rounds_total", 0.0), total.get("verispec_generated_tokens_total", 0.0)
-    queries, hits = total.get("verispec_prefix_cache_queries_total", 0.0), total.get("verispec_prefix_cache_hits_total", 0.0)
+    queries = total.get("verispec_prefix_cache_queries_total", 0.0)
+    hits = total.get("verispec_prefix_cache_hits_total", 0.0)
     return {"acceptance_rate": accepted / draft if draft else None,
             "mean_accepted_length": generated / rounds if rounds else None,
             "prefix_cache_hit_rate": hits / queries if queries else None,  # prompt tokens found / looked up

@@ -1,8 +1,9 @@
 """`PrefixAffinityRouter`: Ray Serve's request-router extension point (`ray.serve.request_router`) with
 routing.py's choice: a request's `key` keyword picks its replica by rendezvous hashing, unless that replica is
 much busier than the least loaded; a request's `replica` keyword pins it to one replica (the ingress asks each
-replica for its metrics that way; the caller bounds the wait for one this router does not know yet). Serve then takes the least loaded replica with room within the first rank
-offered (its queue lengths: the router's cache, probed when stale).
+replica for its metrics that way; the caller bounds the wait for one this router does not know yet). Serve then
+takes the least loaded replica with room within the first rank offered (its queue lengths: the router's cache,
+probed when stale).
 
 No FIFO mixin on purpose: with it, a routing task may hand its replica to an older pending request, which would
 break both the pinning and the affinity.
