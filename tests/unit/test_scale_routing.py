@@ -115,3 +115,11 @@ def test_scale_config_rejects(kwargs):
 def test_scale_config_bounds():
     assert ScaleConfig(replicas=2).bounds == (2, 2) and not ScaleConfig(replicas=2).autoscaling
     assert ScaleConfig(replicas=2, min_replicas=1, max_replicas=4).autoscaling
+
+
+def test_bench_replica_counts():
+    from verispec.bench.serve_replicas import parse_replicas
+
+    assert parse_replicas("2") == [1, 2] and parse_replicas("4,2,2") == [1, 2, 4]
+    with pytest.raises(ValueError, match="--replicas"):
+        parse_replicas("0,2")
