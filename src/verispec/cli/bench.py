@@ -89,6 +89,9 @@ def add_parser(sub) -> None:
                         "(bench/serve_prefix.py)")
     g.add_argument("--system-prompt", default=None, metavar="TEXT",
                    help="the shared system prompt of --prefix-cache (default: a built-in one of ~250 tokens)")
+    g.add_argument("--replicas", default=None, metavar="LIST",
+                   help="with --serve: replica counts on Ray Serve to compare, e.g. 1,2 (each --threads threads; "
+                        "clients: --concurrency, default 16; bench/serve_replicas.py)")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -157,6 +160,10 @@ def build_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replicas:
+        from ..bench.serve_replicas import run_from_args
+
+        return run_from_args(args)
     if args.serve or args.concurrency:
         if getattr(args, "prefix_cache", False):
             from ..bench.serve_prefix import run_from_args

@@ -13,6 +13,7 @@ import socket
 import sys
 
 from . import CliError
+from .serve_replicas import add_scale_args, check_draft_device, run_replicas, wants_replicas
 from .common import (
     positive_int,
     add_model_args,
@@ -74,6 +75,7 @@ def add_parser(sub) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM / SIGINT: new requests get 503, running ones get this long to finish before "
                         "they are cancelled with an error; then the server exits 0 (default 30)")
+    add_scale_args(p)
     p.set_defaults(run=run)
 
 
@@ -113,6 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from ..server.shutdown import GracefulServer
 
     apply_runtime(args)
+    check_draft_device(args)
     setup_logging()
     logging.getLogger("verispec").info("dtype %s", args.dtype_reason)
     spec = SpeculativeConfig(**spec_kwargs(args))
@@ -131,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     if config.api_key is None and not _loopback(args.host):
         print(f"[verispec] warning: listening on {args.host} without --api-key: anyone who can reach it can use it",
               file=sys.stderr, flush=True)
+    if wants_replicas(args):
+        return run_replicas(args, config)
     sock = _listen(args.host, args.port)
     app = create_app(config)
     port = sock.getsockname()[1]

@@ -1,0 +1,202 @@
+"""`Ingress`: the one HTTP entry of the replicas, Ray Serve's FastAPI ingress.
+
+- The single server's guard runs here first (server/guard.py: API key, body limit, drain's 503s, a 429 once
+  `replicas x max_num_seqs + max_queued_requests` generations are in flight), then again inside the replica.
+- Every other route is forwarded whole to a replica (`Replica.http`), with a routing key for prefix affinity.
+  A JSON answer is read to its end before it is sent, so a replica that dies meanwhile costs the client nothing:
+  the request is retried on another replica (`ATTEMPTS` in all; Serve routes it to a live one). A stream is
+  relayed as it comes; one cut by a dead replica ends with a retryable error event (503, `replica_unavailable`)
+  and `[DONE]`. Out of attempts: 503 with Retry-After.
+- `/metrics` and `GET /v1/stats` gather each replica's own registry (pinned calls, router.py) and merge them
+  (aggregate.py), plus the ingress's counters (requests, retries, replica failures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+
+import ray
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from ray.exceptions import ActorUnavailableError, RayActorError
+
+from ..config import ServerConfig
+from ..errors import APIError, install_error_handlers
+from ..guard import install_guard
+from ..responses import DONE, sse
+from . import aggregate
+from .bridge import HttpCall
+from .config import ScaleConfig
+from .routing import routing_key
+
+logger = logging.getLogger("verispec.server")
+APP_NAME = "verispec"
+REPLICA_DEPLOYMENT = "Replica"
+REPLICA_HEADER = "x-verispec-replica"  # which replica answered (tests, debugging)
+ATTEMPTS = 3  # tries of a request whose replica died before it answered
+SCRAPE_TIMEOUT_S = 15.0  # bound on one replica's metrics answer (it comes between two engine steps)
+_GENERATIONS = {"/v1/chat/completions", "/v1/completions"}
+_LOST = (RayActorError, ActorUnavailableError)  # the replica died or cannot be reached
+_HOP_HEADERS = {"content-length", "transfer-encoding", "connection"}
+
+
+def replica_unavailable(detail: str) -> APIError:
+    return APIError(503, f"No replica could answer: {detail}. Retry the request.", type="server_error",
+                    code="replica_unavailable", headers={"Retry-After": "1"})
+
+
+class IngressMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("verispec_ingress_requests", "Requests answered by the ingress, by endpoint and "
+                                "HTTP status (streams: the status they started with)", ["endpoint", "status"],
+                                registry=r)
+        self.replica_failures = Counter("verispec_replica_failures", "Calls to a replica that died or could not "
+                                        "be reached", registry=r)
+        self.retries = Counter("verispec_retried_requests", "Requests sent again to another replica after theirs "
+                               "died before answering", registry=r)
+        self.cut_streams = Counter("verispec_cut_streams", "Streams ended with a retryable error because their "
+                                   "replica died", registry=r)
+
+
+class Ingress:
+    def __init__(self, replicas, config: ServerConfig, scale: ScaleConfig) -> None:
+        self.replicas = replicas  # DeploymentHandle of the Replica deployment
+        self.config = config
+        self.scale = scale
+        self.metrics = IngressMetrics()
+        self.generations = 0  # generation requests in flight here
+        self.live = scale.replicas  # replicas seen at the latest look
+        self.scraped: dict[str, str] = {}  # replica id -> its latest /metrics text (a dead one's stays)
+        self.gate = None
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        return build_app(self)
+
+    def queue_full(self) -> bool:
+        return self.generations >= self.live * self.config.max_num_seqs + self.config.max_queued_requests
+
+    def live_replicas(self) -> list[str]:
+        """Ids of the Replica deployment's running actors (their names: SERVE_REPLICA::app#deployment#id)."""
+        prefix = f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#"
+        ids = [a["name"][len(prefix):] for a in ray.util.list_named_actors(all_namespaces=True)
+               if a["name"].startswith(prefix)]
+        self.live = max(1, len(ids))
+        return ids
+
+    async def gather(self) -> tuple[dict, list[str], list[str]]:
+        """-> (merged families, live replica ids, retired replica ids)."""
+        live = []
+        # One after the other: calls made while answering one HTTP request share Serve's internal request id,
+        # and Serve's router matches a chosen replica to a pending call by that id, so concurrent pinned calls
+        # could swap replicas.
+        for rid in self.live_replicas():
+            try:
+                answered, text = await asyncio.wait_for(self.replicas.metrics.remote(replica=rid), SCRAPE_TIMEOUT_S)
+            except (TimeoutError, *_LOST) as exc:
+                logger.warning("replica %s: its metrics did not come (%r)", rid, exc)
+                continue
+            self.scraped[answered] = text
+            live.append(answered)
+        retired = sorted(set(self.scraped) - set(live))
+        return aggregate.merge(self.scraped, frozenset(retired)), sorted(live), retired
+
+    async def drain(self, timeout: float) -> int:
+        """New requests get 503; waits up to `timeout` s for those in flight. -> how many are still there."""
+        self.gate.draining = True
+        deadline = time.monotonic() + timeout
+        while self.gate.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return self.gate.in_flight
+
+    # -- forwarding ----------------------------------------------------------------------------------------------
+
+    async def forward(self, request: Request) -> Response:
+        body = await request.body()
+        scope = request.scope
+        call = HttpCall(request.method, scope["path"], scope.get("query_string", b""), tuple(scope["headers"]), body)
+        key = routing_key(call.path, body, self.scale.prefix_chars)
+        endpoint = call.path if call.path.startswith("/v1/") or call.path == "/health" else "other"
+        generation = call.path in _GENERATIONS
+        self.generations += int(generation)
+        streaming = False
+        try:
+            for attempt in range(ATTEMPTS):
+                if attempt:
+                    self.metrics.retries.inc()
+                stream = self.replicas.options(stream=True).http.remote(call, key=key)
+                try:
+                    head = await stream.__anext__()
+                    headers = {k: v for k, v in head["headers"] if k.lower() not in _HOP_HEADERS}
+                    headers[REPLICA_HEADER] = head["replica"]
+                    if headers.get("content-type", "").startswith("text/event-stream"):
+                        streaming = True
+                        self.metrics.requests.labels(endpoint, str(head["status"])).inc()
+                        return StreamingResponse(self._relay(stream, generation), status_code=head["status"],
+                                                 headers=headers)
+                    content = b"".join([chunk async for chunk in stream])
+                    self.metrics.requests.labels(endpoint, str(head["status"])).inc()
+                    return Response(content, status_code=head["status"], headers=headers)
+                except _LOST:
+                    self.metrics.replica_failures.inc()
+                except BaseException:
+                    stream.cancel()
+                    raise
+            raise replica_unavailable(f"{ATTEMPTS} replicas in a row went away while answering")  # counted there
+        finally:
+            if not streaming:
+                self.generations -= generation
+
+    async def _relay(self, stream, generation: bool):
+        finished = False
+        try:
+            async for chunk in stream:
+                yield chunk
+            finished = True
+        except _LOST:
+            self.metrics.replica_failures.inc()
+            self.metrics.cut_streams.inc()
+            yield sse(replica_unavailable("the replica running this stream went away").body()) + DONE
+            finished = True
+        finally:
+            self.generations -= generation
+            if not finished:
+                stream.cancel()  # the client left: the replica's app sees it disconnect
+
+
+def build_app(ingress: Ingress) -> FastAPI:
+    app = FastAPI(title="verispec", summary="OpenAI-compatible server with speculative decoding, on Ray Serve")
+
+    def count_error(request: Request, status: int) -> None:
+        path = request.url.path
+        ingress.metrics.requests.labels(path if path.startswith("/v1/") else "other", str(status)).inc()
+
+    install_error_handlers(app, on_error=count_error)
+    ingress.gate = install_guard(app, ingress.config, on_reject=count_error, queue_full=ingress.queue_full)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        families, _, _ = await ingress.gather()
+        text = aggregate.render(families) + generate_latest(ingress.metrics.registry).decode()
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/stats")
+    async def stats() -> JSONResponse:
+        families, live, retired = await ingress.gather()
+        total = aggregate.totals(families)
+        own = {f"{s.name}{json.dumps(s.labels, sort_keys=True) if s.labels else ''}": s.value
+               for family in ingress.metrics.registry.collect() for s in family.samples
+               if not s.name.endswith("_created")}
+        return JSONResponse({"replicas": {"live": live, "retired": retired}, "summary": aggregate.summary(total),
+                             "totals": total, "by_replica": aggregate.per_replica(families), "ingress": own})
+
+    @app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"],
+                   include_in_schema=False)
+    async def forward(request: Request) -> Response:
+        return await ingress.forward(request)
+
+    return app

@@ -1,0 +1,272 @@
+"""`verispec serve --replicas`: two replicas of the tiny pair on a local Ray cluster (loopback), driven with the
+real `openai` client. Skipped where Ray Serve is not installed (`pip install "verispec[ray]"`; `make test`
+installs it).
+
+No test assumes how fast the machine is: the fault test kills a replica only once that replica reports running
+requests, and waits (with a bound) for the events it checks, never for a guessed duration.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytest.importorskip("ray.serve")
+
+import ray  # noqa: E402
+
+from verispec.config import SpeculativeConfig  # noqa: E402
+from verispec.server import ServerConfig, create_app  # noqa: E402
+from verispec.server.scale import launch  # noqa: E402
+from verispec.server.scale.config import ScaleConfig  # noqa: E402
+from verispec.server.scale.ingress import APP_NAME, REPLICA_DEPLOYMENT, REPLICA_HEADER  # noqa: E402
+
+from test_server import MODEL, ServerThread  # noqa: E402
+
+KEY = "sesame"
+MAX_LEN = 1024
+PROMPTS = ["the cat sat", "one two three", "a bird sang in", "the dog", "four five six seven"]
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _config(model_dirs) -> ServerConfig:
+    return ServerConfig(model=str(model_dirs["target"]), draft_model=str(model_dirs["draft"]),
+                        enable_speculative=True, spec=SpeculativeConfig(num_draft_tokens=4), max_len=MAX_LEN,
+                        api_key=KEY, max_num_seqs=8, max_batched_tokens=256, shutdown_timeout=5.0)
+
+
+@pytest.fixture(scope="module")
+def cluster(model_dirs):
+    config = _config(model_dirs)
+    port = _free_port()
+    launch.start(config, ScaleConfig(replicas=2, threads=1, object_store_gb=0.1), "127.0.0.1", port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        launch.drain_and_stop(config)
+
+
+@pytest.fixture(scope="module")
+def single(model_dirs, one_torch_thread):
+    with ServerThread(create_app(_config(model_dirs))) as running:
+        yield running.url
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _client(url: str, key: str = KEY) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def _complete(client, prompt, max_tokens=24, **extra):
+    return client.completions.create(model=MODEL, prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                     extra_body=extra or None)
+
+
+def _stats(url: str) -> dict:
+    r = httpx.get(f"{url}/v1/stats", headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _until(condition, what: str, bound_s: float = 120.0):
+    """Wait for an event (polling), failing after a generous bound: never a guess at a duration."""
+    deadline = time.monotonic() + bound_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.05)
+    return value
+
+
+def test_outputs_equal_the_single_server(cluster, single):
+    replicated, alone = _client(cluster), _client(single)
+    for prompt in PROMPTS:
+        a, b = _complete(replicated, prompt), _complete(alone, prompt)
+        assert a.choices[0].text == b.choices[0].text and a.usage == b.usage
+    messages = [{"role": "user", "content": "the cat"}]
+    a = replicated.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    b = alone.chat.completions.create(model=MODEL, messages=messages, max_tokens=16, temperature=0)
+    assert a.choices[0].message.content == b.choices[0].message.content
+
+
+def test_streaming_matches_the_whole_answer(cluster):
+    client = _client(cluster)
+    whole = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "one two"}],
+                                           max_tokens=20, temperature=0)
+    chunks = list(client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "one two"}],
+                                                 max_tokens=20, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert len(chunks) > 3 and text == whole.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_api_key_and_limits_are_enforced(cluster):
+    with pytest.raises(openai.AuthenticationError):
+        _complete(_client(cluster, key="wrong"), "the cat")
+    r = httpx.post(f"{cluster}/v1/completions", headers={"Authorization": f"Bearer {KEY}"},
+                   json={"model": MODEL, "prompt": "x" * (5 * 2**20)}, timeout=60)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    with pytest.raises(openai.BadRequestError):  # the replica's own validation, through the ingress
+        _complete(_client(cluster), "the cat", max_tokens=10, min_tokens=20)
+    assert httpx.get(f"{cluster}/metrics").status_code == 200  # open without the key, as in one process
+
+
+def test_shared_prefix_goes_to_one_replica(cluster):
+    client = _client(cluster).with_raw_response
+    prefix = "the cat sat on the mat. the dog sat on the log. " * 12  # longer than the routing key
+    replicas = {client.completions.create(model=MODEL, prompt=prefix + tail, max_tokens=4,
+                                          temperature=0).headers[REPLICA_HEADER] for tail in ("a", "b", "c", "d")}
+    assert len(replicas) == 1
+    seen = {client.completions.create(model=MODEL, prompt=f"{i} " + prefix, max_tokens=2,
+                                      temperature=0).headers[REPLICA_HEADER] for i in range(12)}
+    assert len(seen) == 2  # different starts spread over both replicas
+
+
+def _replica_sums(text: str) -> tuple[dict, dict]:
+    """/metrics -> ({series: total}, {series: sum over replica-labelled series})."""
+    total, by_replica = {}, {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = {k: v for k, v in s.labels.items() if k != "replica"}
+            key = (s.name, tuple(sorted(labels.items())))
+            if "replica" in s.labels:
+                by_replica[key] = by_replica.get(key, 0.0) + s.value
+            else:
+                total[key] = s.value
+    return total, by_replica
+
+
+def test_metrics_sum_the_replicas(cluster):
+    before = _stats(cluster)["totals"].get("verispec_generated_tokens_total", 0.0)
+    client = _client(cluster)
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda p: _complete(client, p, max_tokens=12), PROMPTS * 2))
+    stats = _stats(cluster)
+    assert len(stats["replicas"]["live"]) == 2 and len(stats["by_replica"]) >= 2
+    generated = sum(a.usage.completion_tokens for a in answers)
+    assert stats["totals"]["verispec_generated_tokens_total"] - before == generated
+    total, by_replica = _replica_sums(httpx.get(f"{cluster}/metrics").text)
+    counters = [k for k in total if k[0].endswith(("_total", "_bucket", "_count", "_sum")) and k in by_replica]
+    assert len(counters) > 20 and ("verispec_generated_tokens_total", ()) in counters
+    for key in counters:
+        assert total[key] == pytest.approx(by_replica[key]), key
+    assert stats["summary"]["mean_accepted_length"] >= 1.0
+
+
+def _running_replica(url: str) -> str | None:
+    for replica, series in _stats(url)["by_replica"].items():
+        if series.get("verispec_running_requests", 0) > 0:
+            return replica
+    return None
+
+
+def test_a_replica_killed_under_load(cluster):
+    """Only complete answers or retryable errors; the replica comes back; the counters never go back."""
+    client = _client(cluster)
+    before = _stats(cluster)
+    long = dict(max_tokens=MAX_LEN - 40, ignore_eos=True)
+
+    def one(i: int):
+        prompt = PROMPTS[i % len(PROMPTS)] + f" {i}"
+        try:
+            if i % 2:
+                chunks = list(client.completions.create(model=MODEL, prompt=prompt, temperature=0, stream=True,
+                                                        max_tokens=long["max_tokens"], extra_body={"ignore_eos": True}))
+                return ("stream", sum(len(c.choices[0].text) for c in chunks if c.choices))
+            answer = _complete(client, prompt, **long)
+            return ("json", answer.usage.completion_tokens)
+        except openai.APIStatusError as exc:
+            return ("status", exc.status_code, exc.response.headers.get("retry-after"))
+        except openai.APIError as exc:  # an error event inside a stream
+            return ("event", (exc.body or {}).get("code"))
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, i) for i in range(8)]
+        victim = _until(lambda: _running_replica(cluster), "a replica running requests")
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve"),
+                 no_restart=True)
+        outcomes = [f.result(timeout=240) for f in futures]
+    for outcome in outcomes:
+        if outcome[0] == "json":
+            assert outcome[1] == long["max_tokens"]  # complete, whichever replica gave it
+        elif outcome[0] == "status":
+            assert outcome[1] == 503 and outcome[2] is not None, outcome
+        elif outcome[0] == "event":
+            assert outcome[1] == "replica_unavailable", outcome
+    stats = _until(lambda: (s := _stats(cluster)) and len(s["replicas"]["live"]) == 2 and s, "the replica back")
+    assert victim in stats["replicas"]["retired"]
+    own = stats["ingress"]
+    assert own.get("verispec_replica_failures_total", 0) >= 1
+    for series, value in before["totals"].items():
+        if series.endswith("_total"):
+            assert stats["totals"].get(series, 0.0) >= value, series  # the dead replica's counters stay
+    assert _complete(client, "the cat").choices[0].text  # and it serves again
+
+
+@pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "1", "--port", "70000"],
+                                  ["--replicas", "2", "--draft-device", "meta"]])
+def test_serve_rejects_bad_replica_flags(argv, model_dirs, capsys):
+    from verispec.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--model", str(model_dirs["target"]), *argv])
+    assert info.value.code == 2 and "error:" in capsys.readouterr().err
+
+
+def test_drain_lets_running_streams_finish_and_refuses_new_requests(cluster):
+    """Last in this file: the ingress stays draining (as on SIGTERM, before Serve stops)."""
+    from threading import Event, Thread
+
+    from ray import serve
+
+    client = _client(cluster)
+    started, outcome = Event(), {}
+
+    def stream() -> None:
+        chunks = client.completions.create(model=MODEL, prompt="the cat", max_tokens=400, temperature=0, stream=True,
+                                           extra_body={"ignore_eos": True})
+        text = []
+        for chunk in chunks:
+            started.set()
+            text.append(chunk.choices[0].text if chunk.choices else "")
+            outcome["finish"] = chunk.choices[0].finish_reason if chunk.choices else outcome.get("finish")
+        outcome["chars"] = len("".join(text))
+
+    reader = Thread(target=stream)
+    reader.start()
+    assert started.wait(120)
+    draining = serve.get_app_handle(APP_NAME).drain.remote(120)
+
+    def refused() -> bool:
+        try:
+            _complete(client, "one", max_tokens=1)
+            return False
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 503 and exc.body["code"] == "server_shutting_down"
+            return True
+
+    _until(refused, "a 503 while draining")
+    reader.join(240)
+    assert outcome.get("finish") == "length" and outcome["chars"] > 0
+    assert draining.result(timeout_s=120) == 0

@@ -1,0 +1,125 @@
+"""server/scale's pure parts: the routing key and choice (routing.py), the metrics merge (aggregate.py) and the
+scale config. No Ray needed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from verispec.server.scale import aggregate
+from verispec.server.scale.config import ScaleConfig
+from verispec.server.scale.routing import preference, rank, routing_key
+
+CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
+
+
+def _chat(*contents: str) -> bytes:
+    return json.dumps({"messages": [{"role": "system" if i == 0 else "user", "content": c}
+                                    for i, c in enumerate(contents)]}).encode()
+
+
+def test_routing_key_is_the_prompts_start():
+    system = "You are a helpful assistant. " * 10
+    a = routing_key(CHAT, _chat(system, "what is 2 + 2?"), chars=200)
+    b = routing_key(CHAT, _chat(system, "name a colour"), chars=200)
+    assert a == b and len(a) == 200  # a shared system prompt longer than the key: one key
+    assert routing_key(CHAT, _chat("x", "what is 2 + 2?"), 200) != routing_key(CHAT, _chat("x", "name a colour"), 200)
+    assert routing_key(COMPLETION, json.dumps({"prompt": "the cat sat"}).encode(), 5) == "the c"
+    assert routing_key(COMPLETION, json.dumps({"prompt": [1, 2, 3]}).encode(), 5) == "[1, 2"
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
+    assert routing_key(CHAT, json.dumps(parts).encode(), 100) == "user\nhi\n"
+    for path, body in [("/v1/models", b""), (CHAT, b"not json"), (CHAT, b"[1]"), (COMPLETION, b"{}"),
+                       (CHAT, b'{"messages": 3}')]:
+        assert routing_key(path, body, 100) is None
+
+
+def test_rendezvous_order_moves_only_the_keys_of_a_replica_that_left():
+    replicas = ["a", "b", "c", "d"]
+    keys = [f"prompt {i}" for i in range(400)]
+    owner = {k: preference(k, replicas)[0] for k in keys}
+    assert set(owner.values()) == set(replicas)  # every replica owns some keys
+    after = {k: preference(k, ["a", "b", "d"])[0] for k in keys}
+    moved = [k for k in keys if owner[k] != after[k]]
+    assert moved and all(owner[k] == "c" for k in moved)
+    assert preference("x", replicas) == preference("x", list(reversed(replicas)))  # order of the list: no matter
+
+
+def test_rank_prefers_the_keys_replica_unless_it_is_much_busier():
+    first, second = preference("k", ["r1", "r2"])
+    assert rank("k", {"r1": 0, "r2": 0}, imbalance=4) == [[first], [second]]
+    assert rank("k", {first: 4, second: 0}, imbalance=4) == [[first], [second]]  # at the bound: still affinity
+    assert rank("k", {first: 5, second: 0}, imbalance=4) == [[first, second]]  # past it: least loaded of all
+    assert rank("k", {first: None, second: 3}, imbalance=0) == [[first], [second]]  # unknown load: affinity
+    assert rank(None, {"r1": 1, "r2": 0}, imbalance=4) == [["r1", "r2"]]
+    assert rank("k", {"r1": 9}, imbalance=0) == [["r1"]]
+
+
+def _registry(requests: int, ttfts: list[float], queued: int) -> str:
+    r = CollectorRegistry()
+    Counter("verispec_requests", "requests", ["endpoint", "status"], registry=r).labels("/v1/x", "200").inc(requests)
+    h = Histogram("verispec_ttft_seconds", "ttft", buckets=(0.1, 1.0), registry=r)
+    for t in ttfts:
+        h.observe(t)
+    Gauge("verispec_queued_requests", "queued", registry=r).set(queued)
+    return generate_latest(r).decode()
+
+
+def _samples(text: str) -> dict:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_merge_sums_counters_and_histograms_and_labels_each_replica():
+    texts = {"a": _registry(3, [0.05, 0.5], 2), "b": _registry(4, [2.0], 1)}
+    samples = _samples(aggregate.render(aggregate.merge(texts)))
+    assert samples[("verispec_requests_total", (("endpoint", "/v1/x"), ("status", "200")))] == 7
+    assert samples[("verispec_requests_total", (("endpoint", "/v1/x"), ("replica", "b"), ("status", "200")))] == 4
+    assert samples[("verispec_ttft_seconds_bucket", (("le", "0.1"),))] == 1
+    assert samples[("verispec_ttft_seconds_bucket", (("le", "1.0"),))] == 2
+    assert samples[("verispec_ttft_seconds_bucket", (("le", "+Inf"),))] == 3
+    assert samples[("verispec_ttft_seconds_count", ())] == 3
+    assert samples[("verispec_ttft_seconds_sum", ())] == pytest.approx(2.55)
+    assert samples[("verispec_queued_requests", ())] == 3
+    assert not any(name.endswith("_created") for name, _ in samples)
+
+
+def test_a_retired_replica_keeps_its_counters_but_not_its_gauges():
+    texts = {"a": _registry(3, [], 2), "gone": _registry(5, [], 9)}
+    families = aggregate.merge(texts, retired=frozenset({"gone"}))
+    total = aggregate.totals(families)
+    assert total['verispec_requests_total{endpoint="/v1/x",status="200"}'] == 8
+    assert total["verispec_queued_requests"] == 2
+    assert aggregate.per_replica(families)["gone"]['verispec_requests_total{endpoint="/v1/x",status="200"}'] == 5
+
+
+def test_summary_ratios():
+    s = aggregate.summary({"verispec_draft_tokens_total": 10, "verispec_accepted_tokens_total": 6,
+                           "verispec_rounds_total": 4, "verispec_generated_tokens_total": 10})
+    assert s["acceptance_rate"] == 0.6 and s["mean_accepted_length"] == 2.5
+    assert aggregate.summary({})["acceptance_rate"] is None
+    cache = {"verispec_prefix_cache_queries_total": 200, "verispec_prefix_cache_hits_total": 150}
+    assert aggregate.summary(cache)["prefix_cache_hit_rate"] == 0.75
+
+
+@pytest.mark.parametrize("kwargs", [dict(replicas=0), dict(replicas=2, min_replicas=3),
+                                    dict(replicas=3, max_replicas=2), dict(replica_cpus=0), dict(replica_gpus=-1),
+                                    dict(object_store_gb=0.01)])
+def test_scale_config_rejects(kwargs):
+    with pytest.raises(ValueError):
+        ScaleConfig(**kwargs)
+
+
+def test_scale_config_bounds():
+    assert ScaleConfig(replicas=2).bounds == (2, 2) and not ScaleConfig(replicas=2).autoscaling
+    assert ScaleConfig(replicas=2, min_replicas=1, max_replicas=4).autoscaling
+
+
+def test_bench_replica_counts():
+    from verispec.bench.serve_replicas import parse_replicas
+
+    assert parse_replicas("2") == [1, 2] and parse_replicas("4,2,2") == [1, 2, 4]
+    with pytest.raises(ValueError, match="--replicas"):
+        parse_replicas("0,2")
