@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def measure(target_name: str, draft_name: str, prompts: list[str], max_new_token
     max_len = 1024
     drafter = build_drafter(draft_name, target, tokenizer, max_len, dtype="float32").drafter
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=k), max_len=max_len)
-    params = SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True)
+    params = SamplingParams(max_new_tokens=max_new_tokens)
     encoded = [_encode(tokenizer, p) for p in prompts]
     engine.generate(encoded[0], SamplingParams(max_new_tokens=8))  # warm-up, both paths
     engine.generate(encoded[0], SamplingParams(max_new_tokens=8), use_drafter=False)
@@ -77,8 +78,11 @@ def measure(target_name: str, draft_name: str, prompts: list[str], max_new_token
         drafted += stats.draft_tokens
         accepted += stats.accepted_tokens
         committed += stats.generated_tokens
-        rows.append({"prompt": prompt, "identical": spec.token_ids == alone.token_ids,
+        rows.append({"prompt": prompt, "identical": spec.token_ids == alone.token_ids, "tokens": len(spec.token_ids),
+                     "alone_s": round(alone_s, 2), "spec_s": round(spec_s, 2), "rounds": stats.rounds,
+                     "accepted": stats.accepted_tokens, "drafted": stats.draft_tokens,
                      "text": tokenizer.decode(spec.token_ids)[:80]})
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)  # progress: a long run's rows survive a cut
     return {"target": target_name, "draft": draft_name, "drafter": type(drafter).__name__, "k": k,
             "identical": all(r["identical"] for r in rows), "acceptance_rate": accepted / max(drafted, 1),
             "mean_accepted_length": committed / max(rounds, 1), "alone_tok_s": tokens / alone_s,
@@ -110,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     chosen = pairs if args.direction == "both" else {args.direction: pairs[args.direction]}
     for name, (target, draft) in chosen.items():
         result = measure(target, draft, PROMPTS[: args.prompts], args.max_new_tokens, args.k)
-        print(json.dumps({"direction": name, "threads": args.threads, **result}, indent=1))
+        print(json.dumps({"direction": name, "threads": args.threads, **result}, indent=1), flush=True)
 
 
 if __name__ == "__main__":
