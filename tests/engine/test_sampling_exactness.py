@@ -96,6 +96,10 @@ CASES = {
         max_new_tokens=NEW_TOKENS, temperature=1.2, presence_penalty=-0.6, frequency_penalty=0.9,
         logit_bias={0: -1.0, 2: 2.0},
     ),
+    # a draft model with another tokenizer (drafters/cross_tokenizer.py): its text re-tokenized, a point mass
+    "cross-tokenizer-drafter-all-transforms": SamplingParams(
+        max_new_tokens=NEW_TOKENS, temperature=1.0, top_k=3, top_p=0.95, logit_bias={1: 0.8}, repetition_penalty=1.2,
+    ),
 }
 # A draft head (random weights) proposing token trees of distinct point masses, verified by recursive rejection over
 # siblings, under every position-independent transform, with min_tokens and a stop token (the EOS mask follows each
@@ -117,7 +121,7 @@ def run_cases(cases=tuple(CASES) + tuple(TREE_CASES), samples: int = SAMPLES):
     config = HeadConfig.for_target(target.config, "peaky", VOCAB)
     head = HeadDrafter(config, HeadNet(config, target, torch.arange(VOCAB), seed=3).export(), target, 64)
     drafters = {case: head if case in TREE_CASES else ModelDrafter(peaky_llama(1), 128) if case.startswith("model")
-                else PointMassDrafter() for case in cases}
+                else cross_tokenizer_drafter() if case.startswith("cross") else PointMassDrafter() for case in cases}
     engine = SpeculativeEngine(target, CharTokenizer(), None, SpeculativeConfig(num_draft_tokens=2), 64,
                                max_batch_size=len(cases) * ROWS_PER_CASE)
     every = {**CASES, **TREE_CASES}
@@ -215,6 +219,22 @@ def abcd_tokenizer():
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     core.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=core, eos_token="</s>")
+
+
+def cross_tokenizer_drafter():
+    """A draft model whose tokenizer merges pairs of the target's characters (ab, cd, ca), behind the wrapper that
+    re-tokenizes its text into the target's a, b, c, d."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from verispec.drafters.cross_tokenizer import CrossTokenizerDrafter
+
+    pieces = ["a", "b", "c", "d", "ab", "cd", "ca"]
+    core = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(pieces)}, merges=[("a", "b"), ("c", "d"), ("c", "a")]))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
+    merged = PreTrainedTokenizerFast(tokenizer_object=core)
+    return CrossTokenizerDrafter(ModelDrafter(peaky_llama(4, len(pieces)), 128), abcd_tokenizer(), merged)
 
 
 def run_grammar_cases(samples: int = SAMPLES):

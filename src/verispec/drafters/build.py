@@ -23,6 +23,7 @@ import torch
 from ..config import cache_len
 from .base import Drafter
 from .cascade import SEPARATOR, CascadeDrafter
+from .cross_tokenizer import cross_tokenizer_drafter, same_tokenizer
 from .head import head_drafter
 from .model import ModelDrafter
 from .named import NAMED_DRAFTERS
@@ -113,12 +114,15 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     if stage.kind == "auto":
         return _auto(build)
     if build.draft_model is not None:
-        return DrafterLoad(_model_drafter(build.target, build.draft_model, build.cache_len), name, name)
+        drafter = _model_drafter(build.target, build.draft_model, build.cache_len, build.tokenizer,
+                                 _draft_tokenizer(name), name)
+        return DrafterLoad(drafter, name, name)
     if build.on_error == "raise":
         from ..models import load_model
 
         draft = load_model(name, dtype=build.dtype, device=build.device)
-        return DrafterLoad(_model_drafter(build.target, draft, build.cache_len), name, name)
+        drafter = _model_drafter(build.target, draft, build.cache_len, build.tokenizer, _draft_tokenizer(name), name)
+        return DrafterLoad(drafter, name, name)
     drafter, reason = _try_model_drafter(name, build)
     if drafter is None:
         return DrafterLoad(None, NONE, name, warning=f"draft model {name} not used ({reason})")
@@ -146,10 +150,11 @@ def _auto(build: _Build) -> DrafterLoad:
                        f"auto-selected draft {choice.draft} not used ({reason}); using the n-gram drafter")
 
 
-def _try_model_drafter(name: str, build: _Build) -> tuple[ModelDrafter | None, str | None]:
-    """(ModelDrafter, None), or (None, why) when the draft does not fit or fails to load.
+def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | None]:
+    """(the model drafter, None), or (None, why) when the draft does not fit or fails to load.
 
-    Raises for a path that does not exist and for a vocabulary mismatch: those are the user's to fix.
+    Raises for a path that does not exist and for a vocabulary mismatch (a draft with the target's tokenizer but
+    another output size): those are the user's to fix. A draft with another tokenizer drafts across tokenizers.
     """
     from ..memory import check_draft_memory
     from ..models import load_model, read_model_config, resolve_model_path
@@ -166,7 +171,7 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[ModelDrafter | None, s
         draft = load_model(name, dtype=build.dtype, device=build.device)
     except Exception as exc:  # noqa: BLE001 - the path exists: corrupt weights (safetensors raises its own type), OOM
         return None, f"loading failed: {type(exc).__name__}: {exc}"
-    return _model_drafter(build.target, draft, build.cache_len), None
+    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer, _draft_tokenizer(name), name), None
 
 
 def check_vocab_match(target, draft) -> None:
@@ -180,11 +185,32 @@ def check_vocab_match(target, draft) -> None:
         )
 
 
-def _model_drafter(target, draft, cache_len: int) -> ModelDrafter:
+def _draft_tokenizer(name: str):
+    """The tokenizer stored with a draft model, or None when it has none (the draft is then taken to share the
+    target's, and its vocabulary size is checked)."""
+    from ..models import load_tokenizer
+
+    try:
+        return load_tokenizer(name)
+    except Exception:  # noqa: BLE001 - no readable tokenizer (ModelLoadError, or a tokenizer class's own error)
+        return None
+
+
+# A draft with another tokenizer keys its cache by its own tokens, which may be more per text than the target's.
+CROSS_TOKENIZER_CACHE_RATIO = 2
+
+
+def _model_drafter(target, draft, cache_len: int, tokenizer=None, draft_tokenizer=None,
+                   name: str = "draft") -> Drafter:
+    """A ModelDrafter, or one wrapped to draft across tokenizers when both tokenizers are known and differ."""
+    if tokenizer is not None and draft_tokenizer is not None and not same_tokenizer(tokenizer, draft_tokenizer):
+        inner = ModelDrafter(draft.eval(), CROSS_TOKENIZER_CACHE_RATIO * cache_len)
+        return cross_tokenizer_drafter(inner, tokenizer, draft_tokenizer, name)
     check_vocab_match(target, draft)
     return ModelDrafter(draft.eval(), cache_len)
 
 
-def model_drafter(target, draft, max_len: int) -> ModelDrafter:
-    """The drafter for an already loaded draft model (the Python API's `draft_model=`), sized for max_len."""
-    return _model_drafter(target, draft, cache_len(max_len))
+def model_drafter(target, draft, max_len: int, tokenizer=None, draft_tokenizer=None) -> Drafter:
+    """The drafter for an already loaded draft model (the Python API's `draft_model=`), sized for max_len; with both
+    tokenizers given and different, it drafts across tokenizers (cross_tokenizer.py)."""
+    return _model_drafter(target, draft, cache_len(max_len), tokenizer, draft_tokenizer)
