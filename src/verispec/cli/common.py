@@ -52,10 +52,15 @@ def add_runner_args(group) -> None:
     group.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                        help="torch.compile the native runner's whole step, one program per shape class, cached "
                             "under ~/.cache/verispec/compile (default: the measured choice for the device, see README)")
+    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=False,
+                       help="native runner: attention in one fixed order, so logits and logprobs with speculation "
+                            "are bit for bit the target's own in any dtype, batch and K (docs/speculation.md, "
+                            "'Bit for bit'; costs speed, measured there)")
 
 
 def runner_options(args) -> RunnerOptions:
-    return RunnerOptions(backend=args.runner, compile=args.compile)
+    invariant = args.batch_invariant or getattr(args, "deterministic", False)
+    return RunnerOptions(backend=args.runner, compile=args.compile, batch_invariant=invariant)
 
 
 class _ExplicitStore(argparse.Action):
