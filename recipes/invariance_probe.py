@@ -1,6 +1,6 @@
 """Which ops of the native forward break batch / width invariance, and what the invariant path costs.
 
-    PYTHONPATH=src python recipes/invariance_probe.py [--threads 2] [--repeats 20] [--no-timing]
+    PYTHONPATH=src python recipes/invariance_probe.py [--threads 2] [--repeats 20] [--no-timing | --no-probes]
 
 1. oneDNN's packed linear, fp32 and bf16: for each input size K, the row counts M (1..64, 97, 128, 512) at which a
    row's output differs from the same row run alone (K <= 1024 measured invariant; runtime/invariant.py).
@@ -90,15 +90,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--no-probes", action="store_true", help="timing only")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtypes = (torch.float32, torch.bfloat16)
-    print("1. packed linear, rows M vs one row")
-    for dtype in dtypes:
-        linear_rows(dtype)
-    print("2. attention, padded verify pass vs one-query steps")
-    for dtype in dtypes:
-        attention_rows(dtype)
+    if not args.no_probes:
+        print("1. packed linear, rows M vs one row")
+        for dtype in dtypes:
+            linear_rows(dtype)
+        print("2. attention, padded verify pass vs one-query steps")
+        for dtype in dtypes:
+            attention_rows(dtype)
     if not args.no_timing:
         print(f"3. the target's forward, today vs batch_invariant ({args.threads} threads)")
         for dtype in dtypes:
