@@ -126,3 +126,22 @@ def test_shipped_head_greedy_equals_target_alone(tree_nodes):
         spec = gen.generate(ids, max_new_tokens=48, return_dict=True)
         assert spec.token_ids == gen.generate(ids, max_new_tokens=48, speculative=False)
         assert spec.stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_real_pair_batch_invariant_speculation_equals_target_alone(dtype):
+    """Batch-invariant native runner, fp32 and bf16: the default drafter's greedy output and logprobs equal the
+    target alone, bit for bit, per prompt alone and for the prompts batched together."""
+    from verispec.config import RunnerOptions, SamplingParams
+
+    runner = RunnerOptions(backend="native", batch_invariant=True)
+    gen = SpeculativeGenerator(load_model(DEFAULT_TARGET, dtype=dtype), load_model(DEFAULT_DRAFT, dtype=dtype),
+                               load_tokenizer(DEFAULT_TARGET), K=4, max_len=1024, runner=runner)
+    prompts = [gen.encode(p, chat=True) for p in PROMPTS]
+    params = SamplingParams(max_new_tokens=48, logprobs=1)
+    alone = [gen.engine.generate(ids, params, use_drafter=False) for ids in prompts]
+    batched = gen.engine.generate_batch(prompts, [params] * len(prompts))
+    for ids, want, together in zip(prompts, alone, batched):
+        spec = gen.engine.generate(ids, params)
+        assert spec.token_ids == want.token_ids == together.token_ids
+        assert spec.logprobs == want.logprobs == together.logprobs

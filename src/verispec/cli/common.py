@@ -55,10 +55,15 @@ def add_runner_args(group) -> None:
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="keep the KV of prompt prefixes for later prompts that start the same (default on; "
                             "docs/server.md, \"Prefix caching\")")
+    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=False,
+                       help="native runner: attention in one fixed order, so logits and logprobs with speculation "
+                            "are bit for bit the target's own in any dtype, batch and K (docs/speculation.md, "
+                            "'Bit for bit'; costs speed, measured there)")
 
 
 def runner_options(args) -> RunnerOptions:
-    return RunnerOptions(backend=args.runner, compile=args.compile)
+    invariant = args.batch_invariant or getattr(args, "deterministic", False)
+    return RunnerOptions(backend=args.runner, compile=args.compile, batch_invariant=invariant)
 
 
 class _ExplicitStore(argparse.Action):

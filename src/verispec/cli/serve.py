@@ -53,6 +53,9 @@ def add_parser(sub) -> None:
     b.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
                    help="bound on the target's KV cache in GiB; each slot holds --max-len tokens, so it caps the "
                         "sequences decoding at once (default: what fits in free memory, up to --max-num-seqs)")
+    b.add_argument("--deterministic", action="store_true",
+                   help="bit for bit: a request's output and logprobs do not depend on the batch it ran in or on "
+                        "speculation (turns on --batch-invariant; docs/speculation.md, 'Bit for bit')")
     g = p.add_argument_group("running it safely (docs/server.md, \"Running it safely\")")
     g.add_argument("--api-key", default=os.environ.get("VERISPEC_API_KEY"), metavar="KEY",
                    help="require `Authorization: Bearer KEY` on every /v1 request (default: $VERISPEC_API_KEY; "

@@ -8,6 +8,9 @@ Exactness comes first: speculation must not change the target's greedy output. U
 batch-invariant in bf16 (issue "bit for bit"), a wide bf16 verify pass rounds differently from a one-token step
 and flips near-ties, so `auto` keeps fp32 on CPU (and says why) while `BF16_GREEDY_EXACT` is None; set it to the
 measurement that shows bf16 speculative greedy output equal to the bf16 target alone once that holds.
+With `--batch-invariant` (native runner, `runtime/invariant.py`) bf16 speculation is bit for bit the bf16
+target's own (tests/engine/test_invariance.py, the slow real-pair test), but that mode is opt-in (it costs speed),
+so the gate stays on the default forward: None until the default is invariant.
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ entries (cache index lengths[slot] + t), at rotary/learned positions `positions`
 a token tree passes depths instead), attending under a 4D mask built here (kv_cache.attention_mask). After the
 forward every slot of the batch has grown by n; the engine then sets each slot's kept length (rollback and
 padding are bookkeeping). The native runner (native.py) implements the same methods without the engine changing.
+
+Not batch-invariant: Hugging Face modeling's kernels sum in an order that depends on the verify width and the
+batch, so a wide verify pass can differ from a one-token step in the last bits (greedy output stays equal in
+fp32; logprobs to ~1e-5). `RunnerOptions.batch_invariant` applies to the native runner only (invariant.py).
 """
 
 from __future__ import annotations

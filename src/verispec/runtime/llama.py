@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .compile import compiled_forward
+from .invariant import MAX_INVARIANT_IN, block_attention, split_in
 from .kv_cache import entry_index, write_entries
 
 # model_type -> (q/k/v carry a bias). Every other architecture runs on Hugging Face modeling.
@@ -86,9 +87,6 @@ def try_pack(weight: torch.Tensor) -> torch.Tensor | None:
     return packed
 
 
-UPCAST_ROWS = 16  # measured crossover on an AVX2 CPU: below it bf16 GEMV/GEMM is faster (bandwidth), above fp32
-
-
 @torch.library.custom_op("verispec::packed_linear", mutates_args=())
 def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x [rows, in] @ packed weight -> [rows, out]. An opaque op to torch.compile: Inductor fuses everything
@@ -101,38 +99,65 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
     return x.new_empty(x.shape[0], weight.shape[0])
 
 
+Weight = torch.Tensor | tuple[torch.Tensor, ...]  # one [out, in] (plain or packed), or packed input chunks
+
+
 class Linear(nn.Module):
     """y = x W^T (+ b). On CPU the weight is pre-packed for oneDNN where possible (then it is the only copy kept):
     MKL's plain sgemm costs about M times a one-row pass for M = 2..16 rows on these CPUs, oneDNN's packed kernel
-    about 1.2-2x, which is what makes verify passes (k + 1 rows) and batches cheap."""
+    about 1.2-2x, which is what makes verify passes (k + 1 rows) and batches cheap.
+
+    Row-invariant (a row's output does not depend on how many rows run with it, `invariant.py`): a packed weight
+    wider than `MAX_INVARIANT_IN` inputs is kept as input chunks, summed in order; a bf16 weight this CPU cannot
+    pack (no AVX-512-bf16 / AVX-NE-CONVERT) is kept as fp32 (exact) and packed, its products rounded to bf16 once.
+    Only an unpacked weight (no oneDNN) runs aten's GEMM, which is not row-invariant."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         packed = try_pack(weight) if pack else None
+        if packed is None and pack and weight.dtype == torch.bfloat16:
+            packed = try_pack(weight.float())
         self.packed = packed is not None
-        self.weight = nn.Parameter(packed, requires_grad=False) if self.packed else own(weight)  # [out, in] or blocked
         self.bias = None if bias is None else own(bias)  # [out]
+        if self.packed and self.in_features > MAX_INVARIANT_IN:
+            source = weight if packed.dtype == weight.dtype else weight.float()
+            self.parts = nn.ParameterList([nn.Parameter(try_pack(part), requires_grad=False)
+                                           for part in split_in(source)])  # [out, <= MAX_INVARIANT_IN] each
+            self.weight: Weight = tuple(self.parts)
+        else:
+            self.weight = nn.Parameter(packed, requires_grad=False) if self.packed else own(weight)  # [out, in]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., in] -> [..., out]
         return linear(x, self.weight, self.bias, self.packed)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
-    """x [..., in] -> [..., out] with a plain [out, in] or a pre-packed weight."""
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
+    """x [..., in] -> [..., out] with a plain [out, in] or a pre-packed weight (or packed input chunks)."""
     if not packed:
-        if weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and x.numel() >= UPCAST_ROWS * x.shape[-1]:
-            # No oneDNN bf16 kernel on this CPU (no AVX-512/AVX-NE-CONVERT): aten's bf16 GEMM is compute-bound, 4x
-            # slower than fp32 on the upcast weight for a prompt's rows. The same products, accumulated in fp32 as
-            # bf16 GEMMs do, rounded to bf16 once.
-            return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
-    if torch.compiler.is_compiling():
-        y = packed_linear(rows, weight, bias)  # [rows, out]
-    else:  # eager: the oneDNN op itself, without the custom op's dispatch (~50 us a call)
-        y = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+    if isinstance(weight, tuple):  # input chunks, summed in chunk order in fp32
+        y, start = None, 0
+        for i, part in enumerate(weight):
+            width = part.shape[1]
+            term = _packed(rows[:, start : start + width].contiguous(), part, bias if i == 0 else None).float()
+            y, start = term if y is None else y + term, start + width
+        y = y.to(x.dtype)
+    else:
+        y = _packed(rows, weight, bias).to(x.dtype)
     return y.view(*x.shape[:-1], y.shape[-1])
+
+
+def _packed(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """rows [rows, in] @ a packed weight (in its dtype: a bf16 weight kept as fp32 takes fp32 rows)."""
+    rows = rows.to(weight.dtype)
+    if bias is not None:
+        bias = bias.to(weight.dtype)
+    if torch.compiler.is_compiling():
+        return packed_linear(rows, weight, bias)  # [rows, out]
+    # eager: the oneDNN op itself, without the custom op's dispatch (~50 us a call)
+    return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
 
 
 def own(tensor: torch.Tensor) -> nn.Parameter:
@@ -166,6 +191,7 @@ def layer_step(
     w: tuple[torch.Tensor | None, ...],  # Block.weights(): qkv, qkv bias, o, gate_up, down, attn norm, mlp norm
     spec: LlamaSpec,
     packed: bool,
+    invariant: bool = False,  # attention in a fixed order (invariant.block_attention), else torch's SDPA
 ) -> torch.Tensor:
     """One decoder layer. A free function of its weights, so one compiled graph serves every layer (torch.compile
     guards on tensor shapes, not on which layer's tensors come in): compiling costs one layer, not thirty.
@@ -182,8 +208,11 @@ def layer_step(
     write_entries(keys, write_index, k)
     write_entries(values, write_index, v)
     kv_len = mask.shape[-1]
-    attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask,
-                                          enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
+    if invariant:
+        attn = block_attention(q, keys, values, mask)  # [b, H, n, d]
+    else:
+        attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask,
+                                              enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
     x = x + linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed)
     gate, up = linear(rms_norm(x, mlp_norm, s.rms_norm_eps), gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I]
     return x + linear(F.silu(gate) * up, down_w, None, packed)
@@ -246,19 +275,20 @@ class LlamaModel(nn.Module):
         select: torch.Tensor | None = None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
         compiled: bool = False,
         all_hidden: bool = False,  # hidden of all n fed tokens, not only the selected ones
+        invariant: bool = False,  # batch- and width-invariant attention (invariant.py)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
         step = compiled_forward(model_forward) if compiled else model_forward
         return step(self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask,
-                    tuple(keys), tuple(values), select, all_hidden)
+                    tuple(keys), tuple(values), select, all_hidden, invariant)
 
 
 class ModelTensors(NamedTuple):
     embed: torch.Tensor  # [vocab, hidden]
     cos: torch.Tensor  # [max_len, d]
     sin: torch.Tensor  # [max_len, d]
-    layers: tuple[tuple[torch.Tensor | None, ...], ...]  # per layer: Block.weights()
+    layers: tuple[tuple[Weight | None, ...], ...]  # per layer: Block.weights()
     norm: torch.Tensor  # [hidden]
-    lm_head: torch.Tensor  # [vocab, hidden] or packed
+    lm_head: Weight  # [vocab, hidden], packed, or packed input chunks
 
 
 def model_forward(
@@ -273,6 +303,7 @@ def model_forward(
     values: tuple[torch.Tensor, ...],  # per layer [b, Hk, max_len, d]
     select: torch.Tensor | None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
     all_hidden: bool,  # hidden of all n fed tokens, not only the selected ones
+    invariant: bool = False,  # batch- and width-invariant attention (invariant.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
     """The whole step as a free function of the weights: embedding, every layer, final norm, the LM head at the
     selected positions only. Eager, or compiled as one program (`compile.py`)."""
@@ -281,7 +312,7 @@ def model_forward(
     sin = w.sin[positions].unsqueeze(1).to(x.dtype)
     index = entry_index(write_index, spec.num_kv_heads, keys[0].shape[2])  # [b * Hk * n]
     for layer, k, v in zip(w.layers, keys, values):
-        x = layer_step(x, cos, sin, k, v, index, mask, layer, spec, packed)
+        x = layer_step(x, cos, sin, k, v, index, mask, layer, spec, packed, invariant)
     if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)
         every = rms_norm(x, w.norm, spec.rms_norm_eps)  # [b, n, hidden]
         hidden = every if select is None else every.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))

@@ -93,7 +93,8 @@ class NativeRunner(SlotRunner):
 
     backend = "native"
 
-    def __init__(self, model: LlamaModel, config, max_len: int, num_slots: int = 1, compile: bool = False) -> None:
+    def __init__(self, model: LlamaModel, config, max_len: int, num_slots: int = 1, compile: bool = False,
+                 batch_invariant: bool = False) -> None:
         self.model = model
         self.config = config
         self.spec = model.spec
@@ -104,16 +105,18 @@ class NativeRunner(SlotRunner):
         self.vocab_size = model.spec.vocab_size
         self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
         self.compiled = compile
+        self.batch_invariant = batch_invariant  # attention in one fixed order (runtime/invariant.py)
         self.hf_model = None  # the Hugging Face model this twin was built from, if any
         self.compile_s = 0.0  # seconds spent in first calls of new shapes (compilation)
         self._shapes: set[tuple[int, int, bool]] = set()
         self.last_forward_s = 0.0
 
     @classmethod
-    def from_hf(cls, hf_model, max_len: int, num_slots: int = 1, compile: bool = False) -> NativeRunner:
+    def from_hf(cls, hf_model, max_len: int, num_slots: int = 1, compile: bool = False,
+                batch_invariant: bool = False) -> NativeRunner:
         """The native twin of a loaded Hugging Face Llama-family model (UnsupportedModel if it is not one). The
         twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
-        runner = cls(_twin(hf_model, max_len), hf_model.config, max_len, num_slots, compile)
+        runner = cls(_twin(hf_model, max_len), hf_model.config, max_len, num_slots, compile, batch_invariant)
         runner.hf_model = hf_model  # the source, for release_hf_weights
         return runner
 
@@ -173,7 +176,8 @@ class NativeRunner(SlotRunner):
                         torch._dynamo.maybe_mark_dynamic(tensor, dim if tensor is not mask else (0, 2)[dim])
         rows = slice(start_slot, start_slot + batch)
         logits, hidden = self.model(token_ids, positions, write_index, mask, [k[rows] for k in keys],
-                                    [v[rows] for v in values], select, compiled=self.compiled, all_hidden=all_hidden)
+                                    [v[rows] for v in values], select, compiled=self.compiled, all_hidden=all_hidden,
+                                    invariant=self.batch_invariant)
         for slot, length in enumerate(lengths, start_slot):
             self.cache.lengths[slot] = length + n
         if self.device.type == "cuda":

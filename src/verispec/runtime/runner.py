@@ -28,6 +28,7 @@ def runner_info(runner) -> dict:
             "dtype_auto": dtype_name(auto), "dtype_auto_reason": why}
     if runner.backend == "native":
         info["packed_weights"] = runner.model.layers[0].packed
+        info["batch_invariant"] = runner.batch_invariant
     return info
 
 
@@ -45,7 +46,8 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
     if options.backend != "hf":
         try:
             compile = default_compile(model) if options.compile is None else options.compile
-            return NativeRunner.from_hf(model, max_len, num_slots, compile=compile)
+            return NativeRunner.from_hf(model, max_len, num_slots, compile=compile,
+                                        batch_invariant=options.batch_invariant)
         except UnsupportedModel as exc:
             if options.backend == "native":
                 raise ValueError(f"the native runner cannot run this model: {exc}; use the runner backend "
