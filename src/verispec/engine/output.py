@@ -57,6 +57,8 @@ class OutputStep:
             proposed = depth if kept == len(committed) else min(depth, kept)
             if seq.drafter is not None:
                 self.calls.on_row(seq, lambda d: d.observe(seq.slot, seq.length, accepted, drafted))
+                if seq.drafter is not None and seq.drafter.wants_tokens:
+                    self.calls.on_row(seq, lambda d: d.observe_tokens(seq.slot, committed[:kept]))
                 if verdict.hidden is not None and not seq.finished and wants_features(seq.drafter):
                     features = verdict.hidden[i, path]  # [accepted + 1, hidden]: the committed positions
                     self.calls.on_row(seq, lambda d: d.observe_features(seq.slot, features))
