@@ -122,10 +122,11 @@ class SuffixDrafter(Drafter):
             context = context + row.token_ids[len(context):].tolist()
         elif n < len(context):  # not the sequence this slot holds: follow the row
             context = row.token_ids.tolist()
-        min_prob = max(self.min_prob, row.threshold)
+        # Its own confidence (path probability >= min_prob) sets the draft's length; the model drafters' cut-off
+        # (`row.threshold`, a per-step top probability) does not apply, as for n-gram drafts.
         tree = row.tree_nodes if row.tree_nodes > row.k else 0
-        own = request.trie.draft(context, row.k, min_prob, self.max_match, tree)
-        shared = self.cache.draft(request.scope, context, row.k, min_prob, self.max_match, tree)
+        own = request.trie.draft(context, row.k, self.min_prob, self.max_match, tree)
+        shared = self.cache.draft(request.scope, context, row.k, self.min_prob, self.max_match, tree)
         best = own if own.score >= shared.score else shared
         if best.tokens:
             self.drafted_from["own" if best is own else "cache"] += 1

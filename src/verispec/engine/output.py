@@ -66,6 +66,8 @@ class OutputStep:
                 entry[1].append((depth, accepted))
             seq.stats.record_round(proposed, min(accepted, kept), kept, drafted if kept == len(committed) else None)
             seq.stats.draft_s += proposal.seconds
+            if drafted and drafts.stages[i] is not None:
+                seq.stats.rounds_by_stage[drafts.stages[i]] = seq.stats.rounds_by_stage.get(drafts.stages[i], 0) + 1
             seq.stats.verify_s += verdict.verify_s
         for policy, pairs, draft_s, k in by_policy.values():
             policy.record_step(pairs, draft_s, k, verdict.verify_s, tokens_fed)
