@@ -203,3 +203,43 @@ def test_cascade_picks_the_stage_with_more_tokens_per_cost(tokenizer, monkeypatc
     drafted = cascade.drafted_by
     assert drafted["random"] > 0  # measured once it was tried
     assert drafted["suffix"] > 5 * drafted["random"], drafted
+
+
+def test_engine_scopes_keep_tenants_apart(tokenizer):
+    """A request of scope b never drafts from scope a's finished requests; a second request of scope a does."""
+    target = tiny_llama(3)
+    drafter = SuffixDrafter(SuffixCache(4096))
+    engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=4), max_len=256)
+    params = SamplingParams(max_new_tokens=30, ignore_eos=True)
+    first = tokenizer("a quick brown fox")["input_ids"]
+    seq = engine.add_request(first, params, scope="a")
+    while not seq.finished:
+        engine.step()
+    again = list(first) + seq.stopper.token_ids[:3]  # asks the same again, with the start of the answer
+    for scope, expect_cache in (("b", False), ("a", True)):
+        drafter.drafted_from["cache"] = 0
+        seq = engine.add_request(again, params, scope=scope)
+        while not seq.finished:
+            engine.step()
+        assert (drafter.drafted_from["cache"] > 0) is expect_cache, scope
+    assert set(drafter.cache._tries) == {"a", "b"}
+
+
+def test_token_trees_equal_target_alone_and_stages_are_counted(tokenizer):
+    target = tiny_llama(3)
+    suffix = SuffixDrafter(SuffixCache(4096), min_prob=0.0)
+    cascade = CascadeDrafter([suffix, RandomDrafter(target.config.vocab_size)])
+    trees = []
+    propose = suffix.propose
+    suffix.propose = lambda batch: [trees.append(p.is_tree and p.token_ids.numel() > p.depth) or p
+                                    for p in propose(batch)]
+    engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=3, tree_nodes=8),
+                               max_len=256)
+    params = SamplingParams(max_new_tokens=40, ignore_eos=True)
+    for text in ["the cat sat on the mat. the cat sat on the", "the cat sat"]:
+        prompt = tokenizer(text)["input_ids"]
+        alone = engine.generate(prompt, params, use_drafter=False)
+        assert engine.generate(prompt, params).token_ids == alone.token_ids
+    assert engine.total.rounds_by_stage.get("suffix", 0) > 0
+    assert sum(engine.total.rounds_by_stage.values()) <= engine.total.rounds
+    assert any(trees)  # branching token trees were proposed and verified

@@ -59,7 +59,7 @@ class SuffixDrafter(Drafter):
     provides_probs = False
     wants_tokens = True
 
-    def __init__(self, cache: SuffixCache | None = None, *, depth: int = 24, max_match: int = 12,
+    def __init__(self, cache: SuffixCache | None = None, *, depth: int = 16, max_match: int = 8,
                  min_prob: float = 0.1) -> None:
         if not 0.0 <= min_prob <= 1.0:
             raise ValueError(f"min_prob must be in [0, 1], got {min_prob}")

@@ -64,8 +64,14 @@ class SuffixTrie:
         for token in tokens:
             self.root.count += 1
             grown = []
-            for node in [*self._open, self.root]:
-                child = self._child(node, token)
+            for node in [*self._open, self.root]:  # the hot loop: _child inlined
+                kids = node.kids
+                if kids is None:
+                    kids = node.kids = {}
+                child = kids.get(token)
+                if child is None:
+                    child = kids[token] = _Node()
+                    self.nodes += 1
                 child.count += 1
                 grown.append(child)
             # A path of `depth` tokens cannot grow further: keep the depth - 1 shortest.
@@ -197,7 +203,7 @@ class SuffixCache:
     its own scope's earlier requests. Least recently added requests are evicted first. Every method holds the lock.
     """
 
-    def __init__(self, max_tokens: int = 65536, depth: int = 24) -> None:
+    def __init__(self, max_tokens: int = 65536, depth: int = 16) -> None:
         if max_tokens < 0:
             raise ValueError(f"--suffix-cache-tokens must be >= 0 (0 disables the cache), got {max_tokens}")
         self.max_tokens = max_tokens

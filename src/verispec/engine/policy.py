@@ -268,11 +268,15 @@ class DraftPolicies:
     `route` picks a cascade's stage per row and step by tokens per cost: of the stages that can propose after the
     row's tokens, the one whose own policy predicts the most committed tokens per second (its acceptance by
     position, learned online, against its measured draft cost and the verify cost of the width it would need); a
-    stage not yet measured is tried first, so every stage gets estimates. That stage's policy then picks K, which
+    stage not yet measured is tried first, so every stage gets estimates, and a stage passed over
+    `stage_probe_every` times drafts once, so its estimates stay current. That stage's policy then picks K, which
     is 0 (no draft) when even the best stage does not pay. With a fixed K the cascade keeps its order."""
 
-    def __init__(self) -> None:
+    def __init__(self, stage_probe_every: int = 16) -> None:
         self._adaptive: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {max depth: policy}
+        self.stage_probe_every = stage_probe_every
+        self._passed_over: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stage -> rounds it could
+        # have drafted but another stage won since it last drafted
 
     def get(self, spec, drafter) -> FixedK | AdaptivePolicy:
         if not spec.adaptive or drafter is None:
@@ -292,7 +296,17 @@ class DraftPolicies:
         for stage in candidates:
             gain = stage_gain(self.get(spec, stage), batch_size)
             if gain is None:  # not measured yet: it drafts, and so gets measured
-                return stage.route(token_ids)
+                best = stage
+                break
             if best_gain is None or gain > best_gain:
                 best, best_gain = stage, gain
+        # A stage that keeps losing is tried once every stage_probe_every rounds it could have drafted, so its
+        # estimates follow the text (a suffix cache that filled up, a draft model that became useful).
+        for stage in candidates:
+            if stage is not best:
+                self._passed_over[stage] = self._passed_over.get(stage, 0) + 1
+                if self._passed_over[stage] >= self.stage_probe_every:
+                    best = stage
+                    break
+        self._passed_over[best] = 0
         return best.route(token_ids)
