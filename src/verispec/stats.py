@@ -23,6 +23,7 @@ class GenerationStats:
     requests: int = 0
     acceptance_mode: str = "exact"  # verification mode: 'exact' (lossless) or e.g. 'top_k:5' (LOSSY); 'mixed' if both
     lossy: bool = False  # True when a lossy acceptance mode changed the output distribution
+    rounds_by_stage: dict[str, int] = field(default_factory=dict)  # drafter (a cascade's stage) -> rounds it drafted
 
     def record_round(self, proposed: int, accepted: int, committed: int, verified: int | None = None) -> None:
         """One round: `proposed` draft positions (a tree's depth), the leading `accepted` of them accepted,
@@ -68,6 +69,8 @@ class GenerationStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("draft_s", "verify_s", "prefill_s", "wall_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        for stage, rounds in other.rounds_by_stage.items():
+            self.rounds_by_stage[stage] = self.rounds_by_stage.get(stage, 0) + rounds
         for mine, theirs in (
             (self.proposed_by_position, other.proposed_by_position),
             (self.accepted_by_position, other.accepted_by_position),

@@ -249,3 +249,32 @@ def test_k_falls_under_load():
     assert policy.best_k(16) == 0
     assert policy.choose(16) == 0  # speculation never costs more than plain decoding under load
     assert policy.verify_cost(16 * 5) > policy.verify_cost(16) > policy.verify_cost(1)
+
+
+# -- a cascade's stage chosen by tokens per cost (DraftPolicies.route) -------------------------------------------------
+
+
+def test_route_picks_the_stage_with_the_best_predicted_rate_and_probes_the_other():
+    """Pure: two stages whose policies were measured by hand (same verify costs; one accepts 90%, the other 20% at a
+    higher draft cost). The router sends rows to the first, unmeasured stages first, and the loser every
+    stage_probe_every rounds; with a fixed K the cascade's order decides."""
+    from verispec.drafters.cascade import CascadeDrafter
+    from verispec.engine.policy import DraftPolicies
+
+    good, bad = RandomDrafter(50), RandomDrafter(50)
+    good.name, bad.name = "good", "bad"
+    cascade = CascadeDrafter([bad, good])
+    spec = SpeculativeConfig(adaptive=True)
+    policies = DraftPolicies(stage_probe_every=4)
+    tokens = torch.arange(6)
+    assert policies.route(spec, cascade, tokens) is bad  # nothing measured: the first stage drafts
+    for stage, acceptance, draft_s in ((good, 0.9, 0.001), (bad, 0.2, 0.004)):
+        policy = policies.get(spec, stage)
+        for _ in range(50):
+            k = policy.max_depth
+            policy.record_step([(k, int(acceptance * k))], draft_s * k, k, 0.010 + 0.001 * k, k + 1)
+            policy.record_step([], 0.0, 0, 0.010, 1)
+    routes = [policies.route(spec, cascade, tokens) for _ in range(12)]
+    assert routes.count(good) == 9 and routes.count(bad) == 3  # the loser probed every 4th round
+    assert [r is bad for r in routes[:4]] == [False, False, False, True]
+    assert DraftPolicies().route(SpeculativeConfig(num_draft_tokens=2), cascade, tokens) is bad  # fixed K: order

@@ -149,6 +149,43 @@ class EngineMethod(Method):
         return total
 
 
+class DrafterMethod(EngineMethod):
+    """Adaptive speculation with a drafter of its own ('adaptive[suffix]', `--also-drafters`), beside the run's
+    drafter, so several drafters are compared in one run. A suffix stage gets a cache of its own, emptied after the
+    warm-up: what it drafts from is this method's earlier prompts of the run, never another method's outputs."""
+
+    def __init__(self, models: BenchModels, drafter_name: str) -> None:
+        from ..drafters.build import build_drafter
+        from ..drafters.suffix import SuffixDrafter
+        from ..drafters.suffix_tree import SuffixCache
+
+        super().__init__(models, "adaptive")
+        self.drafter_name = drafter_name
+        self.drafter = build_drafter(drafter_name, models.target, models.tokenizer, models.engine.max_len,
+                                     draft_model=models.draft).drafter
+        self.caches = []
+        for stage in getattr(self.drafter, "stages", [self.drafter]):
+            if isinstance(stage, SuffixDrafter):
+                stage.cache = SuffixCache(stage.cache.max_tokens, stage.cache.depth)
+                self.caches.append(stage.cache)
+
+    @property
+    def name(self) -> str:
+        return f"adaptive[{self.drafter_name}]"
+
+    def after_warmup(self) -> None:
+        for cache in self.caches:
+            cache.clear()
+
+    def generate(self, prompt_ids, max_new_tokens, seed):
+        params = self.params(max_new_tokens, seed)
+        result = self.models.engine.generate(prompt_ids, params, spec=self.spec, drafter=self.drafter)
+        return result.token_ids, result.stats
+
+    def run_batch(self, prompts, max_new_tokens, seed):
+        raise NotImplementedError("--also-drafters runs with the batch-1 suite")
+
+
 class HFMethod(Method):
     """transformers `generate`: greedy target alone, or assisted generation with the draft at a constant K."""
 
@@ -218,7 +255,7 @@ def parse_ks(text: str) -> list[int]:
 
 
 def build_methods(families: list[str], ks: list[int], models: BenchModels,
-                  tree_nodes: int = 16) -> tuple[list[Method], list[str]]:
+                  tree_nodes: int = 16, also_drafters: list[str] = ()) -> tuple[list[Method], list[str]]:
     """-> (methods in run order, notes on methods skipped)."""
     methods: list[Method] = []
     notes: list[str] = []
@@ -242,6 +279,7 @@ def build_methods(families: list[str], ks: list[int], models: BenchModels,
             methods.append(HFMethod(models, family))
         else:
             methods.append(EngineMethod(models, family, tree_nodes=tree_nodes))
+    methods += [DrafterMethod(models, name) for name in also_drafters]
     drafter = models.engine.drafter
     if isinstance(drafter, CascadeDrafter) and any(m.family == "hf-assisted" for m in methods):
         notes.append(f"hf-assisted: drafts with the draft model alone; our methods draft with {drafter.name} "

@@ -35,6 +35,17 @@ def json_extraction_files() -> tuple[Path, Path]:
     return folder / "json_extraction.jsonl", folder / "json_extraction.schema.json"
 
 
+REPETITIVE = "repetitive"  # `verispec bench --workload repetitive`: the packaged set below
+WORKLOADS = ("spec-bench", REPETITIVE)
+
+
+def repetitive_prompts_file() -> Path:
+    """The packaged repetitive/agentic workload: sequences of requests where later ones repeat earlier content
+    (multi-turn edits of the same code, extraction of many similar records, a question asked again with small
+    changes), run in file order, for drafters that learn across requests (suffix decoding)."""
+    return Path(__file__).resolve().parent.parent / "assets" / "bench" / "repetitive.jsonl"
+
+
 def default_prompts_path() -> Path | None:
     """`$VERISPEC_BENCH_PROMPTS`, else the first `shared/data/spec_bench_dev.jsonl` found in an ancestor of the
     working directory or of this package (the repository checkout sits beside `shared/`)."""

@@ -22,12 +22,15 @@ class BenchSettings:
     batch_sizes: list[int] | None = None  # the batch-size sweep (batching.py) instead of the K sweep; None: K sweep
     structured: StructuredOutput | None = None  # an output constraint for our methods (HF's are skipped)
     tree_nodes: int = 16  # the node budget of the 'tree' and 'adaptive-tree' methods
+    also_drafters: list[str] = field(default_factory=list)  # more drafters, each an adaptive method 'adaptive[NAME]'
 
     def to_dict(self) -> dict:
         if self.batch_sizes:
             mode = {"mode": "batch sizes", "batch_sizes": self.batch_sizes, "methods": list(BATCH_FAMILIES)}
         else:
             mode = {"mode": "K sweep", "ks": self.ks, "methods": self.families, "probe_repeats": self.probe_repeats}
+            if self.also_drafters:
+                mode["also_drafters"] = self.also_drafters
             if any(f in ("tree", "adaptive-tree") for f in self.families):
                 mode["tree_nodes"] = self.tree_nodes
         count = ("generated tokens, prompt excluded; EOS masked so every method generates exactly max_new_tokens"

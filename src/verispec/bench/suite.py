@@ -59,7 +59,8 @@ def run_suite(models: BenchModels, prompts: Sequence[BenchPrompt], settings: Ben
               ) -> tuple[dict, list[PromptRecord]]:
     """Run every method on every prompt; -> (the run's section of report.json (see report.py), the records)."""
     if methods is None:
-        methods, notes = build_methods(settings.families, settings.ks, models, settings.tree_nodes)
+        methods, notes = build_methods(settings.families, settings.ks, models, settings.tree_nodes,
+                                       settings.also_drafters)
     notes = list(notes or [])
     limit = models.engine.max_len - settings.max_new_tokens
     too_long = [p.question_id for p in prompts if len(p.token_ids) > limit]
@@ -69,6 +70,7 @@ def run_suite(models: BenchModels, prompts: Sequence[BenchPrompt], settings: Ben
         warm = min(settings.warmup_tokens, settings.max_new_tokens)
         for method in tqdm(methods, desc="warm-up", leave=False, disable=not settings.progress):
             method.run(list(prompts[0].token_ids), warm, settings.seed)
+            getattr(method, "after_warmup", lambda: None)()  # a suffix cache forgets the warm-up's text
 
     records: list[PromptRecord] = []
     bar = tqdm(total=len(prompts) * len(methods), desc="bench", unit="gen", disable=not settings.progress)

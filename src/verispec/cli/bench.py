@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..bench.prompts import JSON_EXTRACTION, json_extraction_files
+from ..drafters.spec import parse_drafter_spec
+from ..bench.prompts import JSON_EXTRACTION, REPETITIVE, WORKLOADS, json_extraction_files, repetitive_prompts_file
 from ..config import StructuredOutput
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
@@ -53,6 +54,13 @@ def add_parser(sub) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--prompts", default=None, metavar="FILE",
                    help="JSON lines with question_id, category, turns (default: shared/data/spec_bench_dev.jsonl)")
+    g.add_argument("--workload", choices=WORKLOADS, default="spec-bench",
+                   help="spec-bench (default: --prompts or shared/data/spec_bench_dev.jsonl) or repetitive (the "
+                        "packaged sequences of requests that repeat earlier content: code edits, similar records, "
+                        "rephrased questions; where suffix decoding matters)")
+    g.add_argument("--also-drafters", default=None, metavar="LIST",
+                   help="more drafters to compare in the same run, each an adaptive method 'adaptive[NAME]', "
+                        "e.g. suffix,suffix+MODEL (a model stage reuses --draft-model's loaded model)")
     g.add_argument("--json-schema", default=None, metavar="FILE",
                    help="our methods generate JSON valid against this schema (structured output; HF methods are "
                         f"skipped); '{JSON_EXTRACTION}' selects the packaged JSON-extraction prompts and schema")
@@ -129,9 +137,20 @@ def build_config(args: argparse.Namespace):
     draft = None if args.draft_model == "none" else args.draft_model
     if draft is None and args.demo:
         raise CliError("--demo needs a draft model: drop --draft-model none")
+    if args.also_drafters and (batch_sizes or args.demo):
+        raise CliError("--also-drafters runs with the batch-1 suite: drop --batch-sizes / --demo")
+    for name in _list(args.also_drafters) or []:
+        try:
+            parse_drafter_spec(name)
+        except ValueError as exc:
+            raise CliError(f"--also-drafters: {exc}") from None
     if batch_sizes and args.demo:
         raise CliError("--batch-sizes and --demo do not combine: drop one of them")
     structured = None
+    if args.workload == REPETITIVE:
+        if args.prompts:
+            raise CliError("--workload repetitive brings its own prompts: drop --prompts")
+        args.prompts = str(repetitive_prompts_file())
     if args.json_schema == JSON_EXTRACTION:
         prompts, schema = json_extraction_files()
         args.json_schema, args.prompts = str(schema), args.prompts or str(prompts)
@@ -145,6 +164,7 @@ def build_config(args: argparse.Namespace):
         ks=ks or [int(k) for k in DEFAULT_KS.split(",")], families=families, seed=args.seed,
         warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
         batch_sizes=batch_sizes, structured=structured, tree_nodes=args.tree_nodes,
+        also_drafters=_list(args.also_drafters) or [],
     )
     try:
         peers = resolve_peers(args.peers, args.vllm_python, args.llamacpp_python)

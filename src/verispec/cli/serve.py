@@ -73,6 +73,12 @@ def add_parser(sub) -> None:
                         "row (default 600; 0: no limit)")
     g.add_argument("--max-request-bytes", type=positive_int, default=4 * 2**20, metavar="N",
                    help="largest request body; larger ones get 413 (default 4194304, 4 MiB)")
+    g.add_argument("--suffix-cache-tokens", type=int, default=65536, metavar="N",
+                   help="tokens of finished requests the suffix drafter drafts from, least recently added dropped "
+                        "first (default 65536; 0: each request's own text only)")
+    g.add_argument("--suffix-shared-across-keys", action="store_true",
+                   help="one suffix cache for every API key (default: one per key, so that no tenant's text can "
+                        "speed up, and so be inferred by, another: docs/server.md)")
     g.add_argument("--max-choices", type=positive_int, default=64, metavar="N",
                    help="most choices per request: n, times the prompts of a completion (default 64)")
     g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -133,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         max_cached_drafters=args.max_cached_drafters, max_queued_requests=args.max_queued_requests,
         request_timeout=args.request_timeout or None, max_request_bytes=args.max_request_bytes,
         max_choices=args.max_choices, shutdown_timeout=args.shutdown_timeout,
+        suffix_cache_tokens=args.suffix_cache_tokens, suffix_shared_across_keys=args.suffix_shared_across_keys,
     )
     if config.api_key is None and not _loopback(args.host):
         print(f"[verispec] warning: listening on {args.host} without --api-key: anyone who can reach it can use it",

@@ -92,6 +92,7 @@ class Drafter(ABC):
     name: str = "drafter"
     provides_probs: bool = False
     wants_features: bool = False  # observe_features gets the target's last hidden states at committed positions
+    wants_tokens: bool = False  # observe_tokens gets each round's committed tokens (host ints: no device read)
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         """The engine runs up to num_slots sequences at once (called before any `begin`); a drafter with a model
@@ -109,6 +110,13 @@ class Drafter(ABC):
 
     def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
         """After verification: the sequence in `slot` now has `committed_length` committed tokens."""
+
+    def observe_tokens(self, slot: int, token_ids: list[int]) -> None:
+        """(wants_tokens only) The tokens the round committed to the sequence in `slot`, in order (after `observe`)."""
+
+    def set_scope(self, slot: int, scope: str) -> None:
+        """The sequence about to `begin` in `slot` belongs to `scope` (the server: a hash of its API key). A drafter
+        that learns from earlier requests (suffix.py) drafts from, and adds to, that scope's requests only."""
 
     def observe_features(self, slot: int, features: torch.Tensor) -> None:
         """(wants_features only) The target's last hidden states [m, hidden] at the sequence's next m committed

@@ -1,4 +1,9 @@
-"""Several drafters in order of preference: each round, the first that proposes anything drafts.
+"""Several drafters, one of which drafts each row's round.
+
+With adaptive speculation (the default) the engine picks the stage per row and step by tokens per cost
+(engine/policy.py, `DraftPolicies.route`): of the stages that can propose, the one whose own policy predicts the
+most committed tokens per second, or no draft when none pays. With a fixed K (and for `route` called on its own)
+the first stage that can propose drafts, in the order given.
 
 `--draft-model ngram+MODEL` puts prompt lookup in front of a draft model: a round whose last tokens recur earlier
 in the prompt or output (summaries, quotes, code, translations, the target's own repetitions) copies what followed
@@ -36,6 +41,8 @@ class CascadeDrafter(Drafter):
         self.name = SEPARATOR.join(stage.name for stage in self.stages)
         self.provides_probs = any(stage.provides_probs for stage in self.stages)
         self.wants_features = any(stage.wants_features for stage in self.stages)
+        self.wants_tokens = any(stage.wants_tokens for stage in self.stages)
+        self.drafted_by: dict[str, int] = {stage.name: 0 for stage in self.stages}  # rows drafted by each stage
         self.last_stage: Drafter | None = None  # a stage that drafted in the latest step (stats, tests)
         self.last_stages: list[Drafter | None] = []  # [row]: the stage that drafted each row in the latest step
 
@@ -67,12 +74,22 @@ class CascadeDrafter(Drafter):
                 if stage_of[row] == index:
                     proposals[row] = proposal
                     self.last_stages[row] = stage
+                    self.drafted_by[stage.name] += 1
         self.last_stage = next((stage for stage in self.last_stages if stage is not None), self.last_stage)
         return proposals
 
     def observe(self, slot: int, committed_length: int, num_accepted: int, num_proposed: int) -> None:
         for stage in self.stages:
             stage.observe(slot, committed_length, num_accepted, num_proposed)
+
+    def observe_tokens(self, slot: int, token_ids: list[int]) -> None:
+        for stage in self.stages:
+            if stage.wants_tokens:
+                stage.observe_tokens(slot, token_ids)
+
+    def set_scope(self, slot: int, scope: str) -> None:
+        for stage in self.stages:
+            stage.set_scope(slot, scope)
 
     def observe_features(self, slot: int, features: torch.Tensor) -> None:
         for stage in self.stages:

@@ -162,13 +162,15 @@ class SpeculativeEngine:
         use_drafter: bool = True,
         drafter: Drafter | None = None,
         grammar: Grammar | None = None,
+        scope: str | None = None,
     ) -> Sequence:
         """Queue a request; it starts at the next step with a free slot. prompt_ids is copied, never written to.
 
         `spec` overrides the engine's speculation config, `drafter` replaces the engine's drafter, and
         `use_drafter=False` runs the target alone through the same step. `grammar`: the request's own grammar
         state from `new_grammar(params)`, compiled beforehand (the server compiles off the engine thread);
-        by default it is compiled here."""
+        by default it is compiled here. `scope`: whose earlier requests a drafter that learns across requests may
+        draft from (the server: a hash of the API key; None: the default scope)."""
         spec = spec or self.spec
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # [n]
         self.check_request(prompt.numel(), params)
@@ -188,6 +190,7 @@ class SpeculativeEngine:
         assert grammar is None or grammar.structured == params.structured, "a grammar compiled for other params"
         seq = new_sequence(prompt, params, spec, drafter, self.tokenizer, self.target.vocab_size, self.target.device,
                            self.eos_token_ids, CACHE_SLACK, grammar)
+        seq.scope = scope
         # A draft head needs the prompt's hidden states, which a cached prefix lacks: such a request computes it.
         self.scheduler.enqueue(seq, prompt.tolist(), cacheable=not wants_features(drafter))
         return seq
@@ -249,6 +252,8 @@ class SpeculativeEngine:
             seq.stats.prefill_s += time.perf_counter() - start
         if chunk.joins:
             self.scheduler.join(seq)
+            if seq.scope is not None:
+                self.calls.on_row(seq, lambda d: d.set_scope(seq.slot, seq.scope))
             self.calls.on_row(seq, lambda d: d.begin(seq.slot, seq.committed))
             if wants_features(seq.drafter) and seq.features:
                 features = torch.cat(seq.features)  # [prompt - 1, hidden]

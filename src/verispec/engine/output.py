@@ -57,6 +57,8 @@ class OutputStep:
             proposed = depth if kept == len(committed) else min(depth, kept)
             if seq.drafter is not None:
                 self.calls.on_row(seq, lambda d: d.observe(seq.slot, seq.length, accepted, drafted))
+                if seq.drafter is not None and seq.drafter.wants_tokens:
+                    self.calls.on_row(seq, lambda d: d.observe_tokens(seq.slot, committed[:kept]))
                 if verdict.hidden is not None and not seq.finished and wants_features(seq.drafter):
                     features = verdict.hidden[i, path]  # [accepted + 1, hidden]: the committed positions
                     self.calls.on_row(seq, lambda d: d.observe_features(seq.slot, features))
@@ -64,6 +66,8 @@ class OutputStep:
                 entry[1].append((depth, accepted))
             seq.stats.record_round(proposed, min(accepted, kept), kept, drafted if kept == len(committed) else None)
             seq.stats.draft_s += proposal.seconds
+            if drafted and drafts.stages[i] is not None:
+                seq.stats.rounds_by_stage[drafts.stages[i]] = seq.stats.rounds_by_stage.get(drafts.stages[i], 0) + 1
             seq.stats.verify_s += verdict.verify_s
         for policy, pairs, draft_s, k in by_policy.values():
             policy.record_step(pairs, draft_s, k, verdict.verify_s, tokens_fed)

@@ -252,12 +252,31 @@ class AdaptivePolicy:
         return list(accumulate(curve, max))
 
 
+def stage_gain(policy: FixedK | AdaptivePolicy, batch_size: int) -> float | None:
+    """A drafter stage's predicted committed tokens per second at its best K over plain decoding's (>= 1 when
+    drafting pays); None before its costs were measured."""
+    if not isinstance(policy, AdaptivePolicy):
+        return None
+    rates = policy.rates(batch_size, 1)
+    return None if rates is None else max(rates) / max(rates[0], 1e-12)
+
+
 class DraftPolicies:
     """The draft-length policy of each request: fixed K, or with `spec.adaptive` its drafter's AdaptivePolicy (one
-    per drafter and max depth, kept across an engine's requests so that its estimates persist)."""
+    per drafter and max depth, kept across an engine's requests so that its estimates persist).
 
-    def __init__(self) -> None:
+    `route` picks a cascade's stage per row and step by tokens per cost: of the stages that can propose after the
+    row's tokens, the one whose own policy predicts the most committed tokens per second (its acceptance by
+    position, learned online, against its measured draft cost and the verify cost of the width it would need); a
+    stage not yet measured is tried first, so every stage gets estimates, and a stage passed over
+    `stage_probe_every` times drafts once, so its estimates stay current. That stage's policy then picks K, which
+    is 0 (no draft) when even the best stage does not pay. With a fixed K the cascade keeps its order."""
+
+    def __init__(self, stage_probe_every: int = 16) -> None:
         self._adaptive: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # drafter -> {max depth: policy}
+        self.stage_probe_every = stage_probe_every
+        self._passed_over: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stage -> rounds it could
+        # have drafted but another stage won since it last drafted
 
     def get(self, spec, drafter) -> FixedK | AdaptivePolicy:
         if not spec.adaptive or drafter is None:
@@ -266,3 +285,28 @@ class DraftPolicies:
         if spec.max_speculation_depth not in by_depth:
             by_depth[spec.max_speculation_depth] = AdaptivePolicy(spec.max_speculation_depth, spec.num_draft_tokens)
         return by_depth[spec.max_speculation_depth]
+
+    def route(self, spec, drafter, token_ids, batch_size: int = 1):
+        """The drafter (a cascade's stage) that drafts after `token_ids` [n] this step (class docstring)."""
+        stages = getattr(drafter, "stages", None)
+        if not spec.adaptive or not stages:
+            return drafter.route(token_ids)
+        candidates = [stage for stage in stages if stage.can_propose(token_ids)] or [stages[-1]]
+        best, best_gain = candidates[0], None
+        for stage in candidates:
+            gain = stage_gain(self.get(spec, stage), batch_size)
+            if gain is None:  # not measured yet: it drafts, and so gets measured
+                best = stage
+                break
+            if best_gain is None or gain > best_gain:
+                best, best_gain = stage, gain
+        # A stage that keeps losing is tried once every stage_probe_every rounds it could have drafted, so its
+        # estimates follow the text (a suffix cache that filled up, a draft model that became useful).
+        for stage in candidates:
+            if stage is not best:
+                self._passed_over[stage] = self._passed_over.get(stage, 0) + 1
+                if self._passed_over[stage] >= self.stage_probe_every:
+                    best = stage
+                    break
+        self._passed_over[best] = 0
+        return best.route(token_ids)

@@ -91,7 +91,8 @@ class Proposer:
         for seq in rows:
             active = None
             if seq.drafter is not None:
-                active = self.calls.call(seq.drafter, seq.stats, lambda d: d.route(seq.committed), returns=True)
+                route = lambda d: self.policies.route(seq.spec, d, seq.committed, len(rows))  # noqa: E731
+                active = self.calls.call(seq.drafter, seq.stats, route, returns=True)
                 if active is None:
                     seq.drafter = None
             routed.append(active)

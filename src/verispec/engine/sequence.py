@@ -78,6 +78,7 @@ class Sequence:
     slot: int = -1  # row in the runner's cache while being prefilled or decoding; -1 while waiting and after
     prefilled: int = 0  # prompt tokens already in the target's cache (chunked prefill; the scheduler's count)
     new_token_ids: list[int] = field(default_factory=list)  # committed since the caller last took them
+    scope: str | None = None  # whose earlier requests a cross-request drafter may draft from (None: the default)
     logprobs: list[TokenLogprob] | None = None  # per generated token, when the request asked for logprobs
     new_logprobs: list[TokenLogprob] = field(default_factory=list)  # of new_token_ids
     new_origins: list[TokenOrigin] = field(default_factory=list)  # of new_token_ids

@@ -9,6 +9,7 @@ playground's GET / and GET /v1/speculation (playground.py).
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -63,6 +64,14 @@ class Server:
         self.created = int(time.time())
 
     # -- request -> job ------------------------------------------------------------------------------------------
+
+    def scope(self, request: Request) -> str | None:
+        """The request's suffix-cache scope: a hash of the credentials it sent (one scope per API key), or None (the
+        one shared scope) with --suffix-shared-across-keys. The hash keeps the key itself out of the drafter."""
+        if self.config.suffix_shared_across_keys:
+            return None
+        credentials = request.headers.get("authorization", "")
+        return hashlib.sha256(credentials.encode()).hexdigest()[:32]
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.model_names:
@@ -143,7 +152,7 @@ class Server:
         self.worker.submit(Job(
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
             speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
-            arrival=arrival,
+            arrival=arrival, scope=self.scope(request),
         ))
         try:
             first = await self._next(handle, request)

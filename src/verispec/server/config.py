@@ -77,6 +77,12 @@ class ServerConfig:
     """Most choices one request may ask for: n, times the prompts of a completion request (--max-choices)."""
     shutdown_timeout: float = 30.0
     """On SIGTERM / SIGINT, seconds running requests get to finish before they are cancelled (--shutdown-timeout)."""
+    suffix_cache_tokens: int = 65536
+    """Tokens of finished requests the `suffix` drafter keeps to draft from, least recently added dropped first
+    (--suffix-cache-tokens; 0: each request drafts from its own text only)."""
+    suffix_shared_across_keys: bool = False
+    """The suffix cache is shared by every request; by default each API key has its own (--suffix-shared-across-keys;
+    docs/server.md, "Suffix decoding and tenants")."""
 
     def __post_init__(self) -> None:
         if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
@@ -100,6 +106,8 @@ class ServerConfig:
             raise ValueError(f"kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("api_key must not be empty: give a secret, or leave it out to serve without one")
+        if self.suffix_cache_tokens < 0:
+            raise ValueError(f"suffix_cache_tokens must be >= 0 (0: no cache), got {self.suffix_cache_tokens}")
         if self.max_queued_requests < 1:  # a request counts as queued from its arrival until it gets a slot
             raise ValueError(f"max_queued_requests must be >= 1, got {self.max_queued_requests}")
         if self.request_timeout is not None and not self.request_timeout > 0:

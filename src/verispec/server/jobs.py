@@ -108,5 +108,6 @@ class Job:
     drafter_name: str | None
     handle: JobHandle
     annotate: bool = False  # the stream carries each token's origin (`speculative.annotate`)
+    scope: str | None = None  # whose earlier requests a suffix drafter may draft from (a hash of the API key)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

@@ -188,6 +188,7 @@ class SpeculativeMetrics(BaseModel):
     draft_ms: float
     verify_ms: float
     fallbacks: int
+    rounds_by_stage: dict[str, int] = {}  # drafter (a cascade's stage) -> rounds it drafted
 
 
 class TopLogprob(BaseModel):

@@ -99,6 +99,7 @@ def speculative_metrics(stats: GenerationStats, draft_model: str | None, spec: S
         draft_ms=round(stats.draft_s * 1000, 3),
         verify_ms=round(stats.verify_s * 1000, 3),
         fallbacks=stats.fallbacks,
+        rounds_by_stage=dict(stats.rounds_by_stage),
     )
 
 

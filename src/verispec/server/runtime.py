@@ -21,6 +21,7 @@ from dataclasses import replace
 from ..config import SamplingParams, cache_len
 from ..drafters.base import Drafter
 from ..drafters.build import build_drafter
+from ..drafters.suffix import shared_cache
 from ..drafters.spec import NONE, parse_drafter_spec
 from ..engine import SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
@@ -106,6 +107,7 @@ class ServedModel:
         self.spec = config.spec  # the default speculation of requests (K may come from an 'auto' pair once loaded)
         self.vocab_size = len(tokenizer)
         self.draft_models = config.draft_models  # request name -> drafter value (the operator's allow-list)
+        self.suffix_cache = shared_cache(config.suffix_cache_tokens)  # what every `suffix` drafter here learns into
         self._default: tuple[str, Drafter | None] | None = None  # the server's --draft-model, never evicted
         self._cache: OrderedDict[str, Drafter | None] = OrderedDict()  # request-named drafters, LRU order
 

@@ -213,7 +213,7 @@ class EngineWorker:
             for choice in prepared.choices:
                 seqs.append(self.engine.add_request(choice.prompt_ids, choice.params, spec=job.spec,
                                                     use_drafter=drafter is not None, drafter=drafter,
-                                                    grammar=choice.grammar))
+                                                    grammar=choice.grammar, scope=job.scope))
         except BaseException:
             for seq in seqs:
                 self.engine.abort(seq)
