@@ -109,7 +109,8 @@ class Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        packed = try_pack(weight) if pack else None
+        # A quantized weight (runtime/quant.py) is never packed: F.linear reaches its own kernel.
+        packed = try_pack(weight) if pack and isinstance(weight, torch.Tensor) else None
         self.packed = packed is not None
         self.weight = nn.Parameter(packed, requires_grad=False) if self.packed else own(weight)  # [out, in] or blocked
         self.bias = None if bias is None else own(bias)  # [out]
@@ -137,7 +138,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pac
 
 def own(tensor: torch.Tensor) -> nn.Parameter:
     """A copy the model owns: nothing it holds aliases the source's tensors (or the file those are mapped from),
-    so the source can be freed (native.release_hf_weights)."""
+    so the source can be freed (native.release_hf_weights). A quantized weight (runtime/quant.py) is kept as it is."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)
 
 

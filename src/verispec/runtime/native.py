@@ -184,6 +184,32 @@ class NativeRunner(SlotRunner):
         return RunnerOutput(logits, hidden if want_hidden or all_hidden else None)
 
 
+def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None = None,
+                          quantization: str | None = None) -> LlamaModel:
+    """hf_model's native twin on quantized weights (runtime/quant.py), and HF's own copies released: the GGUF file's
+    weights as stored (`--weights gguf`: the same values as the fp32 conversion hf_model was loaded from), or the
+    twin's linears quantized (`--quantization int8`: a different model than the original). -> the twin.
+    Afterwards hf_model holds no weights (meta tensors of the same shapes): only native runners run it."""
+    from .gguf_weights import load_gguf_native
+    from .quant import quantize_linears
+
+    positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+    if gguf_file is not None:
+        model = load_gguf_native(gguf_file, positions)
+    else:
+        weights = quantize_linears(weights_of(hf_model), quantization)
+        model = LlamaModel(LlamaSpec.from_config(hf_model.config, positions), weights, rope_table(hf_model, positions),
+                           pack=False)
+    _TWINS[hf_model] = (model, None)
+    # HF's copies go (the twin is now the model), their shapes stay: vocabulary checks read them.
+    for module in hf_model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, torch.nn.Parameter(param.detach().to("meta"), requires_grad=False))
+    hf_model._verispec_released = True
+    gc.collect()
+    return model
+
+
 def release_hf_weights(hf_model) -> int:
     """Free the Hugging Face copies of the weights the native twin holds in its own form (fused, packed, or copied:
     the twin aliases nothing), so a served model takes about its weights' size once, not twice; -> bytes freed.
