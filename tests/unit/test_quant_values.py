@@ -73,3 +73,21 @@ def test_int8_is_symmetric_per_output_channel():
 def test_bad_width_is_refused():
     with pytest.raises(ValueError, match="multiple of 32"):
         QuantWeight("Q8_0", torch.zeros(2, 34, dtype=torch.uint8), 40)
+
+
+def test_weights_options_that_do_not_run_are_refused_with_the_fix(tmp_path):
+    from verispec.models import check_weights
+
+    (tmp_path / "config.json").write_text("{}")
+    assert check_weights(tmp_path, "fp32", "none", torch.bfloat16) is None  # the default: nothing to check
+    with pytest.raises(ValueError, match="needs a .gguf target"):
+        check_weights(tmp_path, "gguf", "none", torch.float32)
+    with pytest.raises(ValueError, match="leave --quantization none"):
+        check_weights(tmp_path, "gguf", "int8", torch.float32)
+    with pytest.raises(ValueError, match="pass --dtype float32"):
+        check_weights(tmp_path, "fp32", "int8", torch.bfloat16)
+    with pytest.raises(ValueError, match="choose from"):
+        check_weights(tmp_path, "q4", "none", torch.float32)
+    gguf_file = tmp_path / "m.gguf"
+    gguf_file.write_bytes(b"")
+    assert check_weights(gguf_file, "gguf", "none", torch.float32) == gguf_file

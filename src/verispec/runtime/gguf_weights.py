@@ -60,18 +60,3 @@ def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> di
             value = _unpermute(value, num_heads if ".q_proj." in name else num_kv_heads)
         weights[name] = QuantWeight(kind, value, int(tensor.shape[0])) if kind in GGML_BLOCKS else value
     return weights
-
-
-def load_gguf_native(path: str | Path, max_len: int):
-    """The native model on a GGUF file's own weights (quantized linears, embedding and tied LM head as stored)."""
-    from transformers import AutoConfig
-
-    from .llama import LlamaModel, LlamaSpec
-    from .native import rope_table
-
-    path = Path(path)
-    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    spec = LlamaSpec.from_config(config, max_len)
-    weights = read_gguf_weights(path, spec.num_heads, spec.num_kv_heads)
-    weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
-    return LlamaModel(spec, weights, rope_table(config, max_len), pack=False)

@@ -11,7 +11,7 @@
 #include <c10/util/Half.h>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -21,10 +21,14 @@ enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100 };
 constexpr int64_t QK = 32;  // elements per block (Q4_0, Q4_1, Q8_0)
 constexpr int64_t ROWS = 8;  // rows sharing one dequantized block
 
-inline float half_at(const uint8_t* p) {
+inline float half_at(const uint8_t* p) {  // fp16 -> fp32 is exact
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);
+#else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 // The 32 weights of block b of one output channel into w[32] (exactly gguf-py's values).
@@ -55,33 +59,53 @@ inline void dequant_block(int64_t qtype, const uint8_t* row, int64_t b, float sc
 
 #if defined(__AVX512F__)
 // Same values as dequant_block, 16 lanes at a time: lo = elements 0..15, hi = 16..31.
+// A 4-bit block's 16 possible values are made once (table[k] = d * k + m: d * k is exact in float32, an fp16
+// times a 4-bit integer, so the fused multiply-add rounds once, as gguf-py's two operations do) and looked up by
+// nibble (a lane permute reads only an index's low 4 bits: the low nibble needs no mask).
 inline void dequant_block_avx512(int64_t qtype, const uint8_t* row, int64_t b, float scale, __m512& lo, __m512& hi) {
   if (qtype == Q4_1 || qtype == Q4_0) {
     const bool q41 = qtype == Q4_1;
     const uint8_t* blk = row + b * (q41 ? 20 : 18);
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q41 ? 4 : 2))));
-    __m512i qlo = _mm512_and_si512(bytes, _mm512_set1_epi32(0x0F));
-    __m512i qhi = _mm512_srli_epi32(bytes, 4);
+    const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     const __m512 d = _mm512_set1_ps(half_at(blk));
-    if (q41) {
-      const __m512 m = _mm512_set1_ps(half_at(blk + 2));
-      lo = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qlo)), m);
-      hi = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(qhi)), m);
-    } else {
-      const __m512i eight = _mm512_set1_epi32(8);
-      lo = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(qlo, eight)));
-      hi = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(qhi, eight)));
-    }
+    const __m512 table = q41 ? _mm512_fmadd_ps(d, k, _mm512_set1_ps(half_at(blk + 2)))
+                             : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
+    lo = _mm512_permutexvar_ps(bytes, table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
   } else {
     const bool q80 = qtype == Q8_0;
     const uint8_t* q = q80 ? row + b * 34 + 2 : row + b * QK;
     const __m512 d = _mm512_set1_ps(q80 ? half_at(row + b * 34) : scale);
     const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
     const __m512 fhi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
-    lo = q80 ? _mm512_mul_ps(flo, d) : _mm512_mul_ps(d, flo);
-    hi = q80 ? _mm512_mul_ps(fhi, d) : _mm512_mul_ps(d, fhi);
+    lo = _mm512_mul_ps(d, flo);
+    hi = _mm512_mul_ps(d, fhi);
   }
 }
+
+// NR rows (a compile-time count, so the accumulators stay in registers) against one output channel.
+template <int NR>
+inline void channel_rows(int64_t qtype, const uint8_t* row, int64_t blocks, float scale, const float* x, int64_t in,
+                         float* y, int64_t out) {
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < blocks; ++b) {
+    __m512 lo, hi;
+    dequant_block_avx512(qtype, row, b, scale, lo, hi);
+    for (int r = 0; r < NR; ++r) {
+      const float* xr = x + r * in + b * QK;
+      acc[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[r]);
+      acc[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[r]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) y[r * out] = _mm512_reduce_add_ps(acc[r]);
+}
+
+using ChannelRows = void (*)(int64_t, const uint8_t*, int64_t, float, const float*, int64_t, float*, int64_t);
+constexpr ChannelRows CHANNEL_ROWS[ROWS + 1] = {nullptr, channel_rows<1>, channel_rows<2>, channel_rows<3>,
+                                                channel_rows<4>, channel_rows<5>, channel_rows<6>, channel_rows<7>,
+                                                channel_rows<8>};
 #endif
 
 }  // namespace
@@ -105,18 +129,7 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
       for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
         const int64_t nr = std::min(ROWS, rows - r0);
 #if defined(__AVX512F__)
-        __m512 acc[ROWS];
-        for (int64_t r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
-        for (int64_t b = 0; b < blocks; ++b) {
-          __m512 lo, hi;
-          dequant_block_avx512(qtype, row, b, scale, lo, hi);
-          for (int64_t r = 0; r < nr; ++r) {
-            const float* xr = xp + (r0 + r) * in + b * QK;
-            acc[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[r]);
-            acc[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[r]);
-          }
-        }
-        for (int64_t r = 0; r < nr; ++r) yp[(r0 + r) * out + o] = _mm512_reduce_add_ps(acc[r]);
+        CHANNEL_ROWS[nr](qtype, row, blocks, scale, xp + r0 * in, in, yp + r0 * out + o, out);
 #else
         float acc[ROWS][16] = {};
         float w[QK];
