@@ -27,13 +27,15 @@ def main() -> None:
     for gen in gens.values():
         gen.engine.generate(list(prompts[0].token_ids), SamplingParams(max_new_tokens=8))  # warm-up
     seconds, tokens, outputs = {w: 0.0 for w in gens}, {w: 0 for w in gens}, {w: [] for w in gens}
-    for p in prompts:
+    for i, p in enumerate(prompts):
         for w, gen in gens.items():  # interleaved: both see the same machine load
             t = time.perf_counter()
             out = gen.engine.generate(list(p.token_ids), params).token_ids
             seconds[w] += time.perf_counter() - t
             tokens[w] += len(out)
             outputs[w].append(out)
+        print(f"prompt {i} ({p.category}): equal {outputs['gguf'][-1] == outputs['fp32'][-1]}; so far gguf "
+              f"{tokens['gguf'] / seconds['gguf']:.1f} tok/s, fp32 {tokens['fp32'] / seconds['fp32']:.1f}", flush=True)
     equal = sum(a == b for a, b in zip(outputs["gguf"], outputs["fp32"]))
     for w in gens:
         print(f"{w}: {tokens[w]} tokens in {seconds[w]:.1f} s = {tokens[w] / seconds[w]:.1f} tok/s")
