@@ -71,17 +71,22 @@ class SpeculativeGenerator:
         spec: SpeculativeConfig | None = None,
         runner: RunnerOptions | None = None,
         tree_nodes: int = 0,
+        weights: str = "fp32",
+        quantization: str = "none",
     ) -> SpeculativeGenerator:
         """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
 
         `draft` is a model (same forms), a draft head ('head:PATH', 'verispec-head-smollm2-135m'), or a drafter
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
-        dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why)."""
-        from .models import load_model, load_tokenizer
+        dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why). weights='gguf': a GGUF
+        target's own quantized blocks (float32); quantization='int8': weight-only int8 (a different model)."""
+        from .models import load_model, load_tokenizer, quantize_target
         from .runtime.dtype import resolve_dtype
 
+        if dtype == "auto" and (weights != "fp32" or quantization != "none"):
+            dtype = torch.float32  # quantized weights compute in float32
         dtype, _ = resolve_dtype(dtype, device)  # 'auto': the device's fast dtype where speculation stays exact
-        target_model = load_model(target, dtype=dtype, device=device)
+        target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype, device=device).drafter
         return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec, runner=runner,

@@ -157,6 +157,45 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
     return model
 
 
+WEIGHTS = ("fp32", "gguf")  # --weights: the fp32 conversion (default) or a GGUF file's own quantized weights
+QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output channel (a different model)
+
+
+def check_weights(name_or_path: str | os.PathLike, weights: str, quantization: str, dtype: torch.dtype) -> Path | None:
+    """--weights / --quantization checked against the target; -> its GGUF file for `--weights gguf`, else None.
+    ValueError naming the fix for a combination that does not run."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}: choose from {', '.join(WEIGHTS)}")
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"unknown quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
+    if weights == "fp32" and quantization == "none":
+        return None
+    if weights == "gguf" and quantization != "none":
+        raise ValueError("--weights gguf runs the file's own quantization: leave --quantization none")
+    if dtype != torch.float32:
+        raise ValueError(f"quantized weights compute in float32, not {dtype}: pass --dtype float32")
+    if weights == "fp32":
+        return None
+    if str(name_or_path) == DEFAULT_TARGET:
+        return embedded_gguf_path()
+    path = resolve_model_path(name_or_path)
+    if path.suffix != ".gguf":
+        raise ValueError(f"--weights gguf needs a .gguf target (or the embedded default), not {path}")
+    return path
+
+
+def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32", quantization: str = "none"):
+    """The loaded target on quantized weights (runtime/quant.py), in place: `weights="gguf"` its GGUF file's own
+    blocks (the same values as the fp32 conversion), `quantization="int8"` its linears per channel. Afterwards only
+    the native runner runs it. -> model."""
+    from .runtime.native import use_quantized_weights
+
+    gguf_file = check_weights(name_or_path, weights, quantization, next(model.parameters()).dtype)
+    if gguf_file is not None or quantization != "none":
+        use_quantized_weights(model, 0, gguf_file=gguf_file, quantization=quantization)
+    return model
+
+
 def read_model_config(path: Path):
     """The model config at a resolved path, without its weights (None when unreadable: loading reports why)."""
     from transformers import AutoConfig
@@ -201,7 +240,10 @@ def load_pair(
 
 
 def model_weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the model's parameters and buffers in their current dtype, tied weights counted once."""
+    """Bytes of the model's parameters and buffers in their current dtype, tied weights counted once (a target on
+    quantized weights: its native twin's bytes, as `quantize_target` recorded them)."""
+    if hasattr(model, "_verispec_weight_bytes"):
+        return model._verispec_weight_bytes
     seen: set[int] = set()
     total = 0
     for tensor in list(model.parameters()) + list(model.buffers()):

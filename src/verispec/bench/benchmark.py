@@ -40,6 +40,8 @@ class BenchConfig:
     runner: RunnerOptions = field(default_factory=RunnerOptions)  # what runs our engine's models
     vllm_python: str | None = None  # a vLLM virtualenv's python: the same as peers={"vllm": vllm_python}
     peers: dict[str, str] = field(default_factory=dict)  # peer engine -> its virtualenv's python (bench/peers.py)
+    weights: str = "fp32"  # the target's weights: the float conversion, or "gguf" (its GGUF file's own blocks)
+    quantization: str = "none"  # "int8": the target's linears per channel (a different model)
 
     def __post_init__(self):
         if self.vllm_python and not self.peers:
@@ -58,10 +60,11 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 
     Our methods draft with the drafter `config.draft` names (a model, 'ngram', 'ngram+MODEL', ...); HF assisted
     generation gets its draft model, when it names one (model-free drafters: our methods only)."""
-    from ..models import load_model, load_tokenizer
+    from ..models import load_model, load_tokenizer, quantize_target
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
-    target = load_model(config.target, dtype=torch_dtype, device=config.device)
+    target = quantize_target(load_model(config.target, dtype=torch_dtype, device=config.device), config.target,
+                             config.weights, config.quantization)
     spec = parse_drafter_spec(config.draft)
     model_name = spec.model
     draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)

@@ -6,6 +6,7 @@ llama-cpp-python, numpy and the standard library.
 IN.json: {"gguf": file, "spec": "none" | "lookup" | "draft", "draft_gguf": file (spec "draft"), "k": 4,
 "threads": 2, "max_new_tokens": 128, "prompts": [[token ids], ...]}.
 OUT.json: {"rows": [{"tokens", "seconds", "token_ids"}], "load_s", "weights_bytes", "model", "threads",
+"load_avg" (the 1-minute load average before and after the timed prompts: a run on a busy machine shows it),
 "version", "system_info"}. Exit code 3: llama_cpp cannot be imported (the virtualenv is missing or broken).
 
 As `verispec bench` counts: every prompt starts from an empty cache (no prefix reuse between prompts), prompt
@@ -15,6 +16,7 @@ logits processor would cost llama.cpp ~25% of its speed here: a copy of the logi
 """
 
 import json
+import os
 import sys
 import time
 
@@ -87,13 +89,17 @@ def main() -> None:
                 break
         return out, time.perf_counter() - t
 
-    generate(job["prompts"][0], 32)  # warm-up, not timed
+    # Warm-up, not timed: a whole generation, since the first one after loading ran at 30-40% of the speed of
+    # the next ones here (29 against 74-79 tok/s) and a 32-token warm-up did not cover it.
+    generate(job["prompts"][0], job["max_new_tokens"])
+    load_before = os.getloadavg()[0]
     rows = []
     for ids in job["prompts"]:
         out, seconds = generate(ids, job["max_new_tokens"])
         rows.append({"tokens": len(out), "seconds": seconds, "token_ids": out})
     json.dump({"rows": rows, "load_s": load_s, "weights_bytes": _model_bytes(llm), "model": llm._model.desc(),
-               "threads": threads, "version": llama_cpp.__version__,
+               "threads": threads, "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+               "version": llama_cpp.__version__,
                "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()},
               open(sys.argv[2], "w"))
 

@@ -129,7 +129,7 @@ def _result_row(peer: str, mode: str, weights: str, weight_bytes: int, result: d
     row = peer_row(ENGINE_NAMES[peer], mode, weights, weight_bytes, len(rows), sum(r["tokens"] for r in rows),
                    sum(r["seconds"] for r in rows), bandwidth_gb_s)
     row["load_s"] = round(result["load_s"], 1)
-    row.update({key: result[key] for key in ("spec_counters", "model", "system_info", "version") if key in result})
+    row.update({key: result[key] for key in ("spec_counters", "model", "system_info", "version", "load_avg") if key in result})
     if target_ids is not None:
         row["equal_to_verispec_target"] = sum(r["token_ids"] == target_ids.get(i) for i, r in enumerate(rows))
     return row

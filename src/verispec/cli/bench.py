@@ -20,7 +20,7 @@ from ..config import StructuredOutput
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
 from . import CliError
 from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
-from .common import add_runner_args, positive_int, runner_options
+from .common import add_runner_args, add_weights_args, positive_int, runner_options
 
 DTYPE_NAMES = DTYPE_CHOICES
 DEFAULT_KS = "1,2,3,4,6,8"
@@ -42,6 +42,7 @@ def add_parser(sub) -> None:
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     add_runner_args(g)
+    add_weights_args(g)
     g.add_argument("--peers", default=None, metavar="LIST",
                    help="also run these engines on the same prompts, each from its own virtualenv "
                         "(scripts/setup_peers.sh makes them): vllm, llama.cpp; target alone and their speculative "
@@ -131,7 +132,12 @@ def build_config(args: argparse.Namespace):
     bad = [d for d in dtypes if d not in DTYPE_NAMES]
     if bad:
         raise CliError(f"unknown dtype {', '.join(bad)} in --dtypes: choose from {', '.join(DTYPE_NAMES)}")
-    dtypes = [dtype_name(choose_dtype(args.device)[0]) if d == "auto" else d for d in dtypes]
+    quantized = args.weights != "fp32" or args.quantization != "none"  # computes in float32
+    if quantized and any(f.startswith("hf") for f in families):
+        raise CliError("--weights gguf and --quantization run on verispec's native runner only: pass --methods "
+                       "without the hf-* methods (e.g. --methods target,adaptive)")
+    dtypes = [("float32" if quantized else dtype_name(choose_dtype(args.device)[0])) if d == "auto" else d
+              for d in dtypes]
     if args.warmup_tokens < 0 or args.probe_repeats < 0:
         raise CliError("--warmup-tokens and --probe-repeats must be >= 0")
     draft = None if args.draft_model == "none" else args.draft_model
@@ -175,7 +181,7 @@ def build_config(args: argparse.Namespace):
     config = BenchConfig(target=args.model, draft=draft, prompts_file=args.prompts,
                          categories=_list(args.categories), limit=args.limit, dtypes=list(dict.fromkeys(dtypes)),
                          device=args.device, out=args.out, settings=settings, runner=runner_options(args),
-                         peers=peers)
+                         peers=peers, weights=args.weights, quantization=args.quantization)
     return config, ks
 
 

@@ -42,6 +42,20 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     add_runner_args(g)
+    add_weights_args(g)
+
+
+def add_weights_args(group) -> None:
+    """--weights and --quantization (models.quantize_target)."""
+    from ..models import QUANTIZATIONS, WEIGHTS
+
+    group.add_argument("--weights", choices=WEIGHTS, default="fp32",
+                       help="target weights: 'fp32' (default) the float conversion; 'gguf' a GGUF target's own "
+                            "quantized blocks (Q4_0, Q4_1, Q8_0; the embedded default's Q4_1 file), the same "
+                            "values, a quarter of the bytes (float32 compute, native runner)")
+    group.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
+                       help="'int8': the target's linears quantized per output channel (weight-only, symmetric): "
+                            "a different model than the original (outputs differ from the unquantized target's)")
 
 
 def add_runner_args(group) -> None:
@@ -213,6 +227,9 @@ def apply_runtime(args: argparse.Namespace) -> None:
         raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
         args.torch_dtype, args.dtype_reason = resolve_dtype(args.dtype, args.device)
+        if args.dtype == "auto" and (getattr(args, "weights", "fp32") != "fp32"
+                                     or getattr(args, "quantization", "none") != "none"):
+            args.torch_dtype, args.dtype_reason = torch.float32, "float32: quantized weights compute in float32"
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.draft_tokens < 1:

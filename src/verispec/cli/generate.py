@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import SamplingParams, SpeculativeConfig
     from ..drafters.build import build_drafter
     from ..generator import SpeculativeGenerator
-    from ..models import ModelLoadError, load_model, load_tokenizer
+    from ..models import ModelLoadError, load_model, load_tokenizer, quantize_target
 
     apply_runtime(args)
     setup_logging()
@@ -66,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
     warn_if_lossy(args)
     dtype = args.torch_dtype  # --dtype, resolved by apply_runtime
     target = load_model(args.model, dtype=dtype, device=args.device)
+    try:
+        quantize_target(target, args.model, args.weights, args.quantization)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
     tokenizer = load_tokenizer(args.model)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.
     try:

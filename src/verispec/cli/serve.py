@@ -132,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     config = ServerConfig(
         model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
         draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=args.torch_dtype,
+        weights=args.weights, quantization=args.quantization,
         device=args.device, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -115,8 +115,10 @@ class Linear(nn.Module):
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        packed = try_pack(weight) if pack else None
-        if packed is None and pack and weight.dtype == torch.bfloat16:
+        # A quantized weight (runtime/quant.py) is never packed: F.linear reaches its own kernel.
+        quantized = not isinstance(weight, torch.Tensor)
+        packed = try_pack(weight) if pack and not quantized else None
+        if packed is None and pack and not quantized and weight.dtype == torch.bfloat16:
             packed = try_pack(weight.float())
         self.packed = packed is not None
         self.bias = None if bias is None else own(bias)  # [out]
@@ -162,7 +164,9 @@ def _packed(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 
 def own(tensor: torch.Tensor) -> nn.Parameter:
     """A copy the model owns: nothing it holds aliases the source's tensors (or the file those are mapped from),
-    so the source can be freed (native.release_hf_weights)."""
+    so the source can be freed (native.release_hf_weights). A quantized weight (runtime/quant.py) is kept as it is."""
+    if not isinstance(tensor, torch.Tensor):
+        return tensor
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)
 
 

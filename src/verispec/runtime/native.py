@@ -188,6 +188,43 @@ class NativeRunner(SlotRunner):
         return RunnerOutput(logits, hidden if want_hidden or all_hidden else None)
 
 
+def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None = None,
+                          quantization: str | None = None) -> LlamaModel:
+    """hf_model's native twin on quantized weights (runtime/quant.py), and HF's own copies released: the GGUF file's
+    weights as stored (`--weights gguf`: the same values as the fp32 conversion hf_model was loaded from), or the
+    twin's linears quantized (`--quantization int8`: a different model than the original). -> the twin.
+    Afterwards hf_model holds no weights (meta tensors of the same shapes): only native runners run it."""
+    from .gguf_weights import read_gguf_weights
+    from .quant import quantize_linears
+
+    positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+    spec = LlamaSpec.from_config(hf_model.config, positions)
+    if gguf_file is not None:  # hf_model is this file's fp32 conversion: the same config
+        weights = read_gguf_weights(gguf_file, spec.num_heads, spec.num_kv_heads)
+        weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
+    else:
+        weights = quantize_linears(weights_of(hf_model), quantization)
+    model = LlamaModel(spec, weights, rope_table(hf_model, positions), pack=False)
+    _TWINS[hf_model] = (model, None)
+    # HF's copies go (the twin is now the model), their shapes stay: vocabulary checks read them.
+    for module in hf_model.modules():
+        for name, param in list(module.named_parameters(recurse=False)):
+            setattr(module, name, torch.nn.Parameter(param.detach().to("meta"), requires_grad=False))
+    hf_model._verispec_released = True
+    hf_model._verispec_weight_bytes = sum(  # what a step reads: quantized blocks as stored, the rest as held
+        w.nbytes if not isinstance(w, torch.Tensor) else w.numel() * w.element_size()
+        for w in {id(w): w for w in _model_weights(model)}.values())
+    gc.collect()
+    return model
+
+
+def _model_weights(model: LlamaModel) -> list:
+    weights = [model.embed, model.norm, model.lm_head.weight]
+    for layer in model.layers:
+        weights += [w for w in layer.weights() if w is not None]
+    return weights
+
+
 def release_hf_weights(hf_model) -> int:
     """Free the Hugging Face copies of the weights the native twin holds in its own form (fused, packed, or copied:
     the twin aliases nothing), so a served model takes about its weights' size once, not twice; -> bytes freed.

@@ -39,6 +39,10 @@ class ServerConfig:
     torch dtype when the config is made, with `dtype_reason` saying why."""
     dtype_reason: str = ""
     """Why the dtype is what it is (set from `dtype`)."""
+    weights: str = "fp32"
+    """The target's weights: 'fp32' (the float conversion) or 'gguf' (a GGUF target's own quantized blocks)."""
+    quantization: str = "none"
+    """'int8': the target's linears quantized per output channel (a different model than the original)."""
     device: str = "cpu"
     """Torch device of the models."""
     max_cached_drafters: int = 4

@@ -26,7 +26,7 @@ from ..drafters.spec import NONE, parse_drafter_spec
 from ..engine import SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
 from ..memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
-from ..models import ModelLoadError, load_model, load_tokenizer, read_model_config, resolve_model_path
+from ..models import ModelLoadError, load_model, load_tokenizer, quantize_target, read_model_config, resolve_model_path
 from ..sampling.grammar import prepare_tokenizer
 from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found
@@ -116,7 +116,8 @@ class ServedModel:
         """Load the target and tokenizer, and the default drafter when speculation is on by default.
 
         Raises ValueError (ModelLoadError) for a model that cannot be found or read."""
-        target = load_model(config.model, dtype=config.dtype, device=config.device)
+        target = quantize_target(load_model(config.model, dtype=config.dtype, device=config.device), config.model,
+                                 config.weights, config.quantization)
         tokenizer = load_tokenizer(config.model)
         served = cls(config, target, tokenizer)
         engine = served.engine

@@ -1,0 +1,62 @@
+"""A GGUF file's weights as they are: quantized linears stay in their blocks (`quant.QuantWeight`), the rest float32.
+
+`read_gguf_weights` names them as Hugging Face does (what `LlamaModel` takes) and undoes llama.cpp's q/k row
+permutation on the quantized rows (each row is quantized on its own, so permuting rows commutes with
+dequantizing): every weight's values are those of the fp32 conversion transformers makes of the same file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .quant import GGML_BLOCKS, QuantWeight
+
+# GGUF tensor name (after "blk.N.") -> Hugging Face's name (after "model.layers.N.")
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_FLOAT_TYPES = {"F32", "F16", "BF16"}
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for tensors the model does not use."""
+    parts = gguf_name.split(".")
+    if parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[-1]}"
+    if parts[0] in _TOP_NAMES:
+        return f"{_TOP_NAMES[parts[0]]}.{parts[-1]}"
+    return None
+
+
+def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
+    """transformers' reverse permutation of llama.cpp's q/k rows, on whole rows: [out, ...] -> [out, ...]."""
+    out = rows.shape[0]
+    return rows.reshape(heads, out // heads // 2, 2, *rows.shape[1:]).transpose(1, 2).reshape(rows.shape)
+
+
+def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor | QuantWeight]:
+    """-> {Hugging Face name: float32 tensor or QuantWeight}. ValueError for a tensor type without a kernel."""
+    import gguf
+
+    weights: dict[str, torch.Tensor | QuantWeight] = {}
+    for tensor in gguf.GGUFReader(str(path)).tensors:
+        name, kind = hf_name(tensor.name), tensor.tensor_type.name
+        if name is None:
+            continue
+        if kind in _FLOAT_TYPES:
+            value = torch.from_numpy(np.array(tensor.data)).float().reshape(*reversed(tensor.shape.tolist()))
+        elif kind in GGML_BLOCKS:
+            value = torch.from_numpy(np.array(tensor.data, dtype=np.uint8))  # [out, row_bytes], a copy off the map
+        else:
+            raise ValueError(f"{path}: tensor {tensor.name} is {kind}, which --weights gguf does not run "
+                             f"(it runs {', '.join(GGML_BLOCKS)}): use --weights fp32 (the converted model)")
+        if ".q_proj." in name or ".k_proj." in name:
+            value = _unpermute(value, num_heads if ".q_proj." in name else num_kv_heads)
+        weights[name] = QuantWeight(kind, value, int(tensor.shape[0])) if kind in GGML_BLOCKS else value
+    return weights

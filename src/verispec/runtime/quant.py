@@ -1,0 +1,180 @@
+"""Weight-only quantized linears: GGUF blocks as they are in the file (Q4_0, Q4_1, Q8_0) and per-channel int8.
+
+A `QuantWeight` stands where a `[out, in]` weight tensor stands in `llama.py` (`Linear`, the embedding, the tied LM
+head): it answers `F.linear`, `F.embedding` and `torch.cat` along the output dimension through the
+`__torch_function__` protocol, so the model code is the same for every weight format.
+The values are exactly those gguf-py dequantizes (the fp32 conversion's), one float32 rounding per operation:
+Q4_0 `d * (q - 8)`, Q4_1 `d * q + m`, Q8_0 `d * q`, fp16 `d`, `m` per 32 weights; int8 `scale[o] * q`.
+`F.linear` runs `quant_kernel.cpp` (built once per torch version and CPU flags under ~/.cache/verispec/ext), which
+dequantizes a block in registers and multiplies it into up to 8 rows; without a compiler it falls back to
+dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion's up to summation order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+# GGML type ids (gguf.GGMLQuantizationType) -> (bytes per block of 32, kernel id); INT8 is verispec's own.
+GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q8_0": (34, 8)}
+INT8 = ("INT8", 100)
+BLOCK = 32
+
+_kernel = None  # the built extension, or False when it cannot be built
+
+
+def kernel():
+    """The C++ extension (built on first use, cached on disk), or None where it cannot be built."""
+    global _kernel
+    if _kernel is None:
+        try:
+            _kernel = _build()
+        except Exception as exc:  # noqa: BLE001 - no compiler, headers or OpenMP: the eager fallback serves
+            print(f"[verispec] quantized kernel not built ({str(exc)[:200]}); dequantize-then-matmul instead")
+            _kernel = False
+    return _kernel or None
+
+
+def _build():
+    from torch.utils.cpp_extension import load
+
+    source = Path(__file__).with_name("quant_kernel.cpp")
+    flags = _cpu_flags()
+    key = hashlib.sha256((source.read_text() + torch.__version__ + flags).encode()).hexdigest()[:16]
+    root = Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
+    folder = root / "ext" / f"quant-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return load(name=f"verispec_quant_{key}", sources=[str(source)], build_directory=str(folder),
+                extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
+                extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
+
+
+class QuantWeight:
+    """A quantized `[out, in]` weight: `data` `[out, row_bytes]` uint8 (GGUF blocks, or int8 values), `scales`
+    `[out]` float32 (int8 only)."""
+
+    dtype = torch.float32  # what it computes in and hands back
+    device = torch.device("cpu")
+
+    def __init__(self, qtype: str, data: torch.Tensor, in_features: int, scales: torch.Tensor | None = None):
+        if in_features % BLOCK:
+            raise ValueError(f"a quantized weight's input size must be a multiple of {BLOCK}, got {in_features}")
+        self.qtype, self.data, self.scales = qtype, data.contiguous(), scales
+        self.shape = torch.Size((data.shape[0], in_features))
+        self.kernel_id = INT8[1] if qtype == INT8[0] else GGML_BLOCKS[qtype][1]
+
+    def __repr__(self) -> str:
+        return f"QuantWeight({self.qtype}, {tuple(self.shape)})"
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
+
+    def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[out, in] float32 (or the chosen rows' [n, in]): exactly gguf-py's values."""
+        data = self.data if rows is None else self.data[rows]
+        scales = None if self.scales is None else (self.scales if rows is None else self.scales[rows])
+        ext = kernel()
+        if ext is not None:
+            return ext.dequantize(data.contiguous(), _or_empty(scales), self.kernel_id, self.shape[1])
+        return dequantize_reference(self.qtype, data, self.shape[1], scales)
+
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # [..., in] -> [..., out]
+        rows = x.reshape(-1, self.shape[1]).float()
+        ext = kernel()
+        if ext is not None:
+            y = ext.quant_linear(rows, self.data, _or_empty(self.scales), self.kernel_id, self.shape[1])
+        else:
+            y = rows @ self.dequantize().T
+        if bias is not None:
+            y = y + bias
+        return y.view(*x.shape[:-1], self.shape[0]).to(x.dtype)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            x, weight = args[0], args[1]
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            return weight.linear(x, bias)
+        if func is F.embedding:
+            ids, weight = args[0], args[1]
+            return weight.dequantize(ids.reshape(-1)).view(*ids.shape, weight.shape[1])
+        if func is torch.cat and all(isinstance(w, QuantWeight) for w in args[0]):
+            return cat(list(args[0]))
+        raise TypeError(f"QuantWeight does not support {getattr(func, '__name__', func)}")
+
+
+def cat(weights: list[QuantWeight]) -> QuantWeight:
+    """Weights of one type and input size stacked along the output dimension (fused q/k/v, gate/up)."""
+    first = weights[0]
+    if any(w.qtype != first.qtype or w.shape[1] != first.shape[1] for w in weights):
+        raise ValueError("only quantized weights of one type and input size fuse")
+    scales = None if first.scales is None else torch.cat([w.scales for w in weights])
+    return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales)
+
+
+def _or_empty(scales: torch.Tensor | None) -> torch.Tensor:
+    return torch.empty(0) if scales is None else scales
+
+
+def dequantize_reference(qtype: str, data: torch.Tensor, in_features: int,
+                         scales: torch.Tensor | None = None) -> torch.Tensor:
+    """[n, row_bytes] uint8 -> [n, in] float32 in torch ops, the same formulas as gguf-py's (and the kernel's)."""
+    n = data.shape[0]
+    if qtype == INT8[0]:
+        return scales[:, None] * data.view(torch.int8).float()
+    size = GGML_BLOCKS[qtype][0]
+    blocks = data.reshape(n, -1, size)  # [n, blocks, bytes]
+    d = blocks[..., :2].contiguous().view(torch.float16).float()  # [n, blocks, 1]
+    if qtype == "Q8_0":
+        q = blocks[..., 2:].contiguous().view(torch.int8).float()  # [n, blocks, 32]
+        return (q * d).reshape(n, in_features)
+    nibbles = blocks[..., 4:] if qtype == "Q4_1" else blocks[..., 2:]  # [n, blocks, 16]
+    q = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=-1).float()  # [n, blocks, 32]
+    if qtype == "Q4_0":
+        return (d * (q - 8)).reshape(n, in_features)
+    m = blocks[..., 2:4].contiguous().view(torch.float16).float()  # [n, blocks, 1]
+    return (d * q + m).reshape(n, in_features)
+
+
+def quantize_int8(weight: torch.Tensor) -> QuantWeight:
+    """[out, in] float -> per-output-channel symmetric int8 (a different model than the original: weights rounded
+    to 255 levels per channel)."""
+    w = weight.float()
+    scales = w.abs().amax(dim=1).clamp_min(1e-12) / 127  # [out]
+    q = torch.round(w / scales[:, None]).clamp(-127, 127).to(torch.int8)  # [out, in]
+    return QuantWeight(INT8[0], q.view(torch.uint8), weight.shape[1], scales.contiguous())
+
+
+def quantize_gguf(weight: torch.Tensor, qtype: str) -> QuantWeight:
+    """[out, in] float -> GGUF blocks of qtype, as llama.cpp's converter makes them (gguf-py's `quantize`)."""
+    import gguf
+    import numpy as np
+
+    blocks = gguf.quants.quantize(weight.float().numpy(), gguf.GGMLQuantizationType[qtype])  # [out, row_bytes]
+    return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(blocks)), weight.shape[1])
+
+
+def quantize_linears(weights: dict[str, torch.Tensor], qtype: str) -> dict[str, torch.Tensor | QuantWeight]:
+    """A checkpoint's linear weights (every `*_proj.weight` and the LM head) quantized: qtype "int8" per output
+    channel, or a GGUF block type; embeddings, norms and biases stay as they are."""
+    def quantize(weight: torch.Tensor) -> QuantWeight:
+        return quantize_int8(weight) if qtype == "int8" else quantize_gguf(weight, qtype)
+
+    return {name: quantize(w) if name.endswith("_proj.weight") or name == "lm_head.weight" else w
+            for name, w in weights.items()}
