@@ -107,12 +107,13 @@ class Linear(nn.Module):
     MKL's plain sgemm costs about M times a one-row pass for M = 2..16 rows on these CPUs, oneDNN's packed kernel
     about 1.2-2x, which is what makes verify passes (k + 1 rows) and batches cheap.
 
-    Row-invariant (a row's output does not depend on how many rows run with it, `invariant.py`): a packed weight
-    wider than `MAX_INVARIANT_IN` inputs is kept as input chunks, summed in order; a bf16 weight this CPU cannot
+    Row-invariant (a row's output does not depend on how many rows run with it, `invariant.py`): with `invariant`
+    (the runner's batch_invariant) a packed weight wider than `MAX_INVARIANT_IN` inputs is kept as input chunks,
+    summed in order (otherwise whole: the chunks cost ~8% of a decode step, measured); a bf16 weight this CPU cannot
     pack (no AVX-512-bf16 / AVX-NE-CONVERT) is kept as fp32 (exact) and packed, its products rounded to bf16 once.
     Only an unpacked weight (no oneDNN) runs aten's GEMM, which is not row-invariant."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, invariant: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         # A quantized weight (runtime/quant.py) is never packed: F.linear reaches its own kernel.
@@ -122,7 +123,7 @@ class Linear(nn.Module):
             packed = try_pack(weight.float())
         self.packed = packed is not None
         self.bias = None if bias is None else own(bias)  # [out]
-        if self.packed and self.in_features > MAX_INVARIANT_IN:
+        if self.packed and invariant and self.in_features > MAX_INVARIANT_IN:
             source = weight if packed.dtype == weight.dtype else weight.float()
             self.parts = nn.ParameterList([nn.Parameter(try_pack(part), requires_grad=False)
                                            for part in split_in(source)])  # [out, <= MAX_INVARIANT_IN] each
@@ -225,15 +226,16 @@ def layer_step(
 class Block(nn.Module):
     """One decoder layer's weights (q/k/v and gate/up fused); `layer_step` runs it."""
 
-    def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], pack: bool) -> None:
+    def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], pack: bool, invariant: bool = False) -> None:
         super().__init__()
         self.spec = spec
         w = weights
         qkv_bias = torch.cat([w["q_proj.bias"], w["k_proj.bias"], w["v_proj.bias"]]) if spec.qkv_bias else None
-        self.qkv = Linear(torch.cat([w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"]]), qkv_bias, pack)
-        self.o = Linear(w["o_proj.weight"], None, pack)
-        self.gate_up = Linear(torch.cat([w["gate_proj.weight"], w["up_proj.weight"]]), None, pack)
-        self.down = Linear(w["down_proj.weight"], None, pack)
+        qkv_w = torch.cat([w["q_proj.weight"], w["k_proj.weight"], w["v_proj.weight"]])
+        self.qkv = Linear(qkv_w, qkv_bias, pack, invariant)
+        self.o = Linear(w["o_proj.weight"], None, pack, invariant)
+        self.gate_up = Linear(torch.cat([w["gate_proj.weight"], w["up_proj.weight"]]), None, pack, invariant)
+        self.down = Linear(w["down_proj.weight"], None, pack, invariant)
         self.attn_norm = own(w["input_layernorm.weight"])  # [hidden]
         self.mlp_norm = own(w["post_attention_layernorm.weight"])  # [hidden]
         self.packed = self.qkv.packed
@@ -248,17 +250,18 @@ class LlamaModel(nn.Module):
     """The decoder and LM head. `forward` runs one step of the runner: fed tokens in, chosen positions' logits out."""
 
     def __init__(self, spec: LlamaSpec, weights: dict[str, torch.Tensor], rope: tuple[torch.Tensor, torch.Tensor],
-                 pack: bool = True) -> None:
+                 pack: bool = True, invariant: bool = False) -> None:
         super().__init__()
         self.spec = spec
+        self.invariant = invariant  # row-invariant linears (wide weights in input chunks): a batch_invariant runner's
         self.embed = own(weights["model.embed_tokens.weight"])  # [vocab, hidden]
         self.layers = nn.ModuleList(
             Block(spec, {".".join(k.split(".")[-2:]): v for k, v in weights.items()  # "q_proj.weight", ...
-                         if k.startswith(f"model.layers.{i}.")}, pack)
+                         if k.startswith(f"model.layers.{i}.")}, pack, invariant)
             for i in range(spec.num_layers)
         )
         self.norm = own(weights["model.norm.weight"])  # [hidden]
-        self.lm_head = Linear(weights.get("lm_head.weight", self.embed), None, pack)
+        self.lm_head = Linear(weights.get("lm_head.weight", self.embed), None, pack, invariant)
         self.cos = nn.Buffer(rope[0], persistent=False)  # [max_len, d]
         self.sin = nn.Buffer(rope[1], persistent=False)  # [max_len, d]
         assert all(layer.packed == self.lm_head.packed for layer in self.layers)  # model_forward takes one flag

@@ -70,20 +70,24 @@ def load_safetensors(folder: str | Path, dtype: torch.dtype, max_len: int, devic
     return LlamaModel(spec, weights, rope_table(config, max_len), pack=pack)
 
 
-def _twin(hf_model, max_len: int) -> LlamaModel:
+def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
     """The shared native copy of hf_model's weights. A copy: rebuilt when the HF weights were replaced or changed
-    in place (training) since, unless they were released to it (then it is the only copy left)."""
+    in place (training) since, or built for the other `invariant` layout, unless they were released to it (then it
+    is the only copy left)."""
     spec = LlamaSpec.from_config(hf_model.config, max_len)
     if getattr(hf_model, "_verispec_released", False):
         model = _TWINS[hf_model][0]
+        if model.invariant != invariant and model.lm_head.packed:  # (quantized weights have one layout for both)
+            raise ValueError(f"this model's weights were released to a native model with batch_invariant="
+                             f"{model.invariant}: build every runner on it with the same batch_invariant")
         if model.cos.shape[0] < max_len:
             raise ValueError(f"max_len {max_len} exceeds the native model's rotary table ({model.cos.shape[0]})")
         return model
     fingerprint = tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
     model, seen = _TWINS.get(hf_model, (None, None))
-    if model is None or seen != fingerprint or model.cos.shape[0] < max_len:
+    if model is None or seen != fingerprint or model.cos.shape[0] < max_len or model.invariant != invariant:
         positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
-        model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions))
+        model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions), invariant=invariant)
         _TWINS[hf_model] = (model, fingerprint)
     return model
 
@@ -116,7 +120,8 @@ class NativeRunner(SlotRunner):
                 batch_invariant: bool = False) -> NativeRunner:
         """The native twin of a loaded Hugging Face Llama-family model (UnsupportedModel if it is not one). The
         twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
-        runner = cls(_twin(hf_model, max_len), hf_model.config, max_len, num_slots, compile, batch_invariant)
+        runner = cls(_twin(hf_model, max_len, batch_invariant), hf_model.config, max_len, num_slots, compile,
+                     batch_invariant)
         runner.hf_model = hf_model  # the source, for release_hf_weights
         return runner
 
