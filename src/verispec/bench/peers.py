@@ -149,7 +149,7 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
     common = {"prompts": [list(p.token_ids) for p in encoded], "max_new_tokens": config.settings.max_new_tokens,
               "k": PEER_K, "threads": threads}
     section: dict = {"threads": {"verispec": threads}, "k": PEER_K, "notes": [],
-                     "rows": verispec_rows(run, dtype, ours_bytes, bandwidth)}
+                     "rows": verispec_rows(run, _our_weights(config, dtype), ours_bytes, bandwidth)}
     for peer, python in config.peers.items():
         jobs, weights, notes = [], "", []
         if not Path(python).is_file():
@@ -182,6 +182,16 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
     for line in peer_table(section):
         log(line)
     return section
+
+
+def _our_weights(config, dtype: str) -> str:
+    """What verispec's target runs on, as the table's weights column says it: the dtype, or the GGUF's own blocks
+    (`--weights gguf`), or int8 (`--quantization int8`)."""
+    if getattr(config, "weights", "fp32") == "gguf":
+        return "GGUF as stored"
+    if getattr(config, "quantization", "none") != "none":
+        return f"{config.quantization} (per channel)"
+    return dtype
 
 
 def verispec_rows(run: dict, dtype: str, weight_bytes: int, bandwidth_gb_s: float) -> list[dict]:
