@@ -80,12 +80,11 @@ class SpeculativeGenerator:
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
         dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why). weights='gguf': a GGUF
         target's own quantized blocks (float32); quantization='int8': weight-only int8 (a different model)."""
-        from .models import load_model, load_tokenizer, quantize_target
+        from .models import is_quantized, load_model, load_tokenizer, quantize_target
         from .runtime.dtype import resolve_dtype
 
-        if dtype == "auto" and (weights != "fp32" or quantization != "none"):
-            dtype = torch.float32  # quantized weights compute in float32
-        dtype, _ = resolve_dtype(dtype, device)  # 'auto': the device's fast dtype where speculation stays exact
+        # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
+        dtype, _ = resolve_dtype(dtype, device, is_quantized(weights, quantization))
         target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype, device=device).drafter

@@ -161,6 +161,11 @@ WEIGHTS = ("fp32", "gguf")  # --weights: the fp32 conversion (default) or a GGUF
 QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output channel (a different model)
 
 
+def is_quantized(weights: str, quantization: str) -> bool:
+    """Whether --weights / --quantization put the target on quantized weights (which compute in float32)."""
+    return weights != "fp32" or quantization != "none"
+
+
 def check_weights(name_or_path: str | os.PathLike, weights: str, quantization: str, dtype: torch.dtype) -> Path | None:
     """--weights / --quantization checked against the target; -> its GGUF file for `--weights gguf`, else None.
     ValueError naming the fix for a combination that does not run."""

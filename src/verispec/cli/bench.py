@@ -17,9 +17,9 @@ import torch
 from ..drafters.spec import parse_drafter_spec
 from ..bench.prompts import JSON_EXTRACTION, REPETITIVE, WORKLOADS, json_extraction_files, repetitive_prompts_file
 from ..config import StructuredOutput
-from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
 from . import CliError
-from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
+from ..runtime.dtype import DTYPE_CHOICES, dtype_name, resolve_dtype
 from .common import add_runner_args, add_weights_args, positive_int, runner_options
 
 DTYPE_NAMES = DTYPE_CHOICES
@@ -132,12 +132,11 @@ def build_config(args: argparse.Namespace):
     bad = [d for d in dtypes if d not in DTYPE_NAMES]
     if bad:
         raise CliError(f"unknown dtype {', '.join(bad)} in --dtypes: choose from {', '.join(DTYPE_NAMES)}")
-    quantized = args.weights != "fp32" or args.quantization != "none"  # computes in float32
+    quantized = is_quantized(args.weights, args.quantization)  # computes in float32
     if quantized and any(f.startswith("hf") for f in families):
         raise CliError("--weights gguf and --quantization run on verispec's native runner only: pass --methods "
                        "without the hf-* methods (e.g. --methods target,adaptive)")
-    dtypes = [("float32" if quantized else dtype_name(choose_dtype(args.device)[0])) if d == "auto" else d
-              for d in dtypes]
+    dtypes = [dtype_name(resolve_dtype(d, args.device, quantized)[0]) if d == "auto" else d for d in dtypes]
     if args.warmup_tokens < 0 or args.probe_repeats < 0:
         raise CliError("--warmup-tokens and --probe-repeats must be >= 0")
     draft = None if args.draft_model == "none" else args.draft_model

@@ -226,10 +226,10 @@ def apply_runtime(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
-        args.torch_dtype, args.dtype_reason = resolve_dtype(args.dtype, args.device)
-        if args.dtype == "auto" and (getattr(args, "weights", "fp32") != "fp32"
-                                     or getattr(args, "quantization", "none") != "none"):
-            args.torch_dtype, args.dtype_reason = torch.float32, "float32: quantized weights compute in float32"
+        from ..models import is_quantized
+
+        quantized = is_quantized(getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"))
+        args.torch_dtype, args.dtype_reason = resolve_dtype(args.dtype, args.device, quantized)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.draft_tokens < 1:

@@ -61,12 +61,15 @@ def choose_dtype(device: str | torch.device = "cpu", flags: frozenset[str] | Non
     return torch.bfloat16, f"bfloat16: this CPU has {native[0]} and {bf16_exact}"
 
 
-def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> tuple[torch.dtype, str]:
-    """A dtype name ('auto', 'float32', ...) or a torch dtype -> (dtype, why). ValueError naming the choices."""
+def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu",
+                  quantized: bool = False) -> tuple[torch.dtype, str]:
+    """A dtype name ('auto', 'float32', ...) or a torch dtype -> (dtype, why). ValueError naming the choices.
+    quantized: the target runs on quantized weights (`--weights gguf`, `--quantization int8`), which compute in
+    float32: 'auto' is float32."""
     if isinstance(dtype, torch.dtype):
         return dtype, f"{str(dtype).removeprefix('torch.')}: asked for"
     if dtype == "auto":
-        return choose_dtype(device)
+        return (torch.float32, "float32: quantized weights compute in float32") if quantized else choose_dtype(device)
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}: choose from {', '.join(DTYPE_CHOICES)}")
     return DTYPES[dtype], f"{dtype}: asked for"
