@@ -114,15 +114,12 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     if stage.kind == "auto":
         return _auto(build)
     if build.draft_model is not None:
-        drafter = _model_drafter(build.target, build.draft_model, build.cache_len, build.tokenizer,
-                                 _draft_tokenizer(name), name)
-        return DrafterLoad(drafter, name, name)
+        return DrafterLoad(_loaded_drafter(build, build.draft_model, name), name, name)
     if build.on_error == "raise":
         from ..models import load_model
 
         draft = load_model(name, dtype=build.dtype, device=build.device)
-        drafter = _model_drafter(build.target, draft, build.cache_len, build.tokenizer, _draft_tokenizer(name), name)
-        return DrafterLoad(drafter, name, name)
+        return DrafterLoad(_loaded_drafter(build, draft, name), name, name)
     drafter, reason = _try_model_drafter(name, build)
     if drafter is None:
         return DrafterLoad(None, NONE, name, warning=f"draft model {name} not used ({reason})")
@@ -171,7 +168,7 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | 
         draft = load_model(name, dtype=build.dtype, device=build.device)
     except Exception as exc:  # noqa: BLE001 - the path exists: corrupt weights (safetensors raises its own type), OOM
         return None, f"loading failed: {type(exc).__name__}: {exc}"
-    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer, _draft_tokenizer(name), name), None
+    return _loaded_drafter(build, draft, name), None
 
 
 def check_vocab_match(target, draft) -> None:
@@ -183,6 +180,11 @@ def check_vocab_match(target, draft) -> None:
             f"draft vocabulary size {d} does not match target vocabulary size {t}: pick a draft model trained with "
             "the target's tokenizer, or use --draft-model ngram"
         )
+
+
+def _loaded_drafter(build: _Build, draft, name: str) -> Drafter:
+    """The drafter for the draft model `name`, loaded as `draft`, with its own tokenizer read from `name`."""
+    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer, _draft_tokenizer(name), name)
 
 
 def _draft_tokenizer(name: str):

@@ -42,7 +42,6 @@ class CascadeDrafter(Drafter):
         self.provides_probs = any(stage.provides_probs for stage in self.stages)
         self.wants_features = any(stage.wants_features for stage in self.stages)
         self.wants_tokens = any(stage.wants_tokens for stage in self.stages)
-        self.drafted_by: dict[str, int] = {stage.name: 0 for stage in self.stages}  # rows drafted by each stage
         self.last_stage: Drafter | None = None  # a stage that drafted in the latest step (stats, tests)
         self.last_stages: list[Drafter | None] = []  # [row]: the stage that drafted each row in the latest step
 
@@ -74,7 +73,6 @@ class CascadeDrafter(Drafter):
                 if stage_of[row] == index:
                     proposals[row] = proposal
                     self.last_stages[row] = stage
-                    self.drafted_by[stage.name] += 1
         self.last_stage = next((stage for stage in self.last_stages if stage is not None), self.last_stage)
         return proposals
 
