@@ -12,55 +12,20 @@ dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion'
 
 from __future__ import annotations
 
-import hashlib
-import os
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
+
+from .ext import build
 
 # GGML type ids (gguf.GGMLQuantizationType) -> (bytes per block of 32, kernel id); INT8 is verispec's own.
 GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q8_0": (34, 8)}
 INT8 = ("INT8", 100)
 BLOCK = 32
 
-_kernel = None  # the built extension, or False when it cannot be built
-
 
 def kernel():
-    """The C++ extension (built on first use, cached on disk), or None where it cannot be built."""
-    global _kernel
-    if _kernel is None:
-        try:
-            _kernel = _build()
-        except Exception as exc:  # noqa: BLE001 - no compiler, headers or OpenMP: the eager fallback serves
-            print(f"[verispec] quantized kernel not built ({str(exc)[:200]}); dequantize-then-matmul instead")
-            _kernel = False
-    return _kernel or None
-
-
-def _build():
-    from torch.utils.cpp_extension import load
-
-    source = Path(__file__).with_name("quant_kernel.cpp")
-    flags = _cpu_flags()
-    key = hashlib.sha256((source.read_text() + torch.__version__ + flags).encode()).hexdigest()[:16]
-    root = Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
-    folder = root / "ext" / f"quant-{key}"
-    folder.mkdir(parents=True, exist_ok=True)
-    return load(name=f"verispec_quant_{key}", sources=[str(source)], build_directory=str(folder),
-                extra_cflags=["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"],
-                extra_ldflags=["-fopenmp"], verbose=False)
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return torch.backends.cpu.get_cpu_capability()
+    """The C++ extension (built on first use, cached on disk: `ext.py`), or None where it cannot be built."""
+    return build("quant", "quant_kernel.cpp")
 
 
 class QuantWeight:

@@ -1,0 +1,58 @@
+"""verispec's C++ kernels, built on first use with torch's cpp_extension and cached on disk.
+
+Each kernel file next to this module (`quant_kernel.cpp`, ...) is its own extension, built with -march=native
+for the CPU at hand under ~/.cache/verispec/ext/<name>-<hash of source, torch version, CPU flags>, so a second
+process loads it in milliseconds. Where no compiler, headers or OpenMP are found, `build` returns None (once,
+with a message) and the caller keeps its torch fallback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+
+_BUILT: dict[str, object] = {}  # name -> module, or False when it could not be built
+
+CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
+
+
+def cpu_flags_line() -> str:
+    """/proc/cpuinfo's flags line (what -march=native code depends on), or torch's CPU capability."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def build(name: str, source: str, extra_cflags: tuple[str, ...] = ()):
+    """The extension made of `source` (a file beside this module), built once per process and cached on disk;
+    None where it cannot be built."""
+    if name not in _BUILT:
+        try:
+            _BUILT[name] = _load(name, Path(__file__).with_name(source), list(extra_cflags))
+        except Exception as exc:  # noqa: BLE001 - no compiler, headers or OpenMP: the torch fallback serves
+            print(f"[verispec] {source} not built ({str(exc)[:200]}); its torch fallback runs instead")
+            _BUILT[name] = False
+    return _BUILT[name] or None
+
+
+def _load(name: str, source: Path, extra: list[str]):
+    from torch.utils.cpp_extension import load
+
+    flags = CFLAGS + extra
+    key = hashlib.sha256((source.read_text() + torch.__version__ + cpu_flags_line() + " ".join(flags))
+                         .encode()).hexdigest()[:16]
+    folder = cache_root() / "ext" / f"{name}-{key}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return load(name=f"verispec_{name}_{key}", sources=[str(source)], build_directory=str(folder),
+                extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
