@@ -173,7 +173,7 @@ def sample_first_tokens(engine, target, prompt: list[int], temperature: float = 
     p = target_probs(params, logits.unsqueeze(0), prompt, engine.eos_token_ids)[0]  # [vocab]
     counts = torch.zeros_like(p)
     for seed in range(runs):
-        seeded = SamplingParams(max_new_tokens=2, temperature=temperature, ignore_eos=True, seed=seed)
+        seeded = SamplingParams(max_new_tokens=2, temperature=temperature, ignore_eos=True, seed=seed, coupled=False)
         counts[engine.generate(prompt, seeded).token_ids[0]] += 1
     return counts, p
 

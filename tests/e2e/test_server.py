@@ -235,7 +235,8 @@ def test_which_requests_speculate_and_how():
     assert decide(False, {"draft_tokens": 2}) == ("d", False, 2)  # asking for a K turns speculation on, K fixed
     assert decide(True, {"draft_model": "none"})[0] is None
     assert decide(False, {"draft_model": "ngram"})[0] == "ngram"
-    assert decide(True, temperature=0.7, seed=1) == ("d", False, 4)  # seeded sampling: reproducible, fixed K
+    assert decide(True, temperature=0.7, seed=1, coupled=False) == ("d", False, 4)  # seeded rejection: fixed K
+    assert decide(True, temperature=0.7, seed=1) == ("d", True, 4)  # seeded: coupled by default, K-independent
     assert decide(True, temperature=0.7) == ("d", True, 4)
     assert decide(True, seed=1) == ("d", True, 4)  # greedy: K never changes the output
     assert decide(True, {"adaptive": True}, temperature=0.7, seed=1) == ("d", True, 4)
@@ -264,6 +265,8 @@ def test_seed_reproducibility(client):
 
     for spec in (SPEC_ON, SPEC_OFF):
         assert sample(7, **spec).choices[0].text == sample(7, **spec).choices[0].text
+    # A seed couples by default: speculation on gives the target alone's tokens, with adaptive K.
+    assert sample(7, **SPEC_ON).choices[0].text == sample(7, **SPEC_OFF).choices[0].text
     texts = {sample(seed, **SPEC_OFF).choices[0].text for seed in range(7, 11)}
     assert len(texts) > 1  # sampling does sample
     # n > 1 runs choice i with seed + i.

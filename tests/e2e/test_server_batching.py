@@ -39,7 +39,8 @@ GREEDY = [
     dict(prompt="the cat sat on the mat.", max_tokens=26, speculative=False),
 ]
 SEEDED = [
-    dict(prompt="a bird", max_tokens=20, temperature=1.0, seed=7),  # seeded sampling: a fixed K
+    dict(prompt="a bird", max_tokens=20, temperature=1.0, seed=7,  # seeded rejection sampling: a fixed K
+         speculative={"coupling": "rejection"}),
     dict(prompt="the cat", max_tokens=20, temperature=0.8, seed=3, top_k=8, speculative=False),
     dict(prompt="one two", max_tokens=16, temperature=1.2, seed=11, n=2, speculative={"draft_tokens": 4}),
 ]

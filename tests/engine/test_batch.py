@@ -61,7 +61,7 @@ def test_seeded_sampling_is_the_same_alone_and_in_a_batch(models, tokenizer):
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=3), max_len=256)
     batch = prompts(tokenizer, 6)
     params = [SamplingParams(max_new_tokens=20, temperature=0.6 + 0.2 * i, top_k=(0, 5, 20)[i % 3],
-                             top_p=(1.0, 0.9)[i % 2], seed=100 + i, ignore_eos=True) for i in range(6)]
+                             top_p=(1.0, 0.9)[i % 2], seed=100 + i, ignore_eos=True, coupled=False) for i in range(6)]
     params[2] = SamplingParams(max_new_tokens=20, ignore_eos=True)  # a greedy row between sampled ones
     together = engine.generate_batch(batch, params)
     for prompt, p, result in zip(batch, params, together):
@@ -95,7 +95,7 @@ def test_cuda_batch_equals_cpu(models, tokenizer):
     target, draft = models["llama"]
     batch = prompts(tokenizer, 5)
     params = [SamplingParams(max_new_tokens=16, ignore_eos=True)] * 4 + [
-        SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True)]
+        SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True, coupled=False)]
     cpu = [r.token_ids for r in SpeculativeEngine(target, tokenizer, None, max_len=256).generate_batch(
         batch, params[:4], use_drafter=False)]
     cuda_target, cuda_draft = [m.to("cuda") for m in (target, draft)]

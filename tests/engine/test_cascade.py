@@ -147,7 +147,7 @@ def test_sampling_mixes_point_mass_and_model_rounds(trained_pair, tokenizer, mon
     cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 256 + CACHE_SLACK)])
     engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=3), max_len=256)
     prompt = tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    engine.generate(prompt, SamplingParams(max_new_tokens=40, temperature=1.0, seed=0, ignore_eos=True))
+    engine.generate(prompt, SamplingParams(max_new_tokens=40, temperature=1.0, seed=0, ignore_eos=True, coupled=False))
     assert True in seen and False in seen  # n-gram rounds verify against a point mass, model rounds against q
 
 

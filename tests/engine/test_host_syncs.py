@@ -74,7 +74,7 @@ def run_rows(engine, tokenizer, sampled=(False, True, False, True), warm_steps=2
     for i, is_sampled in enumerate(sampled):
         params = SamplingParams(max_new_tokens=100, ignore_eos=True)
         if is_sampled:
-            params = SamplingParams(max_new_tokens=100, ignore_eos=True, temperature=1.0, seed=i)
+            params = SamplingParams(max_new_tokens=100, ignore_eos=True, temperature=1.0, seed=i, coupled=False)
         engine.add_request(prompt, params)
     for _ in range(warm_steps):  # admission and prefill done: the next steps are plain decoding rounds
         engine.step()
@@ -174,7 +174,7 @@ def test_no_draft_probability_tensor_without_q(tokenizer, trained_pair, monkeypa
     assert not wide, wide
     # A sampled row drafted by the model carries q: then (and only then) the tensor exists.
     engine.add_request(tokenizer("xyz")["input_ids"], SamplingParams(max_new_tokens=8, temperature=1.0, seed=0,
-                                                                     ignore_eos=True))
+                                                                     ignore_eos=True, coupled=False))
     while engine.has_unfinished:
         engine.step()
     assert any(d.draft_probs is not None for d in drafts_seen) and wide

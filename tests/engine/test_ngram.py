@@ -104,7 +104,7 @@ def test_sampling_uses_point_mass_verification(tokenizer, monkeypatch):
     monkeypatch.setattr(engine_module, "rejection_verify", spy)
     engine = SpeculativeEngine(tiny_llama(3), tokenizer, NgramDrafter(), SpeculativeConfig(num_draft_tokens=3))
     prompt = tokenizer("one two one two one two one")["input_ids"]
-    engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0, ignore_eos=True))
+    engine.generate(prompt, SamplingParams(max_new_tokens=12, temperature=1.0, seed=0, ignore_eos=True, coupled=False))
     assert any(k > 0 for k, _ in seen)
     assert all(q is None for _, q in seen)
 

@@ -91,7 +91,7 @@ def test_seeded_sampling_with_a_drafter(models, tokenizer, shared):
     target, draft = models
     on, off = engines(target, tokenizer, ModelDrafter(draft, MAX_LEN + CACHE_SLACK),
                       ModelDrafter(draft, MAX_LEN + CACHE_SLACK), max_batch_size=3)
-    params = [SamplingParams(max_new_tokens=16, temperature=1.0, seed=i, ignore_eos=True, logprobs=1)
+    params = [SamplingParams(max_new_tokens=16, temperature=1.0, seed=i, ignore_eos=True, logprobs=1, coupled=False)
               for i in range(len(shared))]
     results = [on.generate(p, s) for p, s in zip(shared, params)]
     expected = [off.generate(p, s) for p, s in zip(shared, params)]
@@ -128,7 +128,7 @@ def test_n_copies_share_one_prefill(models, tokenizer, shared):
     target, _ = models
     on, off = engines(target, tokenizer, max_batch_size=4)
     prompt = shared[3]
-    params = [SamplingParams(max_new_tokens=12, temperature=0.9, seed=5 + i, ignore_eos=True) for i in range(3)]
+    params = [SamplingParams(max_new_tokens=12, temperature=0.9, seed=5 + i, ignore_eos=True, coupled=False) for i in range(3)]
     results = on.generate_batch([prompt] * 3, params)
     assert_same(results, off.generate_batch([prompt] * 3, params))
     full = (len(prompt) - 1) // 16 * 16

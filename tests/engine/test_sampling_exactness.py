@@ -163,6 +163,7 @@ def _sample(engine, cases: dict, drafters: dict, samples: int = SAMPLES, specs: 
     stats = {case: GenerationStats() for case in cases}
     specs = specs or {}
     for first in range(0, samples, ROWS_PER_CASE):
+        # `replace` keeps each case's coupling as built: unseeded cases resolved to rejection sampling.
         seqs = [(case, engine.add_request(PROMPT, replace(params, seed=seed), specs.get(case),
                                           drafter=drafters[case]))
                 for case, params in cases.items() if first < case_samples(case, samples)

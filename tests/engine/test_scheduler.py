@@ -126,7 +126,7 @@ def test_outputs_do_not_depend_on_the_load(pair, tokenizer):
     texts = [LONG, "one two three", "Paris is the capital of", "a", LONG[:40], "the dog sat on the"]
     prompts = [tokenizer(t)["input_ids"] for t in texts]
     params = [SamplingParams(max_new_tokens=10 + 3 * i, ignore_eos=True) for i in range(len(texts))]
-    params[1] = SamplingParams(max_new_tokens=16, temperature=0.9, seed=5, ignore_eos=True)
+    params[1] = SamplingParams(max_new_tokens=16, temperature=0.9, seed=5, ignore_eos=True, coupled=False)
     engine = make_engine(pair, tokenizer, max_batch_size=3)  # fewer slots than prompts: some wait
     together = engine.generate_batch(prompts, params)
     for prompt, p, result in zip(prompts, params, together):

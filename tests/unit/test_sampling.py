@@ -107,7 +107,7 @@ def test_nan_logits_raise_clear_error():
 
 
 def test_seed_makes_sampling_reproducible():
-    params = SamplingParams(temperature=1.0, seed=123)
+    params = SamplingParams(temperature=1.0, seed=123, coupled=False)
     logits = torch.randn(5, VOCAB)
     a = TokenSampler(params, VOCAB, [], [1]).pick(logits)[0]
     b = TokenSampler(params, VOCAB, [], [1]).pick(logits)[0]
@@ -130,3 +130,10 @@ def test_seed_makes_sampling_reproducible():
 def test_bad_sampling_params_name_the_field(kwargs, fix):
     with pytest.raises(ValueError, match=fix):
         SamplingParams(**kwargs)
+
+
+def test_a_seed_couples_by_default():
+    assert SamplingParams(temperature=1.0, seed=1).coupled is True  # a seed: the target alone's tokens
+    assert SamplingParams(temperature=1.0).coupled is False  # no seed: rejection sampling
+    assert SamplingParams(temperature=1.0, seed=1, coupled=False).coupled is False
+    assert SamplingParams(temperature=1.0, coupled=True).coupled is True

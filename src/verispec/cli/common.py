@@ -164,9 +164,10 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--presence-penalty", type=float, default=0.0, help="OpenAI's, over the output (-2..2)")
     g.add_argument("--frequency-penalty", type=float, default=0.0, help="OpenAI's, over the output (-2..2)")
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--coupled", action="store_true",
+    g.add_argument("--coupled", action=argparse.BooleanOptionalAction, default=None,
                    help="coupled (Gumbel-max) sampling: with --seed, the target alone's output whatever the drafter, "
-                        "K or batch (default: rejection sampling, the highest acceptance)")
+                        "K or batch; --no-coupled: rejection sampling, the highest acceptance (default: coupled "
+                        "with --seed, rejection without)")
     g.add_argument("--stop", action="append", default=[], metavar="STR", help="stop string (repeatable)")
     g.add_argument("--stop-token-id", action="append", type=int, default=[], metavar="ID", help="repeatable")
     g.add_argument("--logit-bias", action="append", type=_bias, default=[], metavar="ID=BIAS",

@@ -230,8 +230,8 @@ class SpeculativeEngine:
             verdict = self.verifier.verify(rows, drafts)
             rows = self.output.commit(rows, drafts, verdict)
             self._last_width = drafts.width
-            report = StepReport(len(rows), len(rows) * drafts.width, report.prefill_tokens, drafts.speculative_ks,
-                                report.prefix_queried_tokens, report.prefix_hit_tokens)
+            report.rows, report.tokens_fed = len(rows), len(rows) * drafts.width
+            report.speculative_ks = drafts.speculative_ks
         self.last_step = report
         return list(rows)
 

@@ -101,10 +101,11 @@ class Server:
                     params: SamplingParams) -> tuple[SpeculativeConfig, str | None]:
         """-> (speculation config, drafter name or None for the target alone).
 
-        A request that fixes K (`draft_tokens`), and a seeded sampling request, run with a fixed K unless they ask
-        for adaptive K: adaptive K follows measured timings and earlier requests, and under rejection sampling a
-        different K draws different random numbers, so the same seed would not give the same output twice. A
-        coupled request's output does not depend on K: it keeps the server's adaptive setting.
+        A request that fixes K (`draft_tokens`), and a seeded sampling request under rejection coupling, run with a
+        fixed K unless they ask for adaptive K: adaptive K follows measured timings and earlier requests, and under
+        rejection sampling a different K draws different random numbers, so the same seed would not give the same
+        output twice. A coupled request (the default with a seed) does not depend on K: it keeps the server's
+        adaptive setting.
         """
         if not isinstance(option, SpeculativeOptions):
             option = SpeculativeOptions(enabled=option)

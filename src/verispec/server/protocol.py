@@ -33,7 +33,7 @@ class SpeculativeOptions(_Request):
     """K, draft tokens per round (1..64), fixed for this request; default: the server's --draft-tokens."""
     adaptive: bool | None = None
     """Choose K per round (up to the server's --max-speculation-depth); default: the server's setting, except
-    that a request with draft_tokens, or a seeded sampling request not coupled, runs with a fixed K."""
+    that a request with draft_tokens, or a seeded sampling request under "rejection" coupling, runs with a fixed K."""
     draft_model: str | None = None
     """Another drafter: a model folder / .gguf / hub id / name, or 'none'; loaded on first use and cached."""
     tree_nodes: int | None = None
@@ -43,7 +43,7 @@ class SpeculativeOptions(_Request):
     """How a sampled request's randomness meets the drafts: "rejection" (rejection sampling, the highest
     acceptance; a seed repeats its output only with the same K) or "gumbel" (coupled: the noise of each output
     position is keyed by the seed, so a seed gives the target alone's tokens whatever the drafter, K or batch);
-    default "rejection"."""
+    default: "gumbel" for a request with a seed, "rejection" without."""
     annotate: bool = False
     """Streaming only: each chunk also carries `verispec.tokens`, how each of its tokens was decided (accepted
     draft token and its drafter stage, recovered, bonus, or the target's own) and in which round."""
