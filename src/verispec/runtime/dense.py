@@ -9,7 +9,8 @@ header says how). bf16 accumulates in fp32 (vdpbf16ps) and rounds the output onc
 
 Paths: "avx512" (fp32 FMA; bf16 vdpbf16ps where the CPU has AVX512_BF16), "avx2" (FMA; bf16 widened by a shift,
 exact), "scalar". The best one built for this CPU runs unless VERISPEC_DENSE_PATH names another, so a CI machine
-with AVX-512 tests the AVX2 and scalar code too. fp32 results are the same bits on every path.
+with AVX-512 tests the AVX2 and scalar code too ("off": models pack their weights for oneDNN as before).
+fp32 results are the same bits on every path; bf16 too, except where denormals occur (vdpbf16ps flushes them).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 
 from .ext import build
 
-PATHS = {"avx512": 2, "avx2": 1, "scalar": 0}
+PATHS = {"avx512": 2, "avx2": 1, "scalar": 0, "off": None}  # "off": Linear packs for oneDNN instead
 PATH_ENV = "VERISPEC_DENSE_PATH"
 BLOCK = 16  # output columns per packed block
 DTYPES = (torch.float32, torch.bfloat16)
@@ -34,7 +35,7 @@ def kernel():
 _PATH: dict[torch.dtype, int] = {}  # dtype -> the path `linear` takes (a plain dict: torch.compile reads it freely)
 
 
-def default_path(dtype: torch.dtype) -> int:
+def default_path(dtype: torch.dtype) -> int | None:
     """The path `linear` takes for dtype: VERISPEC_DENSE_PATH's where set, else the best built for this CPU.
     (A forced path this build lacks for the dtype runs the best one below it: the kernel falls back itself.)
     Read once per dtype; `reset_paths` reads the variable again."""
@@ -52,9 +53,9 @@ def reset_paths() -> None:
 
 
 def supports(weight: torch.Tensor) -> bool:
-    """Whether `pack` takes this weight: a plain fp32/bf16 CPU tensor, and the kernel built."""
+    """Whether `pack` takes this weight: a plain fp32/bf16 CPU tensor, the kernel built and not turned off."""
     return (isinstance(weight, torch.Tensor) and weight.device.type == "cpu" and weight.dtype in DTYPES
-            and weight.dim() == 2 and kernel() is not None)
+            and weight.dim() == 2 and kernel() is not None and default_path(weight.dtype) is not None)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
