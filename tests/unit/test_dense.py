@@ -118,3 +118,15 @@ def test_forced_path_by_environment(monkeypatch):
             dense.default_path(torch.float32)
     finally:
         dense.reset_paths()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_inf_propagate_on_every_path(dtype):
+    weight, x, _ = data(32, 8, 3, dtype, seed=4)
+    x[1, 2] = float("nan")
+    x[2, 0] = float("inf")
+    weight[:, 0] = weight[:, 0].abs() + 1  # so row 2's sum is +inf everywhere
+    packed = dense.pack(weight)
+    for path in paths(dtype):
+        y = dense.linear(x, packed, None, path).float()  # [3, 32]
+        assert y[0].isfinite().all() and y[1].isnan().all() and (y[2] == float("inf")).all(), path

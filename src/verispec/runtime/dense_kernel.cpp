@@ -126,10 +126,11 @@ inline __m256 odd_half(__m256i pairs) {
   return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-inline void store_bf16x8(bf16* y, __m256 v) {  // round to nearest even (finite values; NaN is not produced here)
+inline void store_bf16x8(bf16* y, __m256 v) {  // round to nearest even, NaN to the quiet NaN (as f32_to_bf16)
   __m256i u = _mm256_castps_si256(v);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   u = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  u = _mm256_blendv_epi8(u, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
   const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(y), packed);
 }
