@@ -31,7 +31,7 @@
 namespace {
 
 constexpr int64_t BW = 16;  // columns per packed block
-constexpr int64_t ROW_CHUNK = 120;  // rows whose x stays in L2 while a thread's blocks pass over them
+constexpr int64_t X_CHUNK_BYTES = 1 << 20;  // rows of x kept in L2 while a thread's blocks pass over them
 using bf16 = uint16_t;
 
 inline float bf16_to_f32(bf16 h) {  // exact
@@ -311,8 +311,12 @@ inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t r0, 
 // One thread's share: output blocks [j0, j1) of every row, on `path` or the best built path below it.
 template <typename T>
 void run_blocks(const Problem<T>& p, int64_t path, int64_t j0, int64_t j1) {
-  for (int64_t r0 = 0; r0 < p.M; r0 += ROW_CHUNK) {
-    const int64_t rows = std::min(ROW_CHUNK, p.M - r0);
+  // Rows in equal chunks of at most X_CHUNK_BYTES of x (the weights stream once per chunk: a small last chunk
+  // would pay a whole pass for a few rows).
+  const int64_t most = std::max<int64_t>(6, X_CHUNK_BYTES / (p.K * static_cast<int64_t>(sizeof(T))));
+  const int64_t chunks = (p.M + most - 1) / most, chunk = (p.M + chunks - 1) / chunks;
+  for (int64_t r0 = 0; r0 < p.M; r0 += chunk) {
+    const int64_t rows = std::min(chunk, p.M - r0);
     if (path >= 2 && avx512_blocks_if_built(p, r0, rows, j0, j1)) continue;
 #if defined(__AVX2__) && defined(__FMA__)
     if (path >= 1) {
