@@ -1,7 +1,7 @@
 """Microbenchmark: verispec's dense kernel (runtime/dense.py) against oneDNN's packed linear, side by side in one run,
 on the embedded target's (SmolLM2-135M) linear shapes, fp32 and bf16, at several row counts.
 
-    PYTHONPATH=src python recipes/dense_bench.py [--threads 2] [--rows 1,2,5,16,128] [--dtypes float32,bfloat16]
+    PYTHONPATH=src python recipes/dense_bench.py [--threads 2] [--rows 1,2,5,16,128,512] [--dtypes float32,bfloat16]
 
 Shapes: hidden 576, 9 query heads and 3 KV heads of 64 (qkv 576 -> 960), MLP 1536 (gate_up 576 -> 3072, down
 1536 -> 576), vocabulary 49152 (the tied LM head). Each call takes the next of several copies of the weight,
@@ -53,7 +53,7 @@ def rotating(weights: list[torch.Tensor], call):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--rows", default="1,2,5,16,128")
+    ap.add_argument("--rows", default="1,2,5,16,128,512")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--working-set", type=int, default=320, help="MB of weight copies cycled through per kernel")
