@@ -130,3 +130,11 @@ def test_nan_and_inf_propagate_on_every_path(dtype):
     for path in paths(dtype):
         y = dense.linear(x, packed, None, path).float()  # [3, 32]
         assert y[0].isfinite().all() and y[1].isnan().all() and (y[2] == float("inf")).all(), path
+
+
+def test_rows_past_one_chunk_are_their_one_row_calls():
+    """Many rows are cut into chunks of at most 1 MB of input (here 3000 fp32 inputs: 87 rows a chunk)."""
+    weight, x, bias = data(40, 3000, 100, torch.float32, seed=5)
+    packed = dense.pack(weight)
+    alone = torch.cat([dense.linear(x[i : i + 1], packed, bias) for i in range(100)])  # [100, out]
+    assert torch.equal(dense.linear(x, packed, bias), alone)
