@@ -105,6 +105,7 @@ def test_linear_module_uses_the_kernel_and_compiles(dtype):
 
 
 def test_forced_path_by_environment(monkeypatch):
+    packed_before = dense.pack(data(20, 9, 2, torch.float32)[0])
     monkeypatch.setenv(dense.PATH_ENV, "scalar")
     dense.reset_paths()
     try:
@@ -112,6 +113,8 @@ def test_forced_path_by_environment(monkeypatch):
         monkeypatch.setenv(dense.PATH_ENV, "off")
         dense.reset_paths()
         assert not dense.supports(torch.zeros(4, 4))
+        weight, x, bias = data(20, 9, 2, torch.float32)
+        assert within_tolerance(dense.linear(x, packed_before, bias), x, weight, bias)  # packed earlier: still runs
         monkeypatch.setenv(dense.PATH_ENV, "avx9000")
         dense.reset_paths()
         with pytest.raises(ValueError, match="VERISPEC_DENSE_PATH"):

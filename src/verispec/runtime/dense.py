@@ -102,6 +102,8 @@ def linear(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
         rows = rows.contiguous()
     bias = None if bias is None else bias.float()
     path = default_path(weight.dtype) if path is None else path
+    if path is None:  # packed before VERISPEC_DENSE_PATH became "off": the best path built
+        path = PATHS["avx512"]
     if torch.compiler.is_compiling():
         return dense_linear(rows, weight, bias, path)
     # eager: the kernel itself, without the custom op's dispatch (tens of microseconds a call)
