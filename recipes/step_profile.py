@@ -1,6 +1,7 @@
 """Time (and optionally profile) the native target's decode step on the embedded default, per dtype.
 
     PYTHONPATH=src python recipes/step_profile.py --dtypes float32,bfloat16 --tokens 32 [--profile] [--compile]
+        [--linears avx512,off]   (runtime/dense.py's paths, "off": oneDNN's packed linears; side by side)
 
 Greedy decoding of one short prompt, batch 1: ms per decode step (prefill excluded), the weight bytes read per
 step and the floor they imply at --gbps. Dtypes alternate in one process, so their ratio is measured side by side.
@@ -9,11 +10,13 @@ step and the floor they imply at --gbps. Dtypes alternate in one process, so the
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
 
 from verispec.models import DEFAULT_TARGET, load_model
+from verispec.runtime import dense
 from verispec.runtime.native import NativeRunner
 
 
@@ -40,15 +43,21 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gbps", type=float, default=35.0)
+    parser.add_argument("--linears", default="", help="VERISPEC_DENSE_PATH values to compare (default: as set)")
     parser.add_argument("--max-len", type=int, default=2048, help="KV cache entries per slot (CLI default 2048)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompt = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]])
     runners = {}
-    for name in args.dtypes.split(","):
-        hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, name))
-        runners[name] = NativeRunner.from_hf(hf, args.max_len, compile=args.compile)
-        decode(runners[name], prompt, 4)  # warm-up (and compile)
+    for linears in args.linears.split(","):
+        if linears:
+            os.environ[dense.PATH_ENV] = linears
+            dense.reset_paths()  # the weights are packed for this path at load; calls then read the last one set
+        for dtype in args.dtypes.split(","):
+            name = f"{dtype} {linears}".strip()
+            hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, dtype))
+            runners[name] = NativeRunner.from_hf(hf, args.max_len, compile=args.compile)
+            decode(runners[name], prompt, 4)  # warm-up (and compile)
     best: dict[str, float] = {}
     for _ in range(args.repeats):
         for name, runner in runners.items():

@@ -2,7 +2,7 @@
 heads, gated SiLU MLP), in one readable module for the native runner (`native.py`).
 
 Compared with Hugging Face modeling it has no per-call bookkeeping: q/k/v and gate/up are fused into one matrix
-each, every linear goes through `Linear` (oneDNN with pre-packed weights where the CPU supports the dtype: small
+each, every linear goes through `Linear` (weights packed once for verispec's dense kernel, or oneDNN's: small
 batches of rows then cost about what one row does), the rotary table is precomputed for every position, and the
 KV cache is the runner's slot buffers, written in place at per-row indices.
 
@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import dense
 from .compile import compiled_forward
 from .invariant import MAX_INVARIANT_IN, block_attention, split_in
 from .kv_cache import entry_index, write_entries
@@ -100,34 +101,42 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 Weight = torch.Tensor | tuple[torch.Tensor, ...]  # one [out, in] (plain or packed), or packed input chunks
+DENSE = "dense"  # `packed` value of a weight in verispec's own kernel's layout (runtime/dense.py)
+Packing = bool | str  # False: plain (aten); True: oneDNN's packed layout; DENSE: verispec's dense kernel
 
 
 class Linear(nn.Module):
-    """y = x W^T (+ b). On CPU the weight is pre-packed for oneDNN where possible (then it is the only copy kept):
-    MKL's plain sgemm costs about M times a one-row pass for M = 2..16 rows on these CPUs, oneDNN's packed kernel
-    about 1.2-2x, which is what makes verify passes (k + 1 rows) and batches cheap.
+    """y = x W^T (+ b). On CPU an fp32 or bf16 weight is packed once for verispec's own kernel (`dense.py`; then the
+    packed copy is the only one kept): it streams the weight at close to the memory bandwidth at one row, 2..16
+    rows cost little more than one (what makes verify passes and batches cheap; MKL's plain sgemm costs about M
+    times a one-row pass), and it is row-invariant by construction (a row's output does not depend on how many
+    rows run with it), so `invariant` needs nothing more of it.
 
-    Row-invariant (a row's output does not depend on how many rows run with it, `invariant.py`): with `invariant`
-    (the runner's batch_invariant) a packed weight wider than `MAX_INVARIANT_IN` inputs is kept as input chunks,
-    summed in order (otherwise whole: the chunks cost ~8% of a decode step, measured); a bf16 weight this CPU cannot
-    pack (no AVX-512-bf16 / AVX-NE-CONVERT) is kept as fp32 (exact) and packed, its products rounded to bf16 once.
-    Only an unpacked weight (no oneDNN) runs aten's GEMM, which is not row-invariant."""
+    Where that kernel is not built (no compiler), oneDNN's packed layout serves: row-invariant up to
+    `MAX_INVARIANT_IN` inputs, so with `invariant` (the runner's batch_invariant) a wider weight is kept as input
+    chunks, summed in order; a bf16 weight this CPU cannot pack (no AVX-512-bf16 / AVX-NE-CONVERT) is kept as fp32
+    (exact) and packed, its products rounded to bf16 once. Only an unpacked weight runs aten's GEMM, which is not
+    row-invariant."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool, invariant: bool = False) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
+        self.bias = None if bias is None else own(bias)  # [out]
+        if pack and dense.supports(weight):
+            self.packed: Packing = DENSE
+            self.weight: Weight = nn.Parameter(dense.pack(weight), requires_grad=False)  # [out, in (+1 for bf16)]
+            return
         # A quantized weight (runtime/quant.py) is never packed: F.linear reaches its own kernel.
         quantized = not isinstance(weight, torch.Tensor)
         packed = try_pack(weight) if pack and not quantized else None
         if packed is None and pack and not quantized and weight.dtype == torch.bfloat16:
             packed = try_pack(weight.float())
         self.packed = packed is not None
-        self.bias = None if bias is None else own(bias)  # [out]
         if self.packed and invariant and self.in_features > MAX_INVARIANT_IN:
             source = weight if packed.dtype == weight.dtype else weight.float()
             self.parts = nn.ParameterList([nn.Parameter(try_pack(part), requires_grad=False)
                                            for part in split_in(source)])  # [out, <= MAX_INVARIANT_IN] each
-            self.weight: Weight = tuple(self.parts)
+            self.weight = tuple(self.parts)
         else:
             self.weight = nn.Parameter(packed, requires_grad=False) if self.packed else own(weight)  # [out, in]
 
@@ -135,12 +144,14 @@ class Linear(nn.Module):
         return linear(x, self.weight, self.bias, self.packed)
 
 
-def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, packed: bool) -> torch.Tensor:
-    """x [..., in] -> [..., out] with a plain [out, in] or a pre-packed weight (or packed input chunks)."""
+def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, packed: Packing) -> torch.Tensor:
+    """x [..., in] -> [..., out] with a plain [out, in] or a packed weight (ours, oneDNN's, or oneDNN input chunks)."""
     if not packed:
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
-    if isinstance(weight, tuple):  # input chunks, summed in chunk order in fp32
+    if packed == DENSE:
+        y = dense.linear(rows, weight, bias).to(x.dtype)  # [rows, out]
+    elif isinstance(weight, tuple):  # input chunks, summed in chunk order in fp32
         y, start = None, 0
         for i, part in enumerate(weight):
             width = part.shape[1]
@@ -153,7 +164,7 @@ def linear(x: torch.Tensor, weight: Weight, bias: torch.Tensor | None, packed: b
 
 
 def _packed(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """rows [rows, in] @ a packed weight (in its dtype: a bf16 weight kept as fp32 takes fp32 rows)."""
+    """rows [rows, in] @ a oneDNN-packed weight (in its dtype: a bf16 weight kept as fp32 takes fp32 rows)."""
     rows = rows.to(weight.dtype)
     if bias is not None:
         bias = bias.to(weight.dtype)

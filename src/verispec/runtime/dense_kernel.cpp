@@ -1,0 +1,390 @@
+// verispec's dense linear: y[M, N] = x[M, K] @ W^T (+ bias), fp32 or bf16, on weights packed once (runtime/dense.py).
+//
+// Packed layout (dense.py's `pack`): the output columns in blocks of 16, each block's weights contiguous, so one
+// block streams from memory as one sequential run; the last block holds N % 16 columns when N is not a multiple.
+//   fp32: block j (columns 16j..) at element 16 j K:  [K][width]
+//   bf16: K rounded up to even Ke (a zero column), block j at 16 j Ke:  [Ke / 2][width][2]  (vdpbf16ps's pairs)
+// The packed tensor is [N, K] or [N, Ke] elements, so N and Ke are its shape.
+//
+// Row invariance by construction: every output element (r, n) has one accumulator, started at 0 and updated once
+// per k (fp32: a fused multiply-add of w[n, k] x[r, k]; bf16: one vdpbf16ps step per pair of k, the odd product
+// first, then the even one, as the instruction does), in increasing k, whatever the number of rows M, the row's
+// place in a register tile, the tile shape, and the thread count (threads split output blocks only). The bias
+// is added in fp32 after the sum; bf16 output is rounded once (to nearest even). A row's result is therefore
+// the same bits in a 1-row call as in any M-row call. Paths: fp32 gives the same bits on every path (the same
+// FMA chain); bf16 paths agree except where denormals occur (vdpbf16ps flushes them).
+//
+// Paths (argument `path`; dense.py picks the best built one or VERISPEC_DENSE_PATH forces another):
+//   2 AVX-512: fp32 FMA, bf16 vdpbf16ps where built with AVX512_BF16 (else the AVX2 bf16 code)
+//   1 AVX2 + FMA: both dtypes (bf16 -> fp32 by a 16-bit shift, exact)
+//   0 scalar: std::fma, the reference order in plain C++
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t BW = 16;  // columns per packed block
+constexpr int64_t X_CHUNK_BYTES = 1 << 20;  // rows of x kept in L2 while a thread's blocks pass over them
+using bf16 = uint16_t;
+
+inline float bf16_to_f32(bf16 h) {  // exact
+  uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline bf16 f32_to_bf16(float f) {  // round to nearest even, as torch's .to(bfloat16)
+  if (std::isnan(f)) return 0x7FC0;
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<bf16>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// What one call computes: rows [M, K] (row stride ldx), the packed weight, bias (fp32, or null), out [M, N].
+template <typename T>
+struct Problem {
+  const T* x;
+  int64_t ldx;
+  const T* w;
+  const float* bias;
+  T* y;
+  int64_t M, N, K, Ke;  // Ke: K, or K rounded up to even for bf16
+  int64_t block_stride() const { return BW * Ke; }
+};
+
+// ---------------------------------------------------------------------------------------------------- scalar
+// Any block (full or the tail), any rows: the reference order.
+void scalar_block(const Problem<float>& p, int64_t r0, int64_t rows, int64_t j) {
+  const int64_t c0 = j * BW, width = std::min(BW, p.N - c0);
+  const float* w = p.w + j * p.block_stride();
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    const float* x = p.x + r * p.ldx;
+    for (int64_t c = 0; c < width; ++c) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < p.K; ++k) acc = std::fma(w[k * width + c], x[k], acc);
+      p.y[r * p.N + c0 + c] = p.bias ? acc + p.bias[c0 + c] : acc;
+    }
+  }
+}
+
+void scalar_block(const Problem<c10::BFloat16>& p, int64_t r0, int64_t rows, int64_t j) {
+  const int64_t c0 = j * BW, width = std::min(BW, p.N - c0);
+  const bf16* w = reinterpret_cast<const bf16*>(p.w) + j * p.block_stride();
+  for (int64_t r = r0; r < r0 + rows; ++r) {
+    const bf16* x = reinterpret_cast<const bf16*>(p.x + r * p.ldx);
+    for (int64_t c = 0; c < width; ++c) {
+      float acc = 0.f;
+      for (int64_t k = 0; k < p.K; k += 2) {
+        const bf16* wk = w + k * width + 2 * c;  // this pair's two weights of column c
+        const float x_odd = k + 1 < p.K ? bf16_to_f32(x[k + 1]) : 0.f;
+        acc = std::fma(bf16_to_f32(wk[1]), x_odd, acc);
+        acc = std::fma(bf16_to_f32(wk[0]), bf16_to_f32(x[k]), acc);
+      }
+      const float v = p.bias ? acc + p.bias[c0 + c] : acc;
+      reinterpret_cast<bf16*>(p.y)[r * p.N + c0 + c] = f32_to_bf16(v);
+    }
+  }
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+// ------------------------------------------------------------------------------------------------------ AVX2
+// A tile of R rows x 1 full block (16 columns = two ymm accumulators a row).
+template <int R>
+void avx2_tile(const Problem<float>& p, int64_t r0, int64_t j) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const float* w = p.w + j * p.block_stride();
+  const float* x = p.x + r0 * p.ldx;
+  for (int64_t k = 0; k < p.K; ++k) {
+    const __m256 w0 = _mm256_loadu_ps(w + k * BW), w1 = _mm256_loadu_ps(w + k * BW + 8);
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(x + r * p.ldx + k);
+      acc[r][0] = _mm256_fmadd_ps(w0, xb, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(w1, xb, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    float* y = p.y + (r0 + r) * p.N + j * BW;
+    for (int h = 0; h < 2; ++h) {
+      __m256 v = acc[r][h];
+      if (p.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(p.bias + j * BW + 8 * h));
+      _mm256_storeu_ps(y + 8 * h, v);
+    }
+  }
+}
+
+inline __m256 even_half(__m256i pairs) { return _mm256_castsi256_ps(_mm256_slli_epi32(pairs, 16)); }
+inline __m256 odd_half(__m256i pairs) {
+  return _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+inline void store_bf16x8(bf16* y, __m256 v) {  // round to nearest even, NaN to the quiet NaN (as f32_to_bf16)
+  __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  u = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7FFF)), lsb), 16);
+  u = _mm256_blendv_epi8(u, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(u), _mm256_extracti128_si256(u, 1));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(y), packed);
+}
+
+template <int R>
+void avx2_tile(const Problem<c10::BFloat16>& p, int64_t r0, int64_t j) {
+  __m256 acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  const bf16* w = reinterpret_cast<const bf16*>(p.w) + j * p.block_stride();
+  const bf16* x = reinterpret_cast<const bf16*>(p.x) + r0 * p.ldx;
+  const int64_t pairs = p.K / 2;
+  auto step = [&](int64_t kp, const uint32_t* xpair) {
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kp * 2 * BW));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + kp * 2 * BW + BW));
+    const __m256 o0 = odd_half(v0), e0 = even_half(v0), o1 = odd_half(v1), e1 = even_half(v1);
+    for (int r = 0; r < R; ++r) {
+      const __m256i xv = _mm256_set1_epi32(static_cast<int>(xpair[r]));
+      const __m256 xo = odd_half(xv), xe = even_half(xv);
+      acc[r][0] = _mm256_fmadd_ps(e0, xe, _mm256_fmadd_ps(o0, xo, acc[r][0]));
+      acc[r][1] = _mm256_fmadd_ps(e1, xe, _mm256_fmadd_ps(o1, xo, acc[r][1]));
+    }
+  };
+  uint32_t xpair[R];
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    for (int r = 0; r < R; ++r) std::memcpy(&xpair[r], x + r * p.ldx + 2 * kp, 4);
+    step(kp, xpair);
+  }
+  if (p.K % 2) {  // the last k alone: its pair partner is 0 (and the packed weight's padding is 0)
+    for (int r = 0; r < R; ++r) xpair[r] = x[r * p.ldx + p.K - 1];
+    step(pairs, xpair);
+  }
+  for (int r = 0; r < R; ++r) {
+    bf16* y = reinterpret_cast<bf16*>(p.y) + (r0 + r) * p.N + j * BW;
+    for (int h = 0; h < 2; ++h) {
+      __m256 v = acc[r][h];
+      if (p.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(p.bias + j * BW + 8 * h));
+      store_bf16x8(y + 8 * h, v);
+    }
+  }
+}
+
+template <typename T>
+void avx2_rows(const Problem<T>& p, int64_t r0, int64_t rows, int64_t j) {
+  constexpr int R = 4;
+  int64_t r = r0;
+  for (; r + R <= r0 + rows; r += R) avx2_tile<R>(p, r, j);
+  switch (r0 + rows - r) {
+    case 3: avx2_tile<3>(p, r, j); break;
+    case 2: avx2_tile<2>(p, r, j); break;
+    case 1: avx2_tile<1>(p, r, j); break;
+    default: break;
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
+// --------------------------------------------------------------------------------------------------- AVX-512
+// A tile of R rows x C blocks (C zmm weights a step, R x C accumulators). TAIL: one block narrower than 16
+// (masked loads and stores, weight stride = its width).
+template <int R, int C, bool TAIL>
+void avx512_tile(const Problem<float>& p, int64_t r0, int64_t j) {
+  const int64_t width = TAIL ? p.N - j * BW : BW;
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const float* w = p.w + j * p.block_stride();
+  const float* x = p.x + r0 * p.ldx;
+  for (int64_t k = 0; k < p.K; ++k) {
+    __m512 wv[C];
+    for (int c = 0; c < C; ++c)
+      wv[c] = TAIL ? _mm512_maskz_loadu_ps(mask, w + k * width) : _mm512_loadu_ps(w + c * p.block_stride() + k * BW);
+    for (int r = 0; r < R; ++r) {
+      const __m512 xb = _mm512_set1_ps(x[r * p.ldx + k]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(wv[c], xb, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      float* y = p.y + (r0 + r) * p.N + (j + c) * BW;
+      __m512 v = acc[r][c];
+      if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.bias + (j + c) * BW));
+      _mm512_mask_storeu_ps(y, mask, v);
+    }
+}
+
+#if defined(__AVX512BF16__)
+template <int R, int C, bool TAIL>
+void avx512_tile(const Problem<c10::BFloat16>& p, int64_t r0, int64_t j) {
+  const int64_t width = TAIL ? p.N - j * BW : BW;
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+  __m512 acc[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  const bf16* w = reinterpret_cast<const bf16*>(p.w) + j * p.block_stride();
+  const bf16* x = reinterpret_cast<const bf16*>(p.x) + r0 * p.ldx;
+  const int64_t pairs = p.K / 2;
+  auto step = [&](int64_t kp, const uint32_t* xpair) {
+    __m512i wv[C];
+    for (int c = 0; c < C; ++c)
+      wv[c] = TAIL ? _mm512_maskz_loadu_epi32(mask, w + kp * 2 * width)
+                   : _mm512_loadu_si512(w + c * p.block_stride() + kp * 2 * BW);
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xpair[r]));
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[c], xb);
+    }
+  };
+  uint32_t xpair[R];
+  for (int64_t kp = 0; kp < pairs; ++kp) {
+    for (int r = 0; r < R; ++r) std::memcpy(&xpair[r], x + r * p.ldx + 2 * kp, 4);
+    step(kp, xpair);
+  }
+  if (p.K % 2) {  // the last k alone: its pair partner is 0 (and the packed weight's padding is 0)
+    for (int r = 0; r < R; ++r) xpair[r] = x[r * p.ldx + p.K - 1];
+    step(pairs, xpair);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      bf16* y = reinterpret_cast<bf16*>(p.y) + (r0 + r) * p.N + (j + c) * BW;
+      __m512 v = acc[r][c];
+      if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.bias + (j + c) * BW));
+      _mm256_mask_storeu_epi16(y, mask, (__m256i)_mm512_cvtneps_pbh(v));
+    }
+}
+#endif
+
+template <typename T, int C, bool TAIL>
+void avx512_rows(const Problem<T>& p, int64_t r0, int64_t rows, int64_t j) {
+  constexpr int R = 6;  // 6 x 4 accumulators + 4 weights + 1 broadcast: 29 of the 32 zmm registers
+  int64_t r = r0;
+  for (; r + R <= r0 + rows; r += R) avx512_tile<R, C, TAIL>(p, r, j);
+  switch (r0 + rows - r) {
+    case 5: avx512_tile<5, C, TAIL>(p, r, j); break;
+    case 4: avx512_tile<4, C, TAIL>(p, r, j); break;
+    case 3: avx512_tile<3, C, TAIL>(p, r, j); break;
+    case 2: avx512_tile<2, C, TAIL>(p, r, j); break;
+    case 1: avx512_tile<1, C, TAIL>(p, r, j); break;
+    default: break;
+  }
+}
+
+// Blocks [j0, j1) of rows [r0, r0 + rows): groups of up to 4 full blocks, then the tail block if it is here.
+template <typename T>
+void avx512_blocks(const Problem<T>& p, int64_t r0, int64_t rows, int64_t j0, int64_t j1) {
+  const int64_t full_end = std::min(j1, p.N / BW);
+  int64_t j = j0;
+  for (; j + 4 <= full_end; j += 4) avx512_rows<T, 4, false>(p, r0, rows, j);
+  switch (full_end - j) {
+    case 3: avx512_rows<T, 3, false>(p, r0, rows, j); break;
+    case 2: avx512_rows<T, 2, false>(p, r0, rows, j); break;
+    case 1: avx512_rows<T, 1, false>(p, r0, rows, j); break;
+    default: break;
+  }
+  if (j1 > full_end) avx512_rows<T, 1, true>(p, r0, rows, full_end);
+}
+#endif
+
+// The AVX-512 code for T where it is built (fp32: AVX-512F; bf16: AVX512_BF16): false where it is not.
+inline bool avx512_blocks_if_built(const Problem<float>& p, int64_t r0, int64_t rows, int64_t j0, int64_t j1) {
+#if defined(__AVX512F__)
+  avx512_blocks(p, r0, rows, j0, j1);
+  return true;
+#else
+  return false;
+#endif
+}
+
+inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t r0, int64_t rows, int64_t j0,
+                                   int64_t j1) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  avx512_blocks(p, r0, rows, j0, j1);
+  return true;
+#else
+  return false;
+#endif
+}
+
+// One thread's share: output blocks [j0, j1) of every row, on `path` or the best built path below it.
+template <typename T>
+void run_blocks(const Problem<T>& p, int64_t path, int64_t j0, int64_t j1) {
+  // Rows in equal chunks of at most X_CHUNK_BYTES of x (the weights stream once per chunk: a small last chunk
+  // would pay a whole pass for a few rows).
+  const int64_t most = std::max<int64_t>(6, X_CHUNK_BYTES / (p.K * static_cast<int64_t>(sizeof(T))));
+  const int64_t chunks = (p.M + most - 1) / most, chunk = (p.M + chunks - 1) / chunks;
+  for (int64_t r0 = 0; r0 < p.M; r0 += chunk) {
+    const int64_t rows = std::min(chunk, p.M - r0);
+    if (path >= 2 && avx512_blocks_if_built(p, r0, rows, j0, j1)) continue;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (path >= 1) {
+      for (int64_t j = j0; j < j1; ++j) {
+        if ((j + 1) * BW <= p.N) avx2_rows(p, r0, rows, j);
+        else scalar_block(p, r0, rows, j);  // the tail block
+      }
+      continue;
+    }
+#endif
+    for (int64_t j = j0; j < j1; ++j) scalar_block(p, r0, rows, j);
+  }
+}
+
+template <typename T>
+void run(const Problem<T>& p, int64_t path) {
+  const int64_t blocks = (p.N + BW - 1) / BW;
+  // Small problems stay on one thread (the split never changes a result, only who computes it).
+  const int64_t grain = p.M * p.N * p.K < (1 << 18) ? blocks : 1;
+  at::parallel_for(0, blocks, grain, [&](int64_t j0, int64_t j1) { run_blocks(p, path, j0, j1); });
+}
+
+}  // namespace
+
+torch::Tensor dense_linear(const torch::Tensor& x, const torch::Tensor& packed, const torch::Tensor& bias,
+                           int64_t path) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "x must be [rows, in] with contiguous rows");
+  TORCH_CHECK(packed.dim() == 2 && packed.is_contiguous() && packed.dtype() == x.dtype(),
+              "packed must be a contiguous [out, in] weight of x's dtype (dense.py's pack)");
+  const bool half = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(half || x.scalar_type() == torch::kFloat32, "dense_linear takes float32 or bfloat16");
+  const int64_t M = x.size(0), K = x.size(1), N = packed.size(0), Ke = packed.size(1);
+  TORCH_CHECK(Ke == (half ? K + K % 2 : K), "packed weight's input size ", Ke, " does not fit x's ", K);
+  const bool has_bias = bias.numel() > 0;
+  TORCH_CHECK(!has_bias || (bias.dtype() == torch::kFloat32 && bias.is_contiguous() && bias.numel() == N),
+              "bias must be float32 [out] (or empty)");
+  auto y = torch::empty({M, N}, x.options());
+  if (M == 0 || N == 0) return y;
+  const float* b = has_bias ? bias.data_ptr<float>() : nullptr;
+  if (half) {
+    using T = c10::BFloat16;
+    run(Problem<T>{x.data_ptr<T>(), x.stride(0), packed.data_ptr<T>(), b, y.data_ptr<T>(), M, N, K, Ke}, path);
+  } else {
+    run(Problem<float>{x.data_ptr<float>(), x.stride(0), packed.data_ptr<float>(), b, y.data_ptr<float>(), M, N,
+                       K, Ke}, path);
+  }
+  return y;
+}
+
+// The paths built here, best first, per dtype: {"float32": [2, 1, 0], "bfloat16": [2, 1, 0]}.
+std::map<std::string, std::vector<int64_t>> paths() {
+  std::vector<int64_t> f32, b16;
+#if defined(__AVX512F__)
+  f32.push_back(2);
+#if defined(__AVX512BF16__)
+  b16.push_back(2);
+#endif
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+  f32.push_back(1);
+  b16.push_back(1);
+#endif
+  f32.push_back(0);
+  b16.push_back(0);
+  return {{"float32", f32}, {"bfloat16", b16}};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("dense_linear", &dense_linear, "x @ W^T (+ bias) on a packed weight; path 2 AVX-512, 1 AVX2, 0 scalar");
+  m.def("paths", &paths, "the paths built, best first, per dtype");
+}

@@ -1,0 +1,143 @@
+"""verispec's dense linear (runtime/dense.py, dense_kernel.cpp): values against an fp64 reference (odd output and
+input tails, bias, fp32 and bf16), and row invariance: every row of an M-row call is bitwise the 1-row call's,
+M = 1..40, with 1 and 2 threads, on every path this CPU can run (AVX-512, AVX2, scalar: forced by argument, so an
+AVX-512 machine tests the others too), and fp32's paths give the same bits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.runtime import dense
+from verispec.runtime.llama import DENSE, Linear
+
+pytestmark = pytest.mark.skipif(dense.kernel() is None, reason="the dense kernel could not be built here")
+
+DTYPES = [torch.float32, torch.bfloat16]
+SHAPES = [(1, 1), (16, 16), (37, 33), (100, 65), (64, 130), (48, 1031)]  # [out, in]: tails of 16 outputs, odd in
+
+
+def paths(dtype: torch.dtype) -> list[int]:
+    return list(dense.kernel().paths()[str(dtype)[6:]])
+
+
+def data(out: int, size: int, rows: int, dtype: torch.dtype, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(out, size, generator=g) / size**0.5).to(dtype)  # [out, in]
+    x = torch.randn(rows, size, generator=g).to(dtype)  # [rows, in]
+    bias = torch.randn(out, generator=g)  # [out] fp32
+    return weight, x, bias
+
+
+def within_tolerance(y: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """|y - exact| within fp32 summation error over K terms, plus (bf16) one rounding of the output."""
+    exact = x.double() @ weight.double().T + (0 if bias is None else bias.double())  # [rows, out]
+    magnitude = x.double().abs() @ weight.double().abs().T + (0 if bias is None else bias.double().abs())
+    bound = (x.shape[1] + 2) * 2.0**-24 * magnitude
+    if y.dtype == torch.bfloat16:
+        bound = bound + 2.0**-8 * exact.abs()  # half an ulp of bf16 (8 significant bits)
+    return bool(((y.double() - exact).abs() <= bound + 1e-30).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out, size", SHAPES)
+def test_values_match_an_fp64_reference(dtype, out, size):
+    weight, x, bias = data(out, size, 7, dtype)
+    packed = dense.pack(weight)
+    for path in paths(dtype):
+        for b in (None, bias):
+            y = dense.linear(x, packed, b, path)  # [rows, out]
+            assert y.dtype == dtype and y.shape == (7, out)
+            assert within_tolerance(y, x, weight, b), (path, b is None)
+
+
+def test_tolerance_check_catches_a_wrong_result():
+    """Negative control: a result off by one weight's product fails the check."""
+    weight, x, bias = data(37, 33, 3, torch.float32)
+    y = dense.linear(x, dense.pack(weight), bias)
+    assert within_tolerance(y, x, weight, bias)
+    y[1, 5] += (x[1, 3] * weight[5, 3]).abs() + 1e-3
+    assert not within_tolerance(y, x, weight, bias)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out, size", [(37, 33), (100, 65), (160, 576)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_row_is_bitwise_its_one_row_call(dtype, out, size, threads):
+    """M = 1..40 rows (every tile shape and tail), against 1-row calls, on each path; also the rows among padding
+    (a batch whose other rows are zeros or garbage)."""
+    weight, x, bias = data(out, size, 40, dtype, seed=1)
+    packed = dense.pack(weight)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for path in paths(dtype):
+            alone = torch.cat([dense.linear(x[i : i + 1], packed, bias, path) for i in range(40)])  # [40, out]
+            for m in range(1, 41):
+                assert torch.equal(dense.linear(x[:m], packed, bias, path), alone[:m]), (path, m)
+            padded = torch.cat([torch.zeros(3, size, dtype=dtype), x[:5], 1e4 * torch.ones(4, size, dtype=dtype)])
+            assert torch.equal(dense.linear(padded, packed, bias, path)[3:8], alone[:5]), path
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paths_agree_bitwise(dtype):
+    """fp32: the same FMA chain on every path; bf16: vdpbf16ps's order (odd product, then even) emulated exactly
+    on normal values (these data have no denormals)."""
+    weight, x, bias = data(100, 65, 9, dtype, seed=2)
+    packed = dense.pack(weight)
+    results = [dense.linear(x, packed, bias, path) for path in paths(dtype)]
+    assert all(torch.equal(results[0], r) for r in results[1:])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_module_uses_the_kernel_and_compiles(dtype):
+    """`Linear` packs fp32/bf16 CPU weights for this kernel (no input chunks even with `invariant`), and the custom
+    op traces under torch.compile with the same values as eager."""
+    weight, x, bias = data(48, 1031, 5, dtype, seed=3)
+    layer = Linear(weight, bias.to(dtype), pack=True, invariant=True)
+    assert layer.packed == DENSE and isinstance(layer.weight, torch.Tensor)
+    eager = layer(x.view(1, 5, -1))  # [1, 5, out]
+    assert within_tolerance(eager.view(5, -1), x, weight, bias.to(dtype).float())
+    compiled = torch.compile(lambda t: layer(t), fullgraph=True)
+    assert torch.equal(compiled(x.view(1, 5, -1)), eager)
+
+
+def test_forced_path_by_environment(monkeypatch):
+    packed_before = dense.pack(data(20, 9, 2, torch.float32)[0])
+    monkeypatch.setenv(dense.PATH_ENV, "scalar")
+    dense.reset_paths()
+    try:
+        assert dense.default_path(torch.float32) == 0
+        monkeypatch.setenv(dense.PATH_ENV, "off")
+        dense.reset_paths()
+        assert not dense.supports(torch.zeros(4, 4))
+        weight, x, bias = data(20, 9, 2, torch.float32)
+        assert within_tolerance(dense.linear(x, packed_before, bias), x, weight, bias)  # packed earlier: still runs
+        monkeypatch.setenv(dense.PATH_ENV, "avx9000")
+        dense.reset_paths()
+        with pytest.raises(ValueError, match="VERISPEC_DENSE_PATH"):
+            dense.default_path(torch.float32)
+    finally:
+        dense.reset_paths()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_nan_and_inf_propagate_on_every_path(dtype):
+    weight, x, _ = data(32, 8, 3, dtype, seed=4)
+    x[1, 2] = float("nan")
+    x[2, 0] = float("inf")
+    weight[:, 0] = weight[:, 0].abs() + 1  # so row 2's sum is +inf everywhere
+    packed = dense.pack(weight)
+    for path in paths(dtype):
+        y = dense.linear(x, packed, None, path).float()  # [3, 32]
+        assert y[0].isfinite().all() and y[1].isnan().all() and (y[2] == float("inf")).all(), path
+
+
+def test_rows_past_one_chunk_are_their_one_row_calls():
+    """Many rows are cut into chunks of at most 1 MB of input (here 3000 fp32 inputs: 87 rows a chunk)."""
+    weight, x, bias = data(40, 3000, 100, torch.float32, seed=5)
+    packed = dense.pack(weight)
+    alone = torch.cat([dense.linear(x[i : i + 1], packed, bias) for i in range(100)])  # [100, out]
+    assert torch.equal(dense.linear(x, packed, bias), alone)
