@@ -17,6 +17,7 @@
 #include <c10/util/Half.h>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -33,6 +34,7 @@ enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100 };
 enum Path : int64_t { AUTO = 0, SCALAR = 1, AVX2 = 2, AVX512 = 3 };
 constexpr int64_t QK = 32;      // elements per block (Q4_0, Q4_1, Q8_0; INT8 is cut the same way)
 constexpr int64_t GROUP = 8;    // output channels per unit of parallel work (a multiple of every tile's NC)
+constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, AVX-512 dequantizes a panel once (same sums)
 
 constexpr int64_t block_bytes(int64_t t) { return t == Q4_0 ? 18 : t == Q4_1 ? 20 : t == Q8_0 ? 34 : QK; }
 
@@ -149,6 +151,66 @@ void tile512(const Args& a, int64_t o0, int64_t r0) {
   }
   for (int c = 0; c < NC; ++c)
     for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
+}
+
+// Many rows (prefill): the same sums in the same order as tile512, from a panel of channels dequantized once into
+// wbuf [NC, in] (by dequant512: the same values) rather than once per tile of rows, so only multiply-adds remain.
+template <int NC, int NR>
+void panel512(const Args& a, const float* wbuf, int64_t o0, int64_t r0) {
+  __m512 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
+  const float* x0 = a.x + r0 * a.in;
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    __m512 xlo[NR], xhi[NR];
+    for (int r = 0; r < NR; ++r) {
+      xlo[r] = _mm512_loadu_ps(x0 + r * a.in + b * QK);
+      xhi[r] = _mm512_loadu_ps(x0 + r * a.in + b * QK + 16);
+    }
+    for (int c = 0; c < NC; ++c) {
+      const __m512 lo = _mm512_loadu_ps(wbuf + c * a.in + b * QK), hi = _mm512_loadu_ps(wbuf + c * a.in + b * QK + 16);
+      for (int r = 0; r < NR; ++r) {
+        acc[c][r] = _mm512_fmadd_ps(lo, xlo[r], acc[c][r]);
+        acc[c][r] = _mm512_fmadd_ps(hi, xhi[r], acc[c][r]);
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
+}
+
+using PanelFn = void (*)(const Args&, const float*, int64_t, int64_t);
+constexpr int PANEL_NC = 4, PANEL_ROWS = 4;
+constexpr PanelFn PANEL[PANEL_ROWS + 1] = {nullptr, panel512<PANEL_NC, 1>, panel512<PANEL_NC, 2>, panel512<PANEL_NC, 3>,
+                                           panel512<PANEL_NC, 4>};
+constexpr PanelFn PANEL_ONE[PANEL_ROWS + 1] = {nullptr, panel512<1, 1>, panel512<1, 2>, panel512<1, 3>, panel512<1, 4>};
+
+// Channels [o_begin, o_end) (at most GROUP) x every row, through a panel dequantized into wbuf [GROUP, in].
+template <int64_t T>
+void panel_group(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
+  for (int64_t o = o_begin; o < o_end; ++o)
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      __m512 lo, hi;
+      dequant512<T>(a.w + o * a.row_bytes, b, a.scale ? a.scale[o] : 0.0f, lo, hi);
+      _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK, lo);
+      _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 16, hi);
+    }
+  for (int64_t r0 = 0; r0 < a.rows; r0 += PANEL_ROWS) {
+    const int nr = static_cast<int>(std::min<int64_t>(PANEL_ROWS, a.rows - r0));
+    int64_t o = o_begin;
+    for (; o + PANEL_NC <= o_end; o += PANEL_NC) PANEL[nr](a, wbuf + (o - o_begin) * a.in, o, r0);
+    for (; o < o_end; ++o) PANEL_ONE[nr](a, wbuf + (o - o_begin) * a.in, o, r0);
+  }
+}
+
+using GroupFn = void (*)(const Args&, float*, int64_t, int64_t);
+GroupFn panel_group_for(int64_t qtype) {
+  switch (qtype) {
+    case Q4_0: return panel_group<Q4_0>;
+    case Q4_1: return panel_group<Q4_1>;
+    case Q8_0: return panel_group<Q8_0>;
+    default: return panel_group<INT8>;
+  }
 }
 #endif
 
@@ -313,8 +375,19 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   auto y = torch::empty({rows, out}, x.options());
   const Args a{x.data_ptr<float>(), data.data_ptr<uint8_t>(), qtype == INT8 ? scales.data_ptr<float>() : nullptr,
                y.data_ptr<float>(), rows, in, out, data.size(1), in / QK};
-  const Tiles& t = tiles(qtype, resolve_path(path));
+  const int64_t chosen = resolve_path(path);
+  const Tiles& t = tiles(qtype, chosen);
   const int64_t groups = (out + GROUP - 1) / GROUP;
+#if defined(VERISPEC_AVX512)
+  if (chosen == AVX512 && rows >= PANEL_MIN_ROWS) {
+    const GroupFn group = panel_group_for(qtype);
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> wbuf(GROUP * in);
+      for (int64_t g = begin; g < end; ++g) group(a, wbuf.data(), g * GROUP, std::min(out, (g + 1) * GROUP));
+    });
+    return y;
+  }
+#endif
   at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t o_end = std::min(out, (g + 1) * GROUP);
