@@ -110,20 +110,27 @@ void tile_scalar(const Args& a, int64_t o0, int64_t r0) {
 #if defined(VERISPEC_AVX512)
 // Block b's values: lo = elements 0..15, hi = 16..31. A 4-bit block's 16 possible values are made once
 // (table[k] = d * k + m, or d * (k - 8)) and looked up by nibble (a lane permute reads an index's low 4 bits only).
+// The block's fp16 d (and m) as floats in lanes 0 (and 1): one conversion of the block's first 8 bytes.
+inline __m128 dm_at(const uint8_t* blk) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
+}
+
 template <int64_t T>
 inline void dequant512(const uint8_t* row, int64_t b, float scale, __m512& lo, __m512& hi) {
   const uint8_t* blk = row + b * block_bytes(T);
   if (T == Q4_0 || T == Q4_1) {
     const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == Q4_1 ? 4 : 2))));
     const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 d = _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits_at(blk))));
-    const __m512 table = T == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits_at(blk + 2)))))
-                                   : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
+    const __m128 dm = dm_at(blk);
+    const __m512 d = _mm512_broadcastss_ps(dm);
+    const __m512 table =
+        T == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(dm)))
+                  : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
     lo = _mm512_permutexvar_ps(bytes, table);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
   } else {
     const uint8_t* q = T == Q8_0 ? blk + 2 : blk;
-    const __m512 d = T == Q8_0 ? _mm512_cvtph_ps(_mm256_set1_epi16(static_cast<short>(bits_at(blk)))) : _mm512_set1_ps(scale);
+    const __m512 d = T == Q8_0 ? _mm512_broadcastss_ps(dm_at(blk)) : _mm512_set1_ps(scale);
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), d);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), d);
   }
