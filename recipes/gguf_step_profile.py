@@ -23,10 +23,11 @@ from verispec.runtime.native import NativeRunner
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]
 
 
-def decode(runner: NativeRunner, tokens: int) -> float:
-    """-> ms per decode step."""
+def decode(runner: NativeRunner, tokens: int, prefilled=lambda: None) -> float:
+    """-> ms per decode step (prefilled() is called between the prefill and the first step)."""
     runner.reset()
     token = runner.forward(torch.tensor([PROMPT]), last_only=True).logits[0, -1].argmax()
+    prefilled()
     start = time.perf_counter()
     for _ in range(tokens):
         token = runner.forward(token.view(1, 1)).logits[0, -1].argmax()
@@ -57,7 +58,7 @@ def main() -> None:
         return y
 
     quant.QuantWeight.linear = timed
-    timed_ms = decode(runner, args.tokens)
+    timed_ms = decode(runner, args.tokens, spent.clear)
     quant.QuantWeight.linear = plain
 
     gbps = args.gbps or measure_bandwidth() / 1e9
