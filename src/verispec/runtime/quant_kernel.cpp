@@ -12,6 +12,8 @@
 // dequantized once into registers and multiplied into all NR rows. Row invariance: every (row, channel) output has
 // its own accumulator(s), fed block by block in the same order with the same lanes whatever the tile, the number of
 // rows in the call or the thread; threads split output channels only.
+// From PANEL_MIN_ROWS rows on (prefill), the SIMD paths dequantize a panel of GROUP channels once into a float32
+// buffer and run only multiply-adds over it: the same values, the same sums in the same order as the tiles.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -34,7 +36,7 @@ enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100 };
 enum Path : int64_t { AUTO = 0, SCALAR = 1, AVX2 = 2, AVX512 = 3 };
 constexpr int64_t QK = 32;      // elements per block (Q4_0, Q4_1, Q8_0; INT8 is cut the same way)
 constexpr int64_t GROUP = 8;    // output channels per unit of parallel work (a multiple of every tile's NC)
-constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, AVX-512 dequantizes a panel once (same sums)
+constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, a SIMD path dequantizes a panel once (same sums)
 
 constexpr int64_t block_bytes(int64_t t) { return t == Q4_0 ? 18 : t == Q4_1 ? 20 : t == Q8_0 ? 34 : QK; }
 
@@ -210,15 +212,6 @@ void panel_group(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
   }
 }
 
-using GroupFn = void (*)(const Args&, float*, int64_t, int64_t);
-GroupFn panel_group_for(int64_t qtype) {
-  switch (qtype) {
-    case Q4_0: return panel_group<Q4_0>;
-    case Q4_1: return panel_group<Q4_1>;
-    case Q8_0: return panel_group<Q8_0>;
-    default: return panel_group<INT8>;
-  }
-}
 #endif
 
 // ---- AVX2 + FMA + F16C: a block is four 8-lane registers --------------------------------------------------------
@@ -280,7 +273,71 @@ void tile256(const Args& a, int64_t o0, int64_t r0) {
       a.y[(r0 + r) * a.out + o0 + c] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
     }
 }
+
+// Many rows: tile256's sums in tile256's order, from a panel dequantized once into wbuf [NC, in] (panel512's twin).
+template <int NC, int NR>
+void panel256(const Args& a, const float* wbuf, int64_t o0, int64_t r0) {
+  __m256 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm256_setzero_ps();
+  const float* x0 = a.x + r0 * a.in;
+  for (int64_t b = 0; b < a.blocks; ++b)
+    for (int i = 0; i < 4; ++i) {
+      __m256 xr[NR];
+      for (int r = 0; r < NR; ++r) xr[r] = _mm256_loadu_ps(x0 + r * a.in + b * QK + 8 * i);
+      for (int c = 0; c < NC; ++c) {
+        const __m256 v = _mm256_loadu_ps(wbuf + c * a.in + b * QK + 8 * i);
+        for (int r = 0; r < NR; ++r) acc[c][r] = _mm256_fmadd_ps(v, xr[r], acc[c][r]);
+      }
+    }
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) {
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[c][r]), _mm256_extractf128_ps(acc[c][r], 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      a.y[(r0 + r) * a.out + o0 + c] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+    }
+}
+
+template <int64_t T>
+void panel_group256(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
+  constexpr int NC = 4, ROWS = 2;
+  for (int64_t o = o_begin; o < o_end; ++o)
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      __m256 v[4];
+      dequant256<T>(a.w + o * a.row_bytes, b, a.scale ? a.scale[o] : 0.0f, v);
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 8 * i, v[i]);
+    }
+  for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS) {
+    const bool two = r0 + 1 < a.rows;
+    int64_t o = o_begin;
+    for (; o + NC <= o_end; o += NC) (two ? panel256<NC, 2> : panel256<NC, 1>)(a, wbuf + (o - o_begin) * a.in, o, r0);
+    for (; o < o_end; ++o) (two ? panel256<1, 2> : panel256<1, 1>)(a, wbuf + (o - o_begin) * a.in, o, r0);
+  }
+}
 #endif
+
+// ---- panels (many rows): which group function per (path, type) ---------------------------------------------------
+using GroupFn = void (*)(const Args&, float*, int64_t, int64_t);
+
+template <int64_t T>
+GroupFn panel_for_type(int64_t path) {
+#if defined(VERISPEC_AVX512)
+  if (path == AVX512) return panel_group<T>;
+#endif
+#if defined(VERISPEC_AVX2)
+  if (path == AVX2) return panel_group256<T>;
+#endif
+  return nullptr;
+}
+
+GroupFn panel_group_for(int64_t qtype, int64_t path) {  // null: this path has no panel (scalar)
+  switch (qtype) {
+    case Q4_0: return panel_for_type<Q4_0>(path);
+    case Q4_1: return panel_for_type<Q4_1>(path);
+    case Q8_0: return panel_for_type<Q8_0>(path);
+    default: return panel_for_type<INT8>(path);
+  }
+}
 
 // ---- tiles: which NC for NR rows, per path; a table of instantiations per (path, type) ------------------------------
 using TileFn = void (*)(const Args&, int64_t, int64_t);
@@ -385,16 +442,17 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   const int64_t chosen = resolve_path(path);
   const Tiles& t = tiles(qtype, chosen);
   const int64_t groups = (out + GROUP - 1) / GROUP;
-#if defined(VERISPEC_AVX512)
-  if (chosen == AVX512 && rows >= PANEL_MIN_ROWS) {
-    const GroupFn group = panel_group_for(qtype);
+  const GroupFn group = rows >= PANEL_MIN_ROWS ? panel_group_for(qtype, chosen) : nullptr;
+  if (group != nullptr) {
+    // Channels per panel: the panel (and a tile of rows beside it) stays in L1 for the embedded model's widths.
+    const int64_t panel = in * 4 * GROUP <= 20 * 1024 ? GROUP : GROUP / 2;
     at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
       std::vector<float> wbuf(GROUP * in);
-      for (int64_t g = begin; g < end; ++g) group(a, wbuf.data(), g * GROUP, std::min(out, (g + 1) * GROUP));
+      for (int64_t o = begin * GROUP; o < std::min(out, end * GROUP); o += panel)
+        group(a, wbuf.data(), o, std::min({out, o + panel, end * GROUP}));
     });
     return y;
   }
-#endif
   at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t o_end = std::min(out, (g + 1) * GROUP);
