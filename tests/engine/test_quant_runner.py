@@ -66,6 +66,21 @@ def test_kernel_values_and_row_invariance(qtype, path):
     assert not torch.equal(alone, torch.zeros_like(alone))
 
 
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_the_kernels_own_dequantized_values_are_gguf_pys(qtype, path):
+    """x = the identity picks each weight out of the sums exactly (the other products are zeros), so this sees the
+    values the kernel dequantizes in its registers (tiles: 5 rows a call) and in its prefill panels (96 rows)."""
+    if kernel() is None or path not in available_paths():
+        pytest.skip(f"the {path} path does not run on this CPU")
+    w = weight_of(qtype, out=43)
+    reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
+    eye = torch.eye(w.shape[1])  # [in, in]
+    assert torch.equal(w.linear(eye, None, PATHS[path]), reference.T)  # one call: the panel path
+    tiles = torch.cat([w.linear(eye[i : i + 5], None, PATHS[path]) for i in range(0, w.shape[1], 5)])
+    assert torch.equal(tiles, reference.T)
+
+
 def test_the_default_path_is_the_best_the_cpu_runs(monkeypatch):
     if kernel() is None or quant.KERNEL_PATH != PATHS["auto"]:
         pytest.skip("no compiler here, or VERISPEC_QUANT_PATH forces a path")
