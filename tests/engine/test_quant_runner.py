@@ -12,8 +12,9 @@ from test_quant_values import random_blocks  # tests/unit's helper
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.llama import LlamaModel
+from verispec.runtime import quant
 from verispec.runtime.native import NativeRunner, use_quantized_weights
-from verispec.runtime.quant import GGML_BLOCKS, QuantWeight, dequantize_reference, kernel, quantize_int8
+from verispec.runtime.quant import GGML_BLOCKS, PATHS, QuantWeight, dequantize_reference, kernel, quantize_int8
 
 QTYPES = sorted(GGML_BLOCKS) + ["int8"]
 
@@ -24,19 +25,74 @@ def weight_of(qtype: str, out: int = 40, width: int = 96) -> QuantWeight:
     return QuantWeight(qtype, torch.from_numpy(random_blocks(qtype, out, width)), width)
 
 
+def available_paths() -> list[str]:
+    """The kernel paths this build and CPU run (scalar always; avx2, avx512 where the CPU has them)."""
+    ext = kernel()
+    paths = ["scalar"]
+    for name in ("avx2", "avx512"):
+        try:
+            ext.resolve_path(PATHS[name])
+            paths.append(name)
+        except RuntimeError:
+            pass
+    return paths
+
+
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 @pytest.mark.parametrize("qtype", QTYPES)
-def test_kernel_values_and_row_invariance(qtype):
-    """The kernel's dequantized values are the reference's bit for bit; a row's output does not depend on the rows
-    beside it (1 to 19 rows: past the kernel's 8-row groups), and equals x @ W^T up to summation order."""
+def test_kernel_values_and_row_invariance(qtype, path):
+    """On every kernel path: the dequantized values are the reference's bit for bit; a row's output does not depend
+    on the rows beside it (1 to 40 rows: past the 4- and 8-row tiles, the 16-row panel switch and channel tails)
+    nor on the thread count, and equals x @ W^T in float64 within float32 summation error."""
+    if kernel() is None or path not in available_paths():
+        pytest.skip(f"the {path} path does not run on this CPU")
     torch.manual_seed(0)
-    w = weight_of(qtype)
+    w = weight_of(qtype, out=43)  # 43: not a multiple of any tile's channel count
     reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
     assert torch.equal(w.dequantize(), reference)
-    x = torch.randn(19, w.shape[1])
-    alone = torch.cat([F.linear(x[i : i + 1], w) for i in range(19)])  # [19, out]
-    for rows in (2, 5, 8, 9, 19):
-        assert torch.equal(F.linear(x[:rows], w), alone[:rows])
-    torch.testing.assert_close(alone, x @ reference.T, atol=1e-4, rtol=1e-5)
+    x = torch.randn(40, w.shape[1])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        alone = torch.cat([w.linear(x[i : i + 1], None, PATHS[path]) for i in range(40)])  # [40, out]
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            for rows in range(1, 41):
+                assert torch.equal(w.linear(x[:rows], None, PATHS[path]), alone[:rows]), (rows, n)
+    finally:
+        torch.set_num_threads(threads)
+    exact = x.double() @ reference.double().T
+    torch.testing.assert_close(alone.double(), exact, atol=1e-4, rtol=1e-5)
+    assert not torch.equal(alone, torch.zeros_like(alone))
+
+
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_the_kernels_own_dequantized_values_are_gguf_pys(qtype, path):
+    """x = the identity picks each weight out of the sums exactly (the other products are zeros), so this sees the
+    values the kernel dequantizes in its registers (tiles: 5 rows a call) and in its prefill panels (96 rows)."""
+    if kernel() is None or path not in available_paths():
+        pytest.skip(f"the {path} path does not run on this CPU")
+    w = weight_of(qtype, out=43)
+    reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
+    eye = torch.eye(w.shape[1])  # [in, in]
+    assert torch.equal(w.linear(eye, None, PATHS[path]), reference.T)  # one call: the panel path
+    tiles = torch.cat([w.linear(eye[i : i + 5], None, PATHS[path]) for i in range(0, w.shape[1], 5)])
+    assert torch.equal(tiles, reference.T)
+
+
+def test_the_default_path_is_the_best_the_cpu_runs(monkeypatch):
+    if kernel() is None or quant.KERNEL_PATH != PATHS["auto"]:
+        pytest.skip("no compiler here, or VERISPEC_QUANT_PATH forces a path")
+    assert kernel().resolve_path(PATHS["auto"]) == PATHS[available_paths()[-1]]
+    torch.manual_seed(1)
+    w, x = weight_of("Q4_1"), torch.randn(3, 96)
+    assert torch.equal(F.linear(x, w), w.linear(x, None, PATHS[available_paths()[-1]]))
+    monkeypatch.setenv("VERISPEC_QUANT_PATH", "avx2")
+    assert quant._path_from_env() == PATHS["avx2"]
+    monkeypatch.setenv("VERISPEC_QUANT_PATH", "sse")
+    with pytest.raises(ValueError, match="choose from"):
+        quant._path_from_env()
 
 
 def test_the_kernel_is_built_here():

@@ -6,11 +6,15 @@ head): it answers `F.linear`, `F.embedding` and `torch.cat` along the output dim
 The values are exactly those gguf-py dequantizes (the fp32 conversion's), one float32 rounding per operation:
 Q4_0 `d * (q - 8)`, Q4_1 `d * q + m`, Q8_0 `d * q`, fp16 `d`, `m` per 32 weights; int8 `scale[o] * q`.
 `F.linear` runs `quant_kernel.cpp` (built once per torch version and CPU flags under ~/.cache/verispec/ext), which
-dequantizes a block in registers and multiplies it into up to 8 rows; without a compiler it falls back to
+dequantizes a block once in registers and multiplies it into a tile of rows; without a compiler it falls back to
 dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion's up to summation order.
+The kernel has an AVX-512, an AVX2 (+FMA, F16C) and a scalar path, each with its own fixed summation order; the best
+one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar; read at start-up) names.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +25,17 @@ from .ext import build
 GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q8_0": (34, 8)}
 INT8 = ("INT8", 100)
 BLOCK = 32
+PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}  # the kernel's code paths
+
+
+def _path_from_env() -> int:
+    name = os.environ.get("VERISPEC_QUANT_PATH", "auto").lower()
+    if name not in PATHS:
+        raise ValueError(f"VERISPEC_QUANT_PATH={name!r}: choose from {', '.join(PATHS)}")
+    return PATHS[name]
+
+
+KERNEL_PATH = _path_from_env()  # what F.linear on a QuantWeight runs (tests pass a path to `linear` instead)
 
 
 def kernel():
@@ -58,11 +73,13 @@ class QuantWeight:
             return ext.dequantize(data.contiguous(), _or_empty(scales), self.kernel_id, self.shape[1])
         return dequantize_reference(self.qtype, data, self.shape[1], scales)
 
-    def linear(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:  # [..., in] -> [..., out]
+    def linear(self, x: torch.Tensor, bias: torch.Tensor | None, path: int | None = None) -> torch.Tensor:
+        """[..., in] -> [..., out]; path: one of PATHS' values (default KERNEL_PATH)."""
         rows = x.reshape(-1, self.shape[1]).float()
         ext = kernel()
         if ext is not None:
-            y = ext.quant_linear(rows, self.data, _or_empty(self.scales), self.kernel_id, self.shape[1])
+            y = ext.quant_linear(rows, self.data, _or_empty(self.scales), self.kernel_id, self.shape[1],
+                                 KERNEL_PATH if path is None else path)
         else:
             y = rows @ self.dequantize().T
         if bias is not None:

@@ -1,151 +1,466 @@
 // Weight-only quantized GEMV/GEMM for verispec (runtime/quant.py builds it with torch.utils.cpp_extension).
 //
 // y[r, o] = sum_i w[o, i] * x[r, i], with w[o, i] dequantized exactly as gguf-py does it (in float32, one rounding
-// per operation, no fused multiply-add: this file is built with -ffp-contract=off):
+// per operation; this file is built with -ffp-contract=off, and the only fused multiply-adds in a dequantization are
+// Q4_1's d * q + m, where d * q is exact: an fp16 times a 4-bit integer has at most 15 significant bits):
 //   Q4_0: d * (q - 8)    Q4_1: d * q + m    Q8_0: d * q    INT8 (per output channel): scale[o] * q
 // so the model is the same as the fp32 conversion's; only the summation order differs.
-// Row invariance: a row's sum runs through the same 16 lanes in the same order whatever the number of rows in
-// the call (rows are taken 8 at a time and each keeps its own accumulator), and threads split output channels.
+//
+// Three paths, one chosen per call (`path`: 0 the best this build and CPU run, 1 scalar, 2 AVX2+FMA+F16C, 3 AVX-512):
+// each has its own fixed summation order, so outputs are bit-stable within a path, not across paths.
+// The work is tiled: a tile is NC output channels x NR rows (NR <= ROWS); each block of 32 weights of a channel is
+// dequantized once into registers and multiplied into all NR rows. Row invariance: every (row, channel) output has
+// its own accumulator(s), fed block by block in the same order with the same lanes whatever the tile, the number of
+// rows in the call or the thread; threads split output channels only.
+// From PANEL_MIN_ROWS rows on (prefill), the SIMD paths dequantize a panel of GROUP channels once into a float32
+// buffer and run only multiply-adds over it: the same values, the same sums in the same order as the tiles.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
 #include <cstdint>
 #include <cstring>
-#if defined(__AVX512F__) || defined(__F16C__)
+#include <vector>
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+#if defined(__AVX512F__)
+#define VERISPEC_AVX512 1
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define VERISPEC_AVX2 1
 #endif
 
 namespace {
 
 enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100 };
-constexpr int64_t QK = 32;  // elements per block (Q4_0, Q4_1, Q8_0)
-constexpr int64_t ROWS = 8;  // rows sharing one dequantized block
+enum Path : int64_t { AUTO = 0, SCALAR = 1, AVX2 = 2, AVX512 = 3 };
+constexpr int64_t QK = 32;      // elements per block (Q4_0, Q4_1, Q8_0; INT8 is cut the same way)
+constexpr int64_t GROUP = 8;    // output channels per unit of parallel work (a multiple of every tile's NC)
+constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, a SIMD path dequantizes a panel once (same sums)
 
-inline float half_at(const uint8_t* p) {  // fp16 -> fp32 is exact
+constexpr int64_t block_bytes(int64_t t) { return t == Q4_0 ? 18 : t == Q4_1 ? 20 : t == Q8_0 ? 34 : QK; }
+
+struct Args {
+  const float* x;      // [rows, in]
+  const uint8_t* w;    // [out, row_bytes]
+  const float* scale;  // [out] (INT8) or null
+  float* y;            // [rows, out]
+  int64_t rows, in, out, row_bytes, blocks;
+};
+
+inline uint16_t bits_at(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
-#if defined(__F16C__)
-  return _cvtsh_ss(bits);
-#else
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
-#endif
+  return bits;
 }
 
+inline float half_at(const uint8_t* p) {  // fp16 -> fp32 is exact
+  return static_cast<float>(c10::Half(bits_at(p), c10::Half::from_bits()));
+}
+
+// ---- scalar: the reference path (any CPU), and the dequantization of embedding rows ------------------------------
+
 // The 32 weights of block b of one output channel into w[32] (exactly gguf-py's values).
-inline void dequant_block(int64_t qtype, const uint8_t* row, int64_t b, float scale, float* w) {
-  if (qtype == Q4_0) {
-    const uint8_t* blk = row + b * 18;
+template <int64_t T>
+inline void dequant_block(const uint8_t* row, int64_t b, float scale, float* w) {
+  const uint8_t* blk = row + b * block_bytes(T);
+  if (T == Q4_0) {
     const float d = half_at(blk);
     for (int j = 0; j < 16; ++j) {
       w[j] = d * static_cast<float>(static_cast<int>(blk[2 + j] & 0x0F) - 8);
       w[j + 16] = d * static_cast<float>(static_cast<int>(blk[2 + j] >> 4) - 8);
     }
-  } else if (qtype == Q4_1) {
-    const uint8_t* blk = row + b * 20;
+  } else if (T == Q4_1) {
     const float d = half_at(blk), m = half_at(blk + 2);
     for (int j = 0; j < 16; ++j) {
       w[j] = d * static_cast<float>(blk[4 + j] & 0x0F) + m;
       w[j + 16] = d * static_cast<float>(blk[4 + j] >> 4) + m;
     }
-  } else if (qtype == Q8_0) {
-    const uint8_t* blk = row + b * 34;
+  } else if (T == Q8_0) {
     const float d = half_at(blk);
     for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
-  } else {  // INT8: row holds int8 weights, scale is the channel's
-    const int8_t* q = reinterpret_cast<const int8_t*>(row) + b * QK;
-    for (int j = 0; j < 32; ++j) w[j] = scale * static_cast<float>(q[j]);
+  } else {
+    for (int j = 0; j < 32; ++j) w[j] = scale * static_cast<float>(static_cast<int8_t>(blk[j]));
   }
 }
 
-#if defined(__AVX512F__)
-// Same values as dequant_block, 16 lanes at a time: lo = elements 0..15, hi = 16..31.
-// A 4-bit block's 16 possible values are made once (table[k] = d * k + m: d * k is exact in float32, an fp16
-// times a 4-bit integer, so the fused multiply-add rounds once, as gguf-py's two operations do) and looked up by
-// nibble (a lane permute reads only an index's low 4 bits: the low nibble needs no mask).
-inline void dequant_block_avx512(int64_t qtype, const uint8_t* row, int64_t b, float scale, __m512& lo, __m512& hi) {
-  if (qtype == Q4_1 || qtype == Q4_0) {
-    const bool q41 = qtype == Q4_1;
-    const uint8_t* blk = row + b * (q41 ? 20 : 18);
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (q41 ? 4 : 2))));
+// One channel x NR rows; a row's 16 partial sums take elements j and j + 16 of each block, then add up in order.
+template <int64_t T, int NC, int NR>
+void tile_scalar(const Args& a, int64_t o0, int64_t r0) {
+  for (int c = 0; c < NC; ++c) {
+    const int64_t o = o0 + c;
+    const uint8_t* row = a.w + o * a.row_bytes;
+    const float scale = a.scale ? a.scale[o] : 0.0f;
+    float acc[NR][16] = {};
+    float w[QK];
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      dequant_block<T>(row, b, scale, w);
+      for (int r = 0; r < NR; ++r) {
+        const float* xr = a.x + (r0 + r) * a.in + b * QK;
+        for (int j = 0; j < 16; ++j) acc[r][j] += w[j] * xr[j] + w[j + 16] * xr[j + 16];
+      }
+    }
+    for (int r = 0; r < NR; ++r) {
+      float s = 0.0f;
+      for (int j = 0; j < 16; ++j) s += acc[r][j];
+      a.y[(r0 + r) * a.out + o] = s;
+    }
+  }
+}
+
+// ---- AVX-512: a block is two 16-lane registers -----------------------------------------------------------------
+#if defined(VERISPEC_AVX512)
+// Block b's values: lo = elements 0..15, hi = 16..31. A 4-bit block's 16 possible values are made once
+// (table[k] = d * k + m, or d * (k - 8)) and looked up by nibble (a lane permute reads an index's low 4 bits only).
+// The block's fp16 d (and m) as floats in lanes 0 (and 1): one conversion of the block's first 8 bytes.
+inline __m128 dm_at(const uint8_t* blk) {
+  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
+}
+
+template <int64_t T>
+inline void dequant512(const uint8_t* row, int64_t b, float scale, __m512& lo, __m512& hi) {
+  const uint8_t* blk = row + b * block_bytes(T);
+  if (T == Q4_0 || T == Q4_1) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == Q4_1 ? 4 : 2))));
     const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512 d = _mm512_set1_ps(half_at(blk));
-    const __m512 table = q41 ? _mm512_fmadd_ps(d, k, _mm512_set1_ps(half_at(blk + 2)))
-                             : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
+    const __m128 dm = dm_at(blk);
+    const __m512 d = _mm512_broadcastss_ps(dm);
+    const __m512 table =
+        T == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(dm)))
+                  : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
     lo = _mm512_permutexvar_ps(bytes, table);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
   } else {
-    const bool q80 = qtype == Q8_0;
-    const uint8_t* q = q80 ? row + b * 34 + 2 : row + b * QK;
-    const __m512 d = _mm512_set1_ps(q80 ? half_at(row + b * 34) : scale);
-    const __m512 flo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q))));
-    const __m512 fhi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16))));
-    lo = _mm512_mul_ps(d, flo);
-    hi = _mm512_mul_ps(d, fhi);
+    const uint8_t* q = T == Q8_0 ? blk + 2 : blk;
+    const __m512 d = T == Q8_0 ? _mm512_broadcastss_ps(dm_at(blk)) : _mm512_set1_ps(scale);
+    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), d);
+    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), d);
   }
 }
 
-// NR rows (a compile-time count, so the accumulators stay in registers) against one output channel.
-template <int NR>
-inline void channel_rows(int64_t qtype, const uint8_t* row, int64_t blocks, float scale, const float* x, int64_t in,
-                         float* y, int64_t out) {
-  __m512 acc[NR];
-  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < blocks; ++b) {
-    __m512 lo, hi;
-    dequant_block_avx512(qtype, row, b, scale, lo, hi);
-    for (int r = 0; r < NR; ++r) {
-      const float* xr = x + r * in + b * QK;
-      acc[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[r]);
-      acc[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[r]);
+template <int64_t T, int NC, int NR>
+void tile512(const Args& a, int64_t o0, int64_t r0) {
+  __m512 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
+  const uint8_t* row0 = a.w + o0 * a.row_bytes;
+  const float* x0 = a.x + r0 * a.in;
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t* row = row0 + c * a.row_bytes;
+      _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes(T) + NC * a.row_bytes), _MM_HINT_T0);
+      __m512 lo, hi;
+      dequant512<T>(row, b, a.scale ? a.scale[o0 + c] : 0.0f, lo, hi);
+      for (int r = 0; r < NR; ++r) {
+        const float* xr = x0 + r * a.in + b * QK;
+        acc[c][r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[c][r]);
+        acc[c][r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[c][r]);
+      }
     }
   }
-  for (int r = 0; r < NR; ++r) y[r * out] = _mm512_reduce_add_ps(acc[r]);
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
 }
 
-using ChannelRows = void (*)(int64_t, const uint8_t*, int64_t, float, const float*, int64_t, float*, int64_t);
-constexpr ChannelRows CHANNEL_ROWS[ROWS + 1] = {nullptr, channel_rows<1>, channel_rows<2>, channel_rows<3>,
-                                                channel_rows<4>, channel_rows<5>, channel_rows<6>, channel_rows<7>,
-                                                channel_rows<8>};
+// Many rows (prefill): the same sums in the same order as tile512, from a panel of channels dequantized once into
+// wbuf [NC, in] (by dequant512: the same values) rather than once per tile of rows, so only multiply-adds remain.
+template <int NC, int NR>
+void panel512(const Args& a, const float* wbuf, int64_t o0, int64_t r0) {
+  __m512 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
+  const float* x0 = a.x + r0 * a.in;
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    __m512 xlo[NR], xhi[NR];
+    for (int r = 0; r < NR; ++r) {
+      xlo[r] = _mm512_loadu_ps(x0 + r * a.in + b * QK);
+      xhi[r] = _mm512_loadu_ps(x0 + r * a.in + b * QK + 16);
+    }
+    for (int c = 0; c < NC; ++c) {
+      const __m512 lo = _mm512_loadu_ps(wbuf + c * a.in + b * QK), hi = _mm512_loadu_ps(wbuf + c * a.in + b * QK + 16);
+      for (int r = 0; r < NR; ++r) {
+        acc[c][r] = _mm512_fmadd_ps(lo, xlo[r], acc[c][r]);
+        acc[c][r] = _mm512_fmadd_ps(hi, xhi[r], acc[c][r]);
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
+}
+
+using PanelFn = void (*)(const Args&, const float*, int64_t, int64_t);
+constexpr int PANEL_NC = 4, PANEL_ROWS = 4;
+constexpr PanelFn PANEL[PANEL_ROWS + 1] = {nullptr, panel512<PANEL_NC, 1>, panel512<PANEL_NC, 2>, panel512<PANEL_NC, 3>,
+                                           panel512<PANEL_NC, 4>};
+constexpr PanelFn PANEL_ONE[PANEL_ROWS + 1] = {nullptr, panel512<1, 1>, panel512<1, 2>, panel512<1, 3>, panel512<1, 4>};
+
+// Channels [o_begin, o_end) (at most GROUP) x every row, through a panel dequantized into wbuf [GROUP, in].
+template <int64_t T>
+void panel_group(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
+  for (int64_t o = o_begin; o < o_end; ++o)
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      __m512 lo, hi;
+      dequant512<T>(a.w + o * a.row_bytes, b, a.scale ? a.scale[o] : 0.0f, lo, hi);
+      _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK, lo);
+      _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 16, hi);
+    }
+  for (int64_t r0 = 0; r0 < a.rows; r0 += PANEL_ROWS) {
+    const int nr = static_cast<int>(std::min<int64_t>(PANEL_ROWS, a.rows - r0));
+    int64_t o = o_begin;
+    for (; o + PANEL_NC <= o_end; o += PANEL_NC) PANEL[nr](a, wbuf + (o - o_begin) * a.in, o, r0);
+    for (; o < o_end; ++o) PANEL_ONE[nr](a, wbuf + (o - o_begin) * a.in, o, r0);
+  }
+}
+
 #endif
+
+// ---- AVX2 + FMA + F16C: a block is four 8-lane registers --------------------------------------------------------
+#if defined(VERISPEC_AVX2)
+inline __m256 cvt8(__m128i bytes8, bool is_signed) {  // the low 8 bytes -> 8 floats
+  return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
+}
+
+// Block b's values, elements 8i..8i+7 in v[i].
+template <int64_t T>
+inline void dequant256(const uint8_t* row, int64_t b, float scale, __m256* v) {
+  const uint8_t* blk = row + b * block_bytes(T);
+  if (T == Q4_0 || T == Q4_1) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == Q4_1 ? 4 : 2)));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(blk))));
+    __m256 q[4] = {cvt8(lo, false), cvt8(_mm_unpackhi_epi64(lo, lo), false), cvt8(hi, false),
+                   cvt8(_mm_unpackhi_epi64(hi, hi), false)};
+    if (T == Q4_1) {
+      const __m256 m = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(blk + 2))));
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_fmadd_ps(d, q[i], m);  // d * q exact: one rounding, as gguf-py
+    } else {
+      const __m256 eight = _mm256_set1_ps(8.0f);
+      for (int i = 0; i < 4; ++i) v[i] = _mm256_mul_ps(d, _mm256_sub_ps(q[i], eight));
+    }
+  } else {
+    const uint8_t* q = T == Q8_0 ? blk + 2 : blk;
+    const __m256 d = T == Q8_0 ? _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(blk)))) : _mm256_set1_ps(scale);
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i)), true), d);
+    }
+  }
+}
+
+template <int64_t T, int NC, int NR>
+void tile256(const Args& a, int64_t o0, int64_t r0) {
+  __m256 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm256_setzero_ps();
+  const uint8_t* row0 = a.w + o0 * a.row_bytes;
+  const float* x0 = a.x + r0 * a.in;
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t* row = row0 + c * a.row_bytes;
+      _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes(T) + NC * a.row_bytes), _MM_HINT_T0);
+      __m256 v[4];
+      dequant256<T>(row, b, a.scale ? a.scale[o0 + c] : 0.0f, v);
+      for (int r = 0; r < NR; ++r) {
+        const float* xr = x0 + r * a.in + b * QK;
+        for (int i = 0; i < 4; ++i) acc[c][r] = _mm256_fmadd_ps(v[i], _mm256_loadu_ps(xr + 8 * i), acc[c][r]);
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) {  // 8 lanes -> 1, in a fixed order
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[c][r]), _mm256_extractf128_ps(acc[c][r], 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      a.y[(r0 + r) * a.out + o0 + c] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+    }
+}
+
+// Many rows: tile256's sums in tile256's order, from a panel dequantized once into wbuf [NC, in] (panel512's twin).
+template <int NC, int NR>
+void panel256(const Args& a, const float* wbuf, int64_t o0, int64_t r0) {
+  __m256 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm256_setzero_ps();
+  const float* x0 = a.x + r0 * a.in;
+  for (int64_t b = 0; b < a.blocks; ++b)
+    for (int i = 0; i < 4; ++i) {
+      __m256 xr[NR];
+      for (int r = 0; r < NR; ++r) xr[r] = _mm256_loadu_ps(x0 + r * a.in + b * QK + 8 * i);
+      for (int c = 0; c < NC; ++c) {
+        const __m256 v = _mm256_loadu_ps(wbuf + c * a.in + b * QK + 8 * i);
+        for (int r = 0; r < NR; ++r) acc[c][r] = _mm256_fmadd_ps(v, xr[r], acc[c][r]);
+      }
+    }
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) {
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[c][r]), _mm256_extractf128_ps(acc[c][r], 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      a.y[(r0 + r) * a.out + o0 + c] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+    }
+}
+
+template <int64_t T>
+void panel_group256(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
+  constexpr int NC = 4, ROWS = 2;
+  for (int64_t o = o_begin; o < o_end; ++o)
+    for (int64_t b = 0; b < a.blocks; ++b) {
+      __m256 v[4];
+      dequant256<T>(a.w + o * a.row_bytes, b, a.scale ? a.scale[o] : 0.0f, v);
+      for (int i = 0; i < 4; ++i) _mm256_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 8 * i, v[i]);
+    }
+  for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS) {
+    const bool two = r0 + 1 < a.rows;
+    int64_t o = o_begin;
+    for (; o + NC <= o_end; o += NC) (two ? panel256<NC, 2> : panel256<NC, 1>)(a, wbuf + (o - o_begin) * a.in, o, r0);
+    for (; o < o_end; ++o) (two ? panel256<1, 2> : panel256<1, 1>)(a, wbuf + (o - o_begin) * a.in, o, r0);
+  }
+}
+#endif
+
+// ---- panels (many rows): which group function per (path, type) ---------------------------------------------------
+using GroupFn = void (*)(const Args&, float*, int64_t, int64_t);
+
+template <int64_t T>
+GroupFn panel_for_type(int64_t path) {
+#if defined(VERISPEC_AVX512)
+  if (path == AVX512) return panel_group<T>;
+#endif
+#if defined(VERISPEC_AVX2)
+  if (path == AVX2) return panel_group256<T>;
+#endif
+  return nullptr;
+}
+
+GroupFn panel_group_for(int64_t qtype, int64_t path) {  // null: this path has no panel (scalar)
+  switch (qtype) {
+    case Q4_0: return panel_for_type<Q4_0>(path);
+    case Q4_1: return panel_for_type<Q4_1>(path);
+    case Q8_0: return panel_for_type<Q8_0>(path);
+    default: return panel_for_type<INT8>(path);
+  }
+}
+
+// ---- tiles: which NC for NR rows, per path; a table of instantiations per (path, type) ------------------------------
+using TileFn = void (*)(const Args&, int64_t, int64_t);
+constexpr int MAX_ROWS = 8;
+
+// Enough independent accumulators to hide the FMA latency, few enough to stay in registers.
+constexpr int nc512(int nr) { return nr <= 2 ? 8 : nr <= 4 ? 4 : 2; }  // 32 zmm registers
+constexpr int nc256(int nr) { return nr <= 2 ? 4 : 2; }                // 16 ymm registers
+
+struct Tiles {
+  int max_rows;
+  int nc[MAX_ROWS + 1];
+  TileFn main[MAX_ROWS + 1];  // NC channels x NR rows
+  TileFn one[MAX_ROWS + 1];   // 1 channel x NR rows (the channels past the last whole tile)
+};
+
+#define VERISPEC_TILES(FN, NCF, T)                                                                                    \
+  Tiles {                                                                                                             \
+    8, {0, NCF(1), NCF(2), NCF(3), NCF(4), NCF(5), NCF(6), NCF(7), NCF(8)},                                          \
+        {nullptr, FN<T, NCF(1), 1>, FN<T, NCF(2), 2>, FN<T, NCF(3), 3>, FN<T, NCF(4), 4>, FN<T, NCF(5), 5>,           \
+         FN<T, NCF(6), 6>, FN<T, NCF(7), 7>, FN<T, NCF(8), 8>},                                                       \
+        {nullptr, FN<T, 1, 1>, FN<T, 1, 2>, FN<T, 1, 3>, FN<T, 1, 4>, FN<T, 1, 5>, FN<T, 1, 6>, FN<T, 1, 7>,          \
+         FN<T, 1, 8>},                                                                                                \
+  }
+constexpr int nc1(int) { return 1; }
+#define VERISPEC_TILES4(FN, NCF, T)                                                                                   \
+  Tiles {                                                                                                             \
+    4, {0, NCF(1), NCF(2), NCF(3), NCF(4)}, {nullptr, FN<T, NCF(1), 1>, FN<T, NCF(2), 2>, FN<T, NCF(3), 3>,           \
+                                             FN<T, NCF(4), 4>},                                                       \
+        {nullptr, FN<T, 1, 1>, FN<T, 1, 2>, FN<T, 1, 3>, FN<T, 1, 4>},                                                \
+  }
+
+template <int64_t T>
+const Tiles& tiles_for(int64_t path) {
+  static const Tiles scalar = VERISPEC_TILES(tile_scalar, nc1, T);
+#if defined(VERISPEC_AVX512)
+  static const Tiles avx512 = VERISPEC_TILES(tile512, nc512, T);
+  if (path == AVX512) return avx512;
+#endif
+#if defined(VERISPEC_AVX2)
+  static const Tiles avx2 = VERISPEC_TILES4(tile256, nc256, T);
+  if (path == AVX2) return avx2;
+#endif
+  return scalar;
+}
+
+const Tiles& tiles(int64_t qtype, int64_t path) {
+  switch (qtype) {
+    case Q4_0: return tiles_for<Q4_0>(path);
+    case Q4_1: return tiles_for<Q4_1>(path);
+    case Q8_0: return tiles_for<Q8_0>(path);
+    default: return tiles_for<INT8>(path);
+  }
+}
+
+bool cpu_has(int64_t path) {
+#if defined(__GNUC__)
+  if (path == AVX512) return __builtin_cpu_supports("avx512f");
+  if (path == AVX2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
+  return path == SCALAR;
+}
+
+bool compiled(int64_t path) {
+#if defined(VERISPEC_AVX512)
+  if (path == AVX512) return true;
+#endif
+#if defined(VERISPEC_AVX2)
+  if (path == AVX2) return true;
+#endif
+  return path == SCALAR;
+}
 
 }  // namespace
 
+// The path `path` asks for (AUTO: the best one compiled in and supported by this CPU). Refuses one it cannot run.
+int64_t resolve_path(int64_t path) {
+  if (path == AUTO) {
+    for (int64_t p : {AVX512, AVX2})
+      if (compiled(p) && cpu_has(p)) return p;
+    return SCALAR;
+  }
+  TORCH_CHECK(path >= SCALAR && path <= AVX512, "path must be 0 (auto), 1 (scalar), 2 (avx2) or 3 (avx512)");
+  TORCH_CHECK(compiled(path) && cpu_has(path), "this kernel path is not available on this build or CPU: ", path);
+  return path;
+}
+
 // x [rows, in] float32, data [out, row_bytes] uint8, scales [out] float32 (INT8 only, else empty) -> [rows, out]
-torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in) {
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in,
+                           int64_t path) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == in, "x must be float32 [rows, in]");
   TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous(), "data must be contiguous uint8");
   TORCH_CHECK(in % QK == 0, "in must be a multiple of 32");
+  TORCH_CHECK(data.size(1) == in / QK * block_bytes(qtype), "data's row size does not match the type and in");
+  TORCH_CHECK(qtype != INT8 || (scales.numel() == data.size(0) && scales.dtype() == torch::kFloat32), "INT8 needs scales [out]");
   x = x.contiguous();
-  const int64_t rows = x.size(0), out = data.size(0), row_bytes = data.size(1), blocks = in / QK;
+  scales = scales.contiguous();
+  const int64_t rows = x.size(0), out = data.size(0);
   auto y = torch::empty({rows, out}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const uint8_t* dp = data.data_ptr<uint8_t>();
-  const float* sp = qtype == INT8 ? scales.data_ptr<float>() : nullptr;
-  float* yp = y.data_ptr<float>();
-  at::parallel_for(0, out, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o) {
-      const uint8_t* row = dp + o * row_bytes;
-      const float scale = sp ? sp[o] : 0.0f;
-      for (int64_t r0 = 0; r0 < rows; r0 += ROWS) {
-        const int64_t nr = std::min(ROWS, rows - r0);
-#if defined(__AVX512F__)
-        CHANNEL_ROWS[nr](qtype, row, blocks, scale, xp + r0 * in, in, yp + r0 * out + o, out);
-#else
-        float acc[ROWS][16] = {};
-        float w[QK];
-        for (int64_t b = 0; b < blocks; ++b) {
-          dequant_block(qtype, row, b, scale, w);
-          for (int64_t r = 0; r < nr; ++r) {
-            const float* xr = xp + (r0 + r) * in + b * QK;
-            for (int j = 0; j < 16; ++j) acc[r][j] += w[j] * xr[j] + w[j + 16] * xr[j + 16];
-          }
-        }
-        for (int64_t r = 0; r < nr; ++r) {
-          float s = 0.0f;
-          for (int j = 0; j < 16; ++j) s += acc[r][j];
-          yp[(r0 + r) * out + o] = s;
-        }
-#endif
+  const Args a{x.data_ptr<float>(), data.data_ptr<uint8_t>(), qtype == INT8 ? scales.data_ptr<float>() : nullptr,
+               y.data_ptr<float>(), rows, in, out, data.size(1), in / QK};
+  const int64_t chosen = resolve_path(path);
+  const Tiles& t = tiles(qtype, chosen);
+  const int64_t groups = (out + GROUP - 1) / GROUP;
+  const GroupFn group = rows >= PANEL_MIN_ROWS ? panel_group_for(qtype, chosen) : nullptr;
+  if (group != nullptr) {
+    // Channels per panel: the panel (and a tile of rows beside it) stays in L1 for the embedded model's widths.
+    const int64_t panel = in * 4 * GROUP <= 20 * 1024 ? GROUP : GROUP / 2;
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> wbuf(GROUP * in);
+      for (int64_t o = begin * GROUP; o < std::min(out, end * GROUP); o += panel)
+        group(a, wbuf.data(), o, std::min({out, o + panel, end * GROUP}));
+    });
+    return y;
+  }
+  at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t o_end = std::min(out, (g + 1) * GROUP);
+      for (int64_t r0 = 0; r0 < rows; r0 += t.max_rows) {  // the group's weights stay in L1 across row tiles
+        const int nr = static_cast<int>(std::min<int64_t>(t.max_rows, rows - r0));
+        int64_t o = g * GROUP;
+        for (; o + t.nc[nr] <= o_end; o += t.nc[nr]) t.main[nr](a, o, r0);
+        for (; o < o_end; ++o) t.one[nr](a, o, r0);
       }
     }
   });
@@ -160,14 +475,24 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
   const uint8_t* dp = data.data_ptr<uint8_t>();
   const float* sp = qtype == INT8 ? scales.data_ptr<float>() : nullptr;
   float* wp = w.data_ptr<float>();
-  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t o = begin; o < end; ++o)
-      for (int64_t b = 0; b < blocks; ++b) dequant_block(qtype, dp + o * row_bytes, b, sp ? sp[o] : 0.0f, wp + o * in + b * QK);
-  });
+  auto run = [&](auto block) {
+    at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t o = begin; o < end; ++o)
+        for (int64_t b = 0; b < blocks; ++b) block(dp + o * row_bytes, b, sp ? sp[o] : 0.0f, wp + o * in + b * QK);
+    });
+  };
+  switch (qtype) {
+    case Q4_0: run(dequant_block<Q4_0>); break;
+    case Q4_1: run(dequant_block<Q4_1>); break;
+    case Q8_0: run(dequant_block<Q8_0>); break;
+    default: run(dequant_block<INT8>); break;
+  }
   return w;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("quant_linear", &quant_linear, "x @ dequant(W)^T, weight-only quantized");
+  m.def("quant_linear", &quant_linear, "x @ dequant(W)^T, weight-only quantized", py::arg("x"), py::arg("data"),
+        py::arg("scales"), py::arg("qtype"), py::arg("in_features"), py::arg("path") = 0);
   m.def("dequantize", &dequantize, "dequantized rows");
+  m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (0: the best here)");
 }

@@ -1,0 +1,86 @@
+"""Where a decode step on GGUF weights goes (`--weights gguf`, the embedded default's own Q4_1 / Q8_0 blocks).
+
+    PYTHONPATH=src python recipes/gguf_step_profile.py [--tokens 32] [--threads 2] [--gbps G] [--profile]
+
+Greedy decoding of one short prompt, batch 1, on the native runner: ms per decode step (prefill excluded), the time
+inside the quantized linears (every `QuantWeight.linear` call timed, by weight shape: qkv, o, gate_up, down, LM
+head), the bytes a step reads and the floor they imply at the bandwidth measured here (or `--gbps`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+
+from verispec.bench.machine import measure_bandwidth
+from verispec.models import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime import quant
+from verispec.runtime.native import NativeRunner
+
+PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]
+
+
+def decode(runner: NativeRunner, tokens: int, prefilled=lambda: None) -> float:
+    """-> ms per decode step (prefilled() is called between the prefill and the first step)."""
+    runner.reset()
+    token = runner.forward(torch.tensor([PROMPT]), last_only=True).logits[0, -1].argmax()
+    prefilled()
+    start = time.perf_counter()
+    for _ in range(tokens):
+        token = runner.forward(token.view(1, 1)).logits[0, -1].argmax()
+    return (time.perf_counter() - start) * 1e3 / tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--gbps", type=float, default=0.0, help="bandwidth for the floor (default: measured here)")
+    ap.add_argument("--profile", action="store_true", help="also print a torch profile of 16 steps")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
+    runner = NativeRunner.from_hf(hf, 2048)
+    decode(runner, 4)  # warm-up (and the kernel's build)
+    ms = min(decode(runner, args.tokens) for _ in range(args.repeats))
+
+    spent: dict[tuple, list[float]] = collections.defaultdict(list)
+    plain = quant.QuantWeight.linear
+
+    def timed(self, x, bias):
+        t = time.perf_counter()
+        y = plain(self, x, bias)
+        spent[(self.qtype, tuple(self.shape))].append(time.perf_counter() - t)
+        return y
+
+    quant.QuantWeight.linear = timed
+    timed_ms = decode(runner, args.tokens, spent.clear)
+    quant.QuantWeight.linear = plain
+
+    gbps = args.gbps or measure_bandwidth() / 1e9
+    size = hf._verispec_weight_bytes
+    floor = size / gbps / 1e6
+    print(f"threads {args.threads}: {ms:.2f} ms/step; weights {size / 1e6:.1f} MB; floor {floor:.2f} ms at "
+          f"{gbps:.1f} GB/s ({ms / floor:.2f}x); with the linears timed {timed_ms:.2f} ms/step")
+    total = 0.0
+    for (qtype, shape), times in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
+        per_step = sum(times) * 1e3 / args.tokens
+        total += per_step
+        calls = len(times) / args.tokens
+        print(f"  {qtype} {list(shape)}: {calls:.0f} calls/step, {per_step:.2f} ms/step "
+              f"({sum(times) / len(times) * 1e6:.0f} us/call)")
+    print(f"  quantized linears {total:.2f} ms of {timed_ms:.2f} ms/step ({total / timed_ms:.0%})")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            decode(runner, 16)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+
+
+if __name__ == "__main__":
+    main()
