@@ -8,9 +8,12 @@ requests, and waits (with a bound) for the events it checks, never for a guessed
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import httpx
 import openai
@@ -226,6 +229,82 @@ def test_a_replica_killed_under_load(cluster):
 
 @pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "1", "--port", "70000"],
                                   ["--replicas", "2", "--draft-device", "meta"]])
+class _FakeStream:
+    """A replica's streamed answer as the ingress sees it: the head, then one SSE chunk; each item after a yield to
+    the event loop, as a Ray object ref arrives."""
+
+    def __init__(self) -> None:
+        self.items = [{"status": 200, "headers": [("content-type", "text/event-stream")], "replica": "fake"},
+                      b"data: {}\n\n"]
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(0)
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _FakeReplicas:
+    """The Replica deployment's handle, as much as `Ingress.forward` uses of it."""
+
+    def __init__(self) -> None:
+        self.streams: list[_FakeStream] = []
+        self.http = self
+
+    def options(self, **_):
+        return self
+
+    def remote(self, call, key=None):
+        self.streams.append(_FakeStream())
+        return self.streams[-1]
+
+
+@pytest.mark.parametrize("leaves", ["before_the_stream", "after_it_ended"])
+def test_a_client_gone_before_its_stream_starts_frees_its_place(model_dirs, leaves):
+    """The ingress's count of generations in flight (its 429 bound) comes back to 0 however a stream ends, also
+    when the client left before the first chunk (the body's generator then never starts), and a stream not read
+    to its end is cancelled at the replica. The ASGI app is driven by hand, no Ray: every step is the test's."""
+    from verispec.server.scale.ingress import Ingress, build_app
+
+    replicas = _FakeReplicas()
+    config = _config(model_dirs)
+    ingress = Ingress(replicas, replace(config, api_key=None), ScaleConfig(replicas=1))
+    app = build_app(ingress)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    sent = []
+
+    async def receive():
+        if not sent and not getattr(receive, "read", False):
+            receive.read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        if leaves == "after_it_ended":
+            await asyncio.Event().wait()  # never leaves: the stream runs to its end
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        await asyncio.sleep(0)  # a real send suspends: the disconnect is seen first
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))
+    assert len(replicas.streams) == 1 and ingress.generations == 0
+    bodies = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    if leaves == "after_it_ended":
+        assert bodies == b"data: {}\n\n" and not replicas.streams[0].cancelled
+    else:
+        assert bodies == b"" and replicas.streams[0].cancelled
+
+
 def test_serve_rejects_bad_replica_flags(argv, model_dirs, capsys):
     from verispec.cli import main
 
