@@ -2,8 +2,9 @@
 real `openai` client. Skipped where Ray Serve is not installed (`pip install "verispec[ray]"`; `make test`
 installs it).
 
-No test assumes how fast the machine is: the fault test kills a replica only once that replica reports running
-requests, and waits (with a bound) for the events it checks, never for a guessed duration.
+No test assumes how fast the machine is: the fault test parks every replica's engine mid-request (the test-only
+step gate, server/scale/gate.py) and kills one while it is parked, so the kill always lands mid-request; waits
+are for events the tests check (with a bound), never for a guessed duration.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _config(model_dirs) -> ServerConfig:
 def cluster(model_dirs):
     config = _config(model_dirs)
     port = _free_port()
-    launch.start(config, ScaleConfig(replicas=2, threads=1, object_store_gb=0.1), "127.0.0.1", port)
+    launch.start(config, ScaleConfig(replicas=2, threads=1, object_store_gb=0.1, step_gate=True), "127.0.0.1", port)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -177,17 +178,19 @@ def test_metrics_sum_the_replicas(cluster):
     assert stats["summary"]["mean_accepted_length"] >= 1.0
 
 
-def _running_replica(url: str) -> str | None:
-    for replica, series in _stats(url)["by_replica"].items():
-        if series.get("verispec_running_requests", 0) > 0:
-            return replica
-    return None
+def _hold(replica: str, park: bool) -> bool:
+    """Arm (park=True) or open a replica's step gate. -> whether its engine is parked mid-request now."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, APP_NAME)
+    return handle.hold.remote(park, replica=replica).result(timeout_s=60)
 
 
 def test_a_replica_killed_under_load(cluster):
     """Only complete answers or retryable errors; the replica comes back; the counters never go back."""
     client = _client(cluster)
     before = _stats(cluster)
+    replicas = before["replicas"]["live"]
     long = dict(max_tokens=MAX_LEN - 40, ignore_eos=True)
 
     def one(i: int):
@@ -204,12 +207,23 @@ def test_a_replica_killed_under_load(cluster):
         except openai.APIError as exc:  # an error event inside a stream
             return ("event", (exc.body or {}).get("code"))
 
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(one, i) for i in range(8)]
-        victim = _until(lambda: _running_replica(cluster), "a replica running requests")
-        ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve"),
-                 no_restart=True)
-        outcomes = [f.result(timeout=240) for f in futures]
+    for replica in replicas:
+        _hold(replica, True)
+    survivors = list(replicas)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(one, i) for i in range(8)]
+            # Parked with a sequence decoding: its requests cannot finish before the kill, however fast the machine.
+            victim = _until(lambda: next((r for r in replicas if _hold(r, True)), None), "a replica parked mid-request")
+            ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve"),
+                     no_restart=True)
+            survivors.remove(victim)
+            for replica in survivors:
+                _hold(replica, False)
+            outcomes = [f.result(timeout=240) for f in futures]
+    finally:
+        for replica in survivors:
+            _hold(replica, False)
     for outcome in outcomes:
         if outcome[0] == "json":
             assert outcome[1] == long["max_tokens"]  # complete, whichever replica gave it
@@ -219,8 +233,10 @@ def test_a_replica_killed_under_load(cluster):
             assert outcome[1] == "replica_unavailable", outcome
     stats = _until(lambda: (s := _stats(cluster)) and len(s["replicas"]["live"]) == 2 and s, "the replica back")
     assert victim in stats["replicas"]["retired"]
-    own = stats["ingress"]
+    own, was = stats["ingress"], before["ingress"]
     assert own.get("verispec_replica_failures_total", 0) >= 1
+    hit = [own.get(n, 0) - was.get(n, 0) for n in ("verispec_retried_requests_total", "verispec_cut_streams_total")]
+    assert sum(hit) >= 1, "the kill landed mid-request: a request was retried or a stream cut"
     for series, value in before["totals"].items():
         if series.endswith("_total"):
             assert stats["totals"].get(series, 0.0) >= value, series  # the dead replica's counters stay
