@@ -123,3 +123,16 @@ def test_bench_replica_counts():
     assert parse_replicas("2") == [1, 2] and parse_replicas("4,2,2") == [1, 2, 4]
     with pytest.raises(ValueError, match="--replicas"):
         parse_replicas("0,2")
+
+
+def test_bench_replicas_resolves_auto_for_its_device():
+    from verispec.bench.serve_replicas import config_from_args
+    from verispec.cli import build_parser
+
+    def config(*flags):
+        return config_from_args(build_parser().parse_args(["bench", "--serve", "--replicas", "2", *flags]))
+
+    cuda = config("--device", "cuda", "--dtype", "auto")
+    assert (cuda.device, cuda.dtype) == ("cuda", "bfloat16")  # 'auto' on CUDA, not the CPU's choice
+    assert config("--device", "cuda", "--weights", "gguf").dtype == "float32"  # quantized weights: float32
+    assert config("--device", "cpu", "--dtype", "float16").dtype == "float16"

@@ -21,7 +21,7 @@ import httpx
 from .batching import parse_int_list
 from .machine import describe_machine, machine_line
 from .prompts import BenchPrompt
-from .serve_load import MAX_CONCURRENCY, ServerProcess, drive, summarize
+from .serve_load import MAX_CONCURRENCY, ServerProcess, drive, dtypes_from_args, summarize
 
 MAX_REPLICAS = 64
 
@@ -41,6 +41,7 @@ class ReplicaSweepConfig:
     concurrency: list[int]
     max_new_tokens: int
     out: Path
+    device: str = "cpu"  # each replica's --device
     threads: int = 1  # per replica
     repeats: int = 1
     serve_args: tuple[str, ...] = ()
@@ -56,18 +57,18 @@ def _cache_series(url: str) -> dict[str, float]:
 
 
 def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
-    machine = describe_machine("cpu")
+    machine = describe_machine(config.device)
     log(f"[bench --serve --replicas] {machine_line(machine)}")
     report = {"machine": machine, "settings": {
         "replicas": config.replicas, "concurrency": config.concurrency, "threads_per_replica": config.threads,
         "max_new_tokens": config.max_new_tokens, "prompts": len(config.prompts), "repeats": config.repeats,
-        "model": config.model, "draft_model": config.draft, "dtype": config.dtype,
+        "model": config.model, "draft_model": config.draft, "dtype": config.dtype, "device": config.device,
     }, "runs": []}
     reference: dict[int, str] = {}
     base: dict[int, float] = {}
     for count in config.replicas:
         args = ["--model", config.model, "--draft-model", config.draft, "--enable-speculative", "--dtype",
-                config.dtype, "--replicas", str(count), "--threads", str(config.threads),
+                config.dtype, "--device", config.device, "--replicas", str(count), "--threads", str(config.threads),
                 "--max-num-seqs", str(max(config.concurrency)), *config.serve_args]
         with ServerProcess(args, config.out / f"server_replicas{count}.log") as server:
             command = shlex.join(["verispec", *server.command[3:]])
@@ -116,9 +117,9 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_from_args(args) -> int:
+def config_from_args(args) -> ReplicaSweepConfig:
+    """`verispec bench --serve --replicas`'s flags (parsed by cli/bench.py); CliError on bad ones."""
     from ..cli import CliError
-    from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
     from .prompts import PromptError, load_prompts, select_prompts
 
     try:
@@ -128,15 +129,16 @@ def run_from_args(args) -> int:
                                  args.limit)
     except (ValueError, PromptError) as exc:
         raise CliError(str(exc)) from None
-    dtype = args.dtype if args.dtype != "auto" else dtype_name(choose_dtype("cpu")[0])
-    if dtype not in DTYPE_CHOICES:
-        raise CliError(f"unknown dtype {dtype}: choose from {', '.join(DTYPE_CHOICES)}")
-    config = ReplicaSweepConfig(
-        model=args.model, draft=args.draft_model, dtype=dtype, prompts=prompts, replicas=replicas,
-        concurrency=concurrency, max_new_tokens=args.max_new_tokens or 128, out=args.out,
-        threads=args.threads or 1, repeats=args.serve_repeats, serve_args=tuple(shlex.split(args.serve_args or "")),
+    return ReplicaSweepConfig(
+        model=args.model, draft=args.draft_model, dtype=dtypes_from_args(args)[0],  # 'auto' as the server resolves it
+        prompts=prompts, replicas=replicas, concurrency=concurrency, max_new_tokens=args.max_new_tokens or 128,
+        out=args.out, device=args.device, threads=args.threads or 1, repeats=args.serve_repeats,
+        serve_args=tuple(shlex.split(args.serve_args or "")),
     )
-    report = run_replica_sweep(config)
+
+
+def run_from_args(args) -> int:
+    report = run_replica_sweep(config_from_args(args))
     print(f"[bench --serve --replicas] wrote {args.out / 'replicas.md'} and replicas.json")
     print(markdown(report))
     return 0
