@@ -4,6 +4,9 @@ scale config. No Ray needed."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -136,3 +139,20 @@ def test_bench_replicas_resolves_auto_for_its_device():
     assert (cuda.device, cuda.dtype) == ("cuda", "bfloat16")  # 'auto' on CUDA, not the CPU's choice
     assert config("--device", "cuda", "--weights", "gguf").dtype == "float32"  # quantized weights: float32
     assert config("--device", "cpu", "--dtype", "float16").dtype == "float16"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_tree_cpu_counts_living_descendants():
+    from verispec.bench.serve_replicas import tree_cpu_s
+
+    burn = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('ready', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"  # it used 0.3 s of CPU and waits
+        mine = os.times()
+        assert tree_cpu_s(os.getpid()) >= mine.user + mine.system + 0.29 - 0.02  # (clock ticks round down)
+        assert tree_cpu_s(child.pid) >= 0.27
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert tree_cpu_s(2**22 + 7) is None  # no such process

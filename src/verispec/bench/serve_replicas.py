@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,34 @@ def _cache_series(url: str) -> dict[str, float]:
     return series
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) used so far by a process and its living descendants (the server, its local Ray,
+    the replicas); None where /proc cannot tell (not Linux)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    children: dict[int, list[int]] = {}
+    used: dict[int, float] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ..., utime (12), stime
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    if pid not in used:
+        return None
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += used.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
 def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
     machine = describe_machine(config.device)
     log(f"[bench --serve --replicas] {machine_line(machine)}")
@@ -77,6 +106,7 @@ def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
             solo = None
             for concurrency in config.concurrency:
                 records, seconds = [], 0.0
+                cpu_before = tree_cpu_s(server.proc.pid)
                 for _ in range(config.repeats):
                     stagger = (solo or 0.0) / concurrency
                     got, took = asyncio.run(drive(server.url, server.model_id, config.prompts, concurrency,
@@ -87,6 +117,13 @@ def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
                 if not reference:
                     reference = {r.prompt: r.text for r in records if r.error is None}
                 row = summarize(records, seconds, reference)
+                cpu_after = tree_cpu_s(server.proc.pid)
+                if cpu_before is not None and cpu_after is not None and cpu_after > cpu_before:
+                    # What the CPU share this run got cannot hide: on a shared machine (and with the kernel's
+                    # autogroups, which share the CPU by session, not by process) R replicas may get no more CPU
+                    # than one. tokens per CPU-second compares the configurations' efficiency.
+                    row["cpu_cores_used"] = round((cpu_after - cpu_before) / seconds, 3) if seconds else None
+                    row["tokens_per_cpu_s"] = round(row["tokens"] / (cpu_after - cpu_before), 3)
                 solo = solo or row["latency_mean_s"]
                 base.setdefault(concurrency, row["tokens_per_s"])
                 row.update(replicas=count, concurrency=concurrency, command=command,
@@ -95,7 +132,8 @@ def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
                 row["cache"] = _cache_series(server.url)
                 report["runs"].append(row)
                 log(f"[bench --serve --replicas] R={count} C={concurrency}: {row['tokens_per_s']:.1f} tok/s "
-                    f"({row['ratio_to_one_replica']}x R=1), TTFT p50 {row['ttft_p50_s']} s, "
+                    f"({row['ratio_to_one_replica']}x R=1) on {row.get('cpu_cores_used')} cores "
+                    f"({row.get('tokens_per_cpu_s')} tok per CPU-s), TTFT p50 {row['ttft_p50_s']} s, "
                     f"{row['identical_to_alone']}/{row['compared']} = R=1, {row['failed']} failed")
     config.out.mkdir(parents=True, exist_ok=True)
     (config.out / "replicas.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -109,11 +147,12 @@ def markdown(report: dict) -> str:
              f"{s['threads_per_replica']} thread(s) per replica, {s['max_new_tokens']} tokens per request, "
              "speculation on, greedy; "
              f"{report['machine'].get('logical_cpus', '?')} CPU cores shared by all replicas.", "",
-             "| replicas | clients | tokens/s | x 1 replica | TTFT p50 (s) | = 1 replica | failed |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| replicas | clients | tokens/s | x 1 replica | CPU cores used | tokens per CPU-s | TTFT p50 (s) "
+             "| = 1 replica | failed |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["runs"]:
         lines.append(f"| {r['replicas']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_one_replica']} "
-                     f"| {r['ttft_p50_s']} | {r['identical_to_alone']}/{r['compared']} | {r['failed']} |")
+                     f"| {r.get('cpu_cores_used')} | {r.get('tokens_per_cpu_s')} | {r['ttft_p50_s']} | {r['identical_to_alone']}/{r['compared']} | {r['failed']} |")
     return "\n".join(lines) + "\n"
 
 
