@@ -56,6 +56,12 @@ def test_rank_prefers_the_keys_replica_unless_it_is_much_busier():
     assert rank("k", {first: 4, second: 0}, imbalance=4) == [[first], [second]]  # at the bound: still affinity
     assert rank("k", {first: 5, second: 0}, imbalance=4) == [[first, second]]  # past it: least loaded of all
     assert rank("k", {first: None, second: 3}, imbalance=0) == [[first], [second]]  # unknown load: affinity
+    # Another's load unknown (Serve has not probed it): it may be idle, so past the bound it gets a chance.
+    assert rank("k", {first: 4, second: None}, imbalance=4) == [[first], [second]]
+    assert rank("k", {first: 5, second: None}, imbalance=4) == [[first, second]]
+    top, *rest = preference("k", ["r1", "r2", "r3"])
+    assert rank("k", {top: 5, rest[0]: 9, rest[1]: None}, imbalance=4) == [[top, *rest]]
+    assert rank("k", {top: 5, rest[0]: 2, rest[1]: 3}, imbalance=4) == [[top], rest]
     assert rank(None, {"r1": 1, "r2": 0}, imbalance=4) == [["r1", "r2"]]
     assert rank("k", {"r1": 9}, imbalance=0) == [["r1"]]
 
