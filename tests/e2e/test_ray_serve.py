@@ -243,8 +243,6 @@ def test_a_replica_killed_under_load(cluster):
     assert _complete(client, "the cat").choices[0].text  # and it serves again
 
 
-@pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "1", "--port", "70000"],
-                                  ["--replicas", "2", "--draft-device", "meta"]])
 class _FakeStream:
     """A replica's streamed answer as the ingress sees it: the head, then one SSE chunk; each item after a yield to
     the event loop, as a Ray object ref arrives."""
@@ -321,6 +319,8 @@ def test_a_client_gone_before_its_stream_starts_frees_its_place(model_dirs, leav
         assert bodies == b"" and replicas.streams[0].cancelled
 
 
+@pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "1", "--port", "70000"],
+                                  ["--replicas", "2", "--draft-device", "meta"]])
 def test_serve_rejects_bad_replica_flags(argv, model_dirs, capsys):
     from verispec.cli import main
 
