@@ -2,15 +2,19 @@
 real `openai` client. Skipped where Ray Serve is not installed (`pip install "verispec[ray]"`; `make test`
 installs it).
 
-No test assumes how fast the machine is: the fault test kills a replica only once that replica reports running
-requests, and waits (with a bound) for the events it checks, never for a guessed duration.
+No test assumes how fast the machine is: the fault test parks every replica's engine mid-request (the test-only
+step gate, server/scale/gate.py) and kills one while it is parked, so the kill always lands mid-request; waits
+are for events the tests check (with a bound), never for a guessed duration.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import httpx
 import openai
@@ -51,7 +55,7 @@ def _config(model_dirs) -> ServerConfig:
 def cluster(model_dirs):
     config = _config(model_dirs)
     port = _free_port()
-    launch.start(config, ScaleConfig(replicas=2, threads=1, object_store_gb=0.1), "127.0.0.1", port)
+    launch.start(config, ScaleConfig(replicas=2, threads=1, object_store_gb=0.1, step_gate=True), "127.0.0.1", port)
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
@@ -174,17 +178,19 @@ def test_metrics_sum_the_replicas(cluster):
     assert stats["summary"]["mean_accepted_length"] >= 1.0
 
 
-def _running_replica(url: str) -> str | None:
-    for replica, series in _stats(url)["by_replica"].items():
-        if series.get("verispec_running_requests", 0) > 0:
-            return replica
-    return None
+def _hold(replica: str, park: bool) -> bool:
+    """Arm (park=True) or open a replica's step gate. -> whether its engine is parked mid-request now."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(REPLICA_DEPLOYMENT, APP_NAME)
+    return handle.hold.remote(park, replica=replica).result(timeout_s=60)
 
 
 def test_a_replica_killed_under_load(cluster):
     """Only complete answers or retryable errors; the replica comes back; the counters never go back."""
     client = _client(cluster)
     before = _stats(cluster)
+    replicas = before["replicas"]["live"]
     long = dict(max_tokens=MAX_LEN - 40, ignore_eos=True)
 
     def one(i: int):
@@ -201,12 +207,23 @@ def test_a_replica_killed_under_load(cluster):
         except openai.APIError as exc:  # an error event inside a stream
             return ("event", (exc.body or {}).get("code"))
 
-    with ThreadPoolExecutor(8) as pool:
-        futures = [pool.submit(one, i) for i in range(8)]
-        victim = _until(lambda: _running_replica(cluster), "a replica running requests")
-        ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve"),
-                 no_restart=True)
-        outcomes = [f.result(timeout=240) for f in futures]
+    for replica in replicas:
+        _hold(replica, True)
+    survivors = list(replicas)
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            futures = [pool.submit(one, i) for i in range(8)]
+            # Parked with a sequence decoding: its requests cannot finish before the kill, however fast the machine.
+            victim = _until(lambda: next((r for r in replicas if _hold(r, True)), None), "a replica parked mid-request")
+            ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve"),
+                     no_restart=True)
+            survivors.remove(victim)
+            for replica in survivors:
+                _hold(replica, False)
+            outcomes = [f.result(timeout=240) for f in futures]
+    finally:
+        for replica in survivors:
+            _hold(replica, False)
     for outcome in outcomes:
         if outcome[0] == "json":
             assert outcome[1] == long["max_tokens"]  # complete, whichever replica gave it
@@ -216,12 +233,90 @@ def test_a_replica_killed_under_load(cluster):
             assert outcome[1] == "replica_unavailable", outcome
     stats = _until(lambda: (s := _stats(cluster)) and len(s["replicas"]["live"]) == 2 and s, "the replica back")
     assert victim in stats["replicas"]["retired"]
-    own = stats["ingress"]
+    own, was = stats["ingress"], before["ingress"]
     assert own.get("verispec_replica_failures_total", 0) >= 1
+    hit = [own.get(n, 0) - was.get(n, 0) for n in ("verispec_retried_requests_total", "verispec_cut_streams_total")]
+    assert sum(hit) >= 1, "the kill landed mid-request: a request was retried or a stream cut"
     for series, value in before["totals"].items():
         if series.endswith("_total"):
             assert stats["totals"].get(series, 0.0) >= value, series  # the dead replica's counters stay
     assert _complete(client, "the cat").choices[0].text  # and it serves again
+
+
+class _FakeStream:
+    """A replica's streamed answer as the ingress sees it: the head, then one SSE chunk; each item after a yield to
+    the event loop, as a Ray object ref arrives."""
+
+    def __init__(self) -> None:
+        self.items = [{"status": 200, "headers": [("content-type", "text/event-stream")], "replica": "fake"},
+                      b"data: {}\n\n"]
+        self.cancelled = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        await asyncio.sleep(0)
+        if not self.items:
+            raise StopAsyncIteration
+        return self.items.pop(0)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _FakeReplicas:
+    """The Replica deployment's handle, as much as `Ingress.forward` uses of it."""
+
+    def __init__(self) -> None:
+        self.streams: list[_FakeStream] = []
+        self.http = self
+
+    def options(self, **_):
+        return self
+
+    def remote(self, call, key=None):
+        self.streams.append(_FakeStream())
+        return self.streams[-1]
+
+
+@pytest.mark.parametrize("leaves", ["before_the_stream", "after_it_ended"])
+def test_a_client_gone_before_its_stream_starts_frees_its_place(model_dirs, leaves):
+    """The ingress's count of generations in flight (its 429 bound) comes back to 0 however a stream ends, also
+    when the client left before the first chunk (the body's generator then never starts), and a stream not read
+    to its end is cancelled at the replica. The ASGI app is driven by hand, no Ray: every step is the test's."""
+    from verispec.server.scale.ingress import Ingress, build_app
+
+    replicas = _FakeReplicas()
+    config = _config(model_dirs)
+    ingress = Ingress(replicas, replace(config, api_key=None), ScaleConfig(replicas=1))
+    app = build_app(ingress)
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}).encode()
+    sent = []
+
+    async def receive():
+        if not sent and not getattr(receive, "read", False):
+            receive.read = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        if leaves == "after_it_ended":
+            await asyncio.Event().wait()  # never leaves: the stream runs to its end
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        await asyncio.sleep(0)  # a real send suspends: the disconnect is seen first
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+             "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))
+    assert len(replicas.streams) == 1 and ingress.generations == 0
+    bodies = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    if leaves == "after_it_ended":
+        assert bodies == b"data: {}\n\n" and not replicas.streams[0].cancelled
+    else:
+        assert bodies == b"" and replicas.streams[0].cancelled
 
 
 @pytest.mark.parametrize("argv", [["--replicas", "2", "--min-replicas", "3"], ["--replicas", "1", "--port", "70000"],

@@ -123,6 +123,35 @@ def test_chunked_prefill(models, tokenizer, shared, chunk):
     assert all(r.stats.cached_tokens > 0 for r in results[1:])
 
 
+class CountingTable(dict):
+    """The block store's table, counting lookups of block keys (each one hashes a block's tokens)."""
+
+    lookups = 0
+
+    def get(self, key, default=None):
+        self.lookups += 1
+        return super().get(key, default)
+
+
+def test_each_block_is_looked_up_once_per_admission_and_store(models, tokenizer):
+    """Admission walks the prompt's blocks once (no second walk for the wait-or-match check), and storing after
+    each prefill chunk goes on from the sequence's cursor instead of re-walking from the root."""
+    target, _ = models
+    on, off = engines(target, tokenizer, max_batch_size=2,
+                      scheduler=SchedulerConfig(max_batched_tokens=64, prefill_chunk_tokens=16))
+    prompt = tokenizer(SYSTEM * 3 + "the cat sat on the")["input_ids"]
+    blocks = (len(prompt) - 1) // 16
+    assert blocks >= 4  # several chunks: a re-walk from the root would show
+    table = on.prefix_cache.table = CountingTable()
+    first = on.generate(prompt, greedy(), use_drafter=False)
+    assert table.lookups == 1 + blocks  # the miss at the first block, then each block stored once
+    table.lookups = 0
+    again = on.generate(prompt, greedy(), use_drafter=False)
+    assert table.lookups == blocks and again.stats.cached_tokens == blocks * 16  # the match; nothing left to store
+    assert_same([first, again], [off.generate(prompt, greedy(), use_drafter=False)] * 2)
+    assert not on.prefix_cache.pins  # every chain released
+
+
 def test_n_copies_share_one_prefill(models, tokenizer, shared):
     """n > 1: the copies of one prompt wait for the first one's prefill and copy its blocks."""
     target, _ = models

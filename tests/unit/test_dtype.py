@@ -53,3 +53,13 @@ def test_server_config_resolves_auto_once():
     assert ServerConfig(model="m", dtype=torch.bfloat16).dtype_reason == "bfloat16: asked for"
     with pytest.raises(ValueError, match="choose from auto"):
         ServerConfig(model="m", dtype="int3")
+
+
+@pytest.mark.parametrize("weights, quantization", [("gguf", "none"), ("fp32", "int8")])
+def test_server_config_auto_on_quantized_weights_is_fp32(weights, quantization):
+    from verispec.server import ServerConfig
+
+    # On CUDA 'auto' is bf16 for float weights; quantized ones compute in float32 (resolve_dtype's `quantized`).
+    assert ServerConfig(model="m", device="cuda").dtype == torch.bfloat16
+    config = ServerConfig(model="m", device="cuda", weights=weights, quantization=quantization)
+    assert config.dtype == torch.float32 and "quantized" in config.dtype_reason

@@ -4,6 +4,9 @@ scale config. No Ray needed."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -53,6 +56,12 @@ def test_rank_prefers_the_keys_replica_unless_it_is_much_busier():
     assert rank("k", {first: 4, second: 0}, imbalance=4) == [[first], [second]]  # at the bound: still affinity
     assert rank("k", {first: 5, second: 0}, imbalance=4) == [[first, second]]  # past it: least loaded of all
     assert rank("k", {first: None, second: 3}, imbalance=0) == [[first], [second]]  # unknown load: affinity
+    # Another's load unknown (Serve has not probed it): it may be idle, so past the bound it gets a chance.
+    assert rank("k", {first: 4, second: None}, imbalance=4) == [[first], [second]]
+    assert rank("k", {first: 5, second: None}, imbalance=4) == [[first, second]]
+    top, *rest = preference("k", ["r1", "r2", "r3"])
+    assert rank("k", {top: 5, rest[0]: 9, rest[1]: None}, imbalance=4) == [[top, *rest]]
+    assert rank("k", {top: 5, rest[0]: 2, rest[1]: 3}, imbalance=4) == [[top], rest]
     assert rank(None, {"r1": 1, "r2": 0}, imbalance=4) == [["r1", "r2"]]
     assert rank("k", {"r1": 9}, imbalance=0) == [["r1"]]
 
@@ -123,3 +132,33 @@ def test_bench_replica_counts():
     assert parse_replicas("2") == [1, 2] and parse_replicas("4,2,2") == [1, 2, 4]
     with pytest.raises(ValueError, match="--replicas"):
         parse_replicas("0,2")
+
+
+def test_bench_replicas_resolves_auto_for_its_device():
+    from verispec.bench.serve_replicas import config_from_args
+    from verispec.cli import build_parser
+
+    def config(*flags):
+        return config_from_args(build_parser().parse_args(["bench", "--serve", "--replicas", "2", *flags]))
+
+    cuda = config("--device", "cuda", "--dtype", "auto")
+    assert (cuda.device, cuda.dtype) == ("cuda", "bfloat16")  # 'auto' on CUDA, not the CPU's choice
+    assert config("--device", "cuda", "--weights", "gguf").dtype == "float32"  # quantized weights: float32
+    assert config("--device", "cpu", "--dtype", "float16").dtype == "float16"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_tree_cpu_counts_living_descendants():
+    from verispec.bench.serve_replicas import tree_cpu_s
+
+    burn = "import sys, time\nwhile time.process_time() < 0.3: pass\nprint('ready', flush=True)\nsys.stdin.read()"
+    child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"  # it used 0.3 s of CPU and waits
+        mine = os.times()
+        assert tree_cpu_s(os.getpid()) >= mine.user + mine.system + 0.29 - 0.02  # (clock ticks round down)
+        assert tree_cpu_s(child.pid) >= 0.27
+    finally:
+        child.stdin.close()
+        child.wait(30)
+    assert tree_cpu_s(2**22 + 7) is None  # no such process

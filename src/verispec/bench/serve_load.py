@@ -298,10 +298,23 @@ def _write(report: dict, out: Path) -> None:
     (out / "report.md").write_text(markdown(report), encoding="utf-8")
 
 
+def dtypes_from_args(args) -> list[str]:
+    """--dtypes (else --dtype) as dtype names, 'auto' resolved for --device as the server resolves it (quantized
+    weights: float32). CliError on an unknown name."""
+    from ..cli import CliError
+    from ..models import is_quantized
+    from ..runtime.dtype import DTYPE_CHOICES, dtype_name, resolve_dtype
+
+    dtypes = [d.strip() for d in (args.dtypes or args.dtype).split(",") if d.strip()]
+    if bad := [d for d in dtypes if d not in DTYPE_CHOICES]:
+        raise CliError(f"unknown dtype {', '.join(bad)}: choose from {', '.join(DTYPE_CHOICES)}")
+    quantized = is_quantized(getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"))
+    return [dtype_name(resolve_dtype(d, args.device, quantized)[0]) for d in dtypes]
+
+
 def config_from_args(args) -> ServeLoadConfig:
     """`verispec bench --serve`'s flags (parsed by cli/bench.py) as a ServeLoadConfig; CliError on bad ones."""
     from ..cli import CliError
-    from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
     from .prompts import PromptError, load_prompts, select_prompts
 
     if args.demo or args.batch_sizes:
@@ -312,10 +325,7 @@ def config_from_args(args) -> ServeLoadConfig:
                                  args.limit)
     except (ValueError, PromptError) as exc:
         raise CliError(str(exc)) from None
-    dtypes = [d.strip() for d in (args.dtypes or args.dtype).split(",") if d.strip()]
-    if bad := [d for d in dtypes if d not in DTYPE_CHOICES]:
-        raise CliError(f"unknown dtype {', '.join(bad)}: choose from {', '.join(DTYPE_CHOICES)}")
-    dtypes = [dtype_name(choose_dtype(args.device)[0]) if d == "auto" else d for d in dtypes]  # as the server picks
+    dtypes = dtypes_from_args(args)
     serve_args = tuple(shlex.split(args.serve_args or ""))
     if not getattr(args, "enable_prefix_caching", True) and not getattr(args, "prefix_cache", False):
         serve_args += ("--no-enable-prefix-caching",)

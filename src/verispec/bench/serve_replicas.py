@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import httpx
 from .batching import parse_int_list
 from .machine import describe_machine, machine_line
 from .prompts import BenchPrompt
-from .serve_load import MAX_CONCURRENCY, ServerProcess, drive, summarize
+from .serve_load import MAX_CONCURRENCY, ServerProcess, drive, dtypes_from_args, summarize
 
 MAX_REPLICAS = 64
 
@@ -41,6 +42,7 @@ class ReplicaSweepConfig:
     concurrency: list[int]
     max_new_tokens: int
     out: Path
+    device: str = "cpu"  # each replica's --device
     threads: int = 1  # per replica
     repeats: int = 1
     serve_args: tuple[str, ...] = ()
@@ -55,19 +57,47 @@ def _cache_series(url: str) -> dict[str, float]:
     return series
 
 
+def tree_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system) used so far by a process and its living descendants (the server, its local Ray,
+    the replicas); None where /proc cannot tell (not Linux)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    children: dict[int, list[int]] = {}
+    used: dict[int, float] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return None
+    for entry in entries:
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) ": state, ppid, ..., utime (12), stime
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        used[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    if pid not in used:
+        return None
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        total += used.get(current, 0.0)
+        todo += children.get(current, [])
+    return total
+
+
 def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
-    machine = describe_machine("cpu")
+    machine = describe_machine(config.device)
     log(f"[bench --serve --replicas] {machine_line(machine)}")
     report = {"machine": machine, "settings": {
         "replicas": config.replicas, "concurrency": config.concurrency, "threads_per_replica": config.threads,
         "max_new_tokens": config.max_new_tokens, "prompts": len(config.prompts), "repeats": config.repeats,
-        "model": config.model, "draft_model": config.draft, "dtype": config.dtype,
+        "model": config.model, "draft_model": config.draft, "dtype": config.dtype, "device": config.device,
     }, "runs": []}
     reference: dict[int, str] = {}
     base: dict[int, float] = {}
     for count in config.replicas:
         args = ["--model", config.model, "--draft-model", config.draft, "--enable-speculative", "--dtype",
-                config.dtype, "--replicas", str(count), "--threads", str(config.threads),
+                config.dtype, "--device", config.device, "--replicas", str(count), "--threads", str(config.threads),
                 "--max-num-seqs", str(max(config.concurrency)), *config.serve_args]
         with ServerProcess(args, config.out / f"server_replicas{count}.log") as server:
             command = shlex.join(["verispec", *server.command[3:]])
@@ -76,6 +106,7 @@ def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
             solo = None
             for concurrency in config.concurrency:
                 records, seconds = [], 0.0
+                cpu_before = tree_cpu_s(server.proc.pid)
                 for _ in range(config.repeats):
                     stagger = (solo or 0.0) / concurrency
                     got, took = asyncio.run(drive(server.url, server.model_id, config.prompts, concurrency,
@@ -86,6 +117,13 @@ def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
                 if not reference:
                     reference = {r.prompt: r.text for r in records if r.error is None}
                 row = summarize(records, seconds, reference)
+                cpu_after = tree_cpu_s(server.proc.pid)
+                if cpu_before is not None and cpu_after is not None and cpu_after > cpu_before:
+                    # What the CPU share this run got cannot hide: on a shared machine (and with the kernel's
+                    # autogroups, which share the CPU by session, not by process) R replicas may get no more CPU
+                    # than one. tokens per CPU-second compares the configurations' efficiency.
+                    row["cpu_cores_used"] = round((cpu_after - cpu_before) / seconds, 3) if seconds else None
+                    row["tokens_per_cpu_s"] = round(row["tokens"] / (cpu_after - cpu_before), 3)
                 solo = solo or row["latency_mean_s"]
                 base.setdefault(concurrency, row["tokens_per_s"])
                 row.update(replicas=count, concurrency=concurrency, command=command,
@@ -94,7 +132,8 @@ def run_replica_sweep(config: ReplicaSweepConfig, log=print) -> dict:
                 row["cache"] = _cache_series(server.url)
                 report["runs"].append(row)
                 log(f"[bench --serve --replicas] R={count} C={concurrency}: {row['tokens_per_s']:.1f} tok/s "
-                    f"({row['ratio_to_one_replica']}x R=1), TTFT p50 {row['ttft_p50_s']} s, "
+                    f"({row['ratio_to_one_replica']}x R=1) on {row.get('cpu_cores_used')} cores "
+                    f"({row.get('tokens_per_cpu_s')} tok per CPU-s), TTFT p50 {row['ttft_p50_s']} s, "
                     f"{row['identical_to_alone']}/{row['compared']} = R=1, {row['failed']} failed")
     config.out.mkdir(parents=True, exist_ok=True)
     (config.out / "replicas.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -108,17 +147,18 @@ def markdown(report: dict) -> str:
              f"{s['threads_per_replica']} thread(s) per replica, {s['max_new_tokens']} tokens per request, "
              "speculation on, greedy; "
              f"{report['machine'].get('logical_cpus', '?')} CPU cores shared by all replicas.", "",
-             "| replicas | clients | tokens/s | x 1 replica | TTFT p50 (s) | = 1 replica | failed |",
-             "|---:|---:|---:|---:|---:|---:|---:|"]
+             "| replicas | clients | tokens/s | x 1 replica | CPU cores used | tokens per CPU-s | TTFT p50 (s) "
+             "| = 1 replica | failed |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in report["runs"]:
         lines.append(f"| {r['replicas']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_one_replica']} "
-                     f"| {r['ttft_p50_s']} | {r['identical_to_alone']}/{r['compared']} | {r['failed']} |")
+                     f"| {r.get('cpu_cores_used')} | {r.get('tokens_per_cpu_s')} | {r['ttft_p50_s']} | {r['identical_to_alone']}/{r['compared']} | {r['failed']} |")
     return "\n".join(lines) + "\n"
 
 
-def run_from_args(args) -> int:
+def config_from_args(args) -> ReplicaSweepConfig:
+    """`verispec bench --serve --replicas`'s flags (parsed by cli/bench.py); CliError on bad ones."""
     from ..cli import CliError
-    from ..runtime.dtype import DTYPE_CHOICES, choose_dtype, dtype_name
     from .prompts import PromptError, load_prompts, select_prompts
 
     try:
@@ -128,15 +168,16 @@ def run_from_args(args) -> int:
                                  args.limit)
     except (ValueError, PromptError) as exc:
         raise CliError(str(exc)) from None
-    dtype = args.dtype if args.dtype != "auto" else dtype_name(choose_dtype("cpu")[0])
-    if dtype not in DTYPE_CHOICES:
-        raise CliError(f"unknown dtype {dtype}: choose from {', '.join(DTYPE_CHOICES)}")
-    config = ReplicaSweepConfig(
-        model=args.model, draft=args.draft_model, dtype=dtype, prompts=prompts, replicas=replicas,
-        concurrency=concurrency, max_new_tokens=args.max_new_tokens or 128, out=args.out,
-        threads=args.threads or 1, repeats=args.serve_repeats, serve_args=tuple(shlex.split(args.serve_args or "")),
+    return ReplicaSweepConfig(
+        model=args.model, draft=args.draft_model, dtype=dtypes_from_args(args)[0],  # 'auto' as the server resolves it
+        prompts=prompts, replicas=replicas, concurrency=concurrency, max_new_tokens=args.max_new_tokens or 128,
+        out=args.out, device=args.device, threads=args.threads or 1, repeats=args.serve_repeats,
+        serve_args=tuple(shlex.split(args.serve_args or "")),
     )
-    report = run_replica_sweep(config)
+
+
+def run_from_args(args) -> int:
+    report = run_replica_sweep(config_from_args(args))
     print(f"[bench --serve --replicas] wrote {args.out / 'replicas.md'} and replicas.json")
     print(markdown(report))
     return 0

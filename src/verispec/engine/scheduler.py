@@ -18,17 +18,18 @@ Invariants:
   prefilled, as it joins at once.
 
 Prefix caching (`PrefixCache`, runtime/prefix_cache.py): a sequence admitted finds the longest cached prefix of
-its prompt (full blocks of the part the target's cache takes, prompt[:-1]); those blocks are pinned, copied into
-its slot when it is staged, and its prefill starts after them (a fully cached prompt joins at once). After each
-prefill chunk the prompt's full blocks are stored. The head of the queue waits while a sequence being prefilled
-will store more of its prefix than is cached now (n copies of one prompt, a shared system prompt arriving at
-once): a copy later beats computing the same entries twice.
+its prompt (full blocks of the part the target's cache takes, prompt[:-1]), walking its blocks once; those blocks
+are copied into its slot when it is staged, and its prefill starts after them (a fully cached prompt joins at
+once). After each prefill chunk the prompt's new full blocks are stored, from the sequence's cursor (its chain of
+blocks so far, pinned until it joins or leaves), never re-walked from the root. The head of the queue waits
+while a sequence being prefilled will store more of its prefix than is cached now (n copies of one prompt, a
+shared system prompt arriving at once): a copy later beats computing the same entries twice.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..runtime.prefix_cache import PrefixCache
@@ -75,8 +76,11 @@ class PrefixLookup:
     """A sequence's prompt as the prefix cache sees it."""
 
     tokens: list[int]  # prompt[:-1]: the tokens whose entries the target's cache takes at prefill
-    blocks: list[int] | None  # matched at admission, pinned until copied into the slot (then empty); None: the
-    # request may not start from cached blocks (its drafter reads the prompt's hidden states)
+    cacheable: bool  # False: the request may not start from cached blocks (its drafter reads the prompt's hidden
+    # states); its blocks are stored all the same
+    chain: list[int] = field(default_factory=list)  # the prompt's blocks matched, then stored, root first: the
+    # cursor of `PrefixCache.extend`, pinned until the sequence joins or leaves
+    to_load: int = 0  # matched blocks (chain[:to_load]) still to copy into the slot when it is staged
 
 
 class Scheduler:
@@ -107,7 +111,7 @@ class Scheduler:
         """A new request waits for a slot. prompt: its token ids; cacheable: it may start from cached prefix
         blocks (its prompt's blocks are stored either way)."""
         if self.prefix is not None:
-            self._lookups[seq] = PrefixLookup(prompt[:-1], [] if cacheable else None)
+            self._lookups[seq] = PrefixLookup(prompt[:-1], cacheable)
         self.waiting.append(seq)
 
     # -- planning ------------------------------------------------------------------------------------------------
@@ -134,9 +138,8 @@ class Scheduler:
                 head = self.waiting[0]
                 if staged and head.prompt_len == 1:
                     break  # it joins at once, into the decoding slot: after the others (module docstring)
-                if self._prefix_pending(head):
+                if not self._match_prefix(head):
                     break  # its prefix will be cached soon (module docstring)
-                self._match_prefix(head)
                 if chunks and self._next_chunk(head)[2] > left:
                     self._unmatch_prefix(head)
                     break  # strict arrival order: nobody is admitted ahead of the head of the queue
@@ -179,51 +182,55 @@ class Scheduler:
         seq.slot = free[-1] if held else free[0]
         self.cache.reset(seq.slot)
         lookup = self._lookup(seq)
-        if lookup is not None and lookup.blocks:
-            self.prefix.load(seq.slot, lookup.blocks)  # its prefill starts after them (seq.prefilled)
-            self.prefix.unpin(lookup.blocks)
-            lookup.blocks = []
+        if lookup is not None and lookup.to_load:
+            self.prefix.load(seq.slot, lookup.chain[: lookup.to_load])  # its prefill starts after them (seq.prefilled)
+            lookup.to_load = 0
 
     # -- prefix cache --------------------------------------------------------------------------------------------
 
     def store_prefix(self, seq: Sequence, end: int) -> None:
-        """After a prefill chunk: the full blocks of prompt[:end], which its slot now holds, go into the prefix
-        cache."""
+        """After a prefill chunk: the new full blocks of prompt[:end], which its slot now holds, go into the prefix
+        cache (past the sequence's chain: only those blocks are hashed)."""
         lookup = self._lookup(seq)
         if lookup is not None:
-            self.prefix.insert(seq.slot, lookup.tokens[:end])
+            self.prefix.extend(seq.slot, lookup.tokens[:end], lookup.chain)
 
     def _lookup(self, seq: Sequence) -> PrefixLookup | None:
         return self._lookups.get(seq) if self.prefix is not None else None
 
-    def _match_prefix(self, seq: Sequence) -> None:
-        """An admitted sequence starts after the longest cached prefix of its prompt (its blocks pinned until
-        `stage` copies them)."""
+    def _match_prefix(self, seq: Sequence) -> bool:
+        """An admitted sequence starts after the longest cached prefix of its prompt (its blocks pinned, copied by
+        `stage`). -> False, matching nothing, when a sequence being prefilled will store more of its prefix than
+        the cache holds now: it should wait (module docstring)."""
         lookup = self._lookup(seq)
-        if lookup is None or lookup.blocks is None:
-            return
-        lookup.blocks = self.prefix.match(lookup.tokens)
-        self.prefix.pin(lookup.blocks)
-        seq.prefilled = len(lookup.blocks) * self.prefix.block_size
+        if lookup is None or not lookup.cacheable:
+            return True
+        blocks = self.prefix.match(lookup.tokens, count=False)  # the one walk of its blocks for this admission
+        others = [self._lookup(other) for other in self._admitted]
+        shared = max((self.prefix.common_blocks(lookup.tokens, other.tokens) for other in others if other), default=0)
+        if shared > len(blocks):
+            return False
+        self.prefix.claim(lookup.tokens, blocks)
+        self.prefix.pin(blocks)
+        lookup.chain, lookup.to_load = blocks, len(blocks)
+        seq.prefilled = len(blocks) * self.prefix.block_size
         seq.stats.cached_tokens = seq.prefilled
+        return True
 
     def _unmatch_prefix(self, seq: Sequence) -> None:
         """Undo `_match_prefix` for a sequence that was not admitted after all."""
         lookup = self._lookup(seq)
-        if lookup is not None and lookup.blocks is not None:
-            self.prefix.unpin(lookup.blocks)
-            self.prefix.uncount(len(lookup.tokens), len(lookup.blocks))
-            lookup.blocks = []
+        if lookup is not None and lookup.cacheable:
+            self.prefix.unpin(lookup.chain)
+            self.prefix.uncount(len(lookup.tokens), len(lookup.chain))
+            lookup.chain, lookup.to_load = [], 0
             seq.prefilled = seq.stats.cached_tokens = 0
 
-    def _prefix_pending(self, seq: Sequence) -> bool:
-        """Whether a sequence being prefilled will store more of seq's prefix than the cache holds now."""
-        lookup = self._lookup(seq)
-        if lookup is None or lookup.blocks is None:
-            return False
-        others = [self._lookup(other) for other in self._admitted]
-        shared = max((self.prefix.common_blocks(lookup.tokens, other.tokens) for other in others if other), default=0)
-        return shared > 0 and shared > len(self.prefix.match(lookup.tokens, count=False))
+    def _release_prefix(self, seq: Sequence) -> None:
+        """A sequence that joins or leaves is done with the prefix cache: its chain is unpinned."""
+        lookup = self._lookups.pop(seq, None) if self.prefix is not None else None
+        if lookup is not None:
+            self.prefix.release(lookup.chain)
 
     def join(self, seq: Sequence) -> None:
         """A sequence whose prompt is complete decodes from now on, in slot len(running) (slots stay contiguous)."""
@@ -240,8 +247,7 @@ class Scheduler:
             self.cache.move_slot(seq.slot, slot)
             seq.slot = slot
         self._admitted.remove(seq)
-        if self.prefix is not None:
-            self._lookups.pop(seq, None)
+        self._release_prefix(seq)
         self.running.append(seq)
         seq.status = SequenceStatus.RUNNING
 
@@ -266,9 +272,7 @@ class Scheduler:
         for queue in (self._admitted, self.waiting):
             if seq in queue:
                 queue.remove(seq)
-                lookup = self._lookups.pop(seq, None) if self.prefix is not None else None
-                if lookup is not None and lookup.blocks:
-                    self.prefix.unpin(lookup.blocks)
+                self._release_prefix(seq)
                 if getattr(seq, "slot", -1) >= 0:
                     self.cache.reset(seq.slot)
                     seq.slot = -1

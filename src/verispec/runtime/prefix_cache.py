@@ -6,12 +6,15 @@ block_size) of some prompt, for every layer. It is keyed by (its parent block, i
 block of the tokens before it (ROOT for the first), so a key names the whole prefix exactly (a radix tree of
 blocks; no hash collision can map two prefixes to one block). A sequence's prefix is found by walking its
 prompt's blocks from the root (`match`), copied into its slot before its prefill (`load`, one copy per layer:
-far cheaper than recomputing) and, once prefilled, its full blocks are copied out of its slot (`insert`).
+far cheaper than recomputing) and, as it is prefilled, its full blocks are copied out of its slot: chunk by chunk
+(`extend`, from the sequence's cursor: its chain of blocks so far, so each block is hashed once per sequence),
+or all at once (`insert`).
 
-Eviction is LRU among unpinned blocks. Every use of a block also touches all its ancestors, after it, so an
-ancestor is always more recent than its descendants: the least recently used unpinned block is a leaf, and no
-stored block ever loses its parent. A sequence admitted with a hit pins its blocks until they are loaded into its
-slot (`pin` / `unpin`), so inserts of the same step cannot evict them in between.
+Eviction is LRU among unpinned blocks. A sequence pins its chain (the blocks it matched at admission, then those
+it stored) while it is being prefilled, and `release` then touches the whole chain, descendants before
+ancestors: every unpinned block's ancestors are more recent than it, so the least recently used unpinned block is
+a leaf, and no stored block ever loses its parent. The pins also keep a matched block from being evicted before
+it is loaded into the slot, and a chain's blocks from being reused under its cursor.
 
 Exactness: the entries copied are the ones a prefill of the same tokens at the same positions wrote; a hit skips
 those forwards and changes nothing else (fp32 greedy tokens are identical; the prefill's widths differ, so logits
@@ -79,6 +82,13 @@ class PrefixCache:
             self.hit_tokens += len(blocks) * self.block_size
         return blocks
 
+    def claim(self, tokens: list[int], blocks: list[int]) -> None:
+        """Count a lookup whose blocks a peek (`match(count=False)`) found just before, and touch them: the same as
+        `match(tokens)` without walking the blocks again."""
+        self._touch(blocks)
+        self.queried_tokens += len(tokens) // self.block_size * self.block_size
+        self.hit_tokens += len(blocks) * self.block_size
+
     def uncount(self, tokens: int, blocks: int) -> None:
         """Take back a counted lookup of `tokens` tokens that found `blocks` blocks (its request was not admitted)."""
         self.queried_tokens -= tokens // self.block_size * self.block_size
@@ -119,30 +129,46 @@ class PrefixCache:
         self.cache.write_prefix(slot, entries)
         return n
 
-    @torch.inference_mode()
     def insert(self, slot: int, tokens: list[int]) -> None:
-        """Store the full blocks of `tokens`, whose entries slot holds at [0, len(tokens)); blocks stored already
-        are only touched (and one evicted since is stored again: the slot still holds its entries)."""
+        """Store the full blocks of `tokens`, whose entries slot holds at [0, len(tokens)), at once."""
+        chain: list[int] = []
+        self.extend(slot, tokens, chain)
+        self.release(chain)
+
+    @torch.inference_mode()
+    def extend(self, slot: int, tokens: list[int], chain: list[int]) -> None:
+        """Store the full blocks of `tokens` (slot holds their entries at [0, len(tokens))) past `chain`, a
+        sequence's cursor: its blocks so far, root first, pinned (module docstring). Only the blocks past the chain
+        are looked up; each one found or stored joins the chain, pinned. Blocks stored already are only taken (one
+        evicted since is stored again: the slot still holds its entries). Stops early when every block is pinned;
+        the next call goes on from there."""
         if self.capacity == 0:
             return
-        parent = ROOT
-        chain: list[int] = []
+        bs = self.block_size
+        parent = chain[-1] if chain else ROOT
         new: list[tuple[int, int]] = []  # (block, its index in the prompt)
-        for i in range(len(tokens) // self.block_size):
-            key = (parent, tuple(tokens[i * self.block_size : (i + 1) * self.block_size]))
+        for i in range(len(chain), len(tokens) // bs):
+            key = (parent, tuple(tokens[i * bs : (i + 1) * bs]))
             block = self.table.get(key)
             if block is None:
-                block = self._allocate(chain)
+                block = self._allocate()
                 if block is None:
                     break  # every other block is pinned
                 self.table[key] = block
                 self.keys[block] = key
                 new.append((block, i))
+            self.pin([block])
+            self.lru[block] = None  # stored; its place in the LRU order is set by `release`
             chain.append(block)
             parent = block
-        self._touch(chain)
         if new:
             self._copy_out(slot, new)
+
+    def release(self, chain: list[int]) -> None:
+        """A sequence is done with its chain (prefilled, or gone): the chain becomes the most recently used, in
+        order, and is unpinned."""
+        self._touch(chain)
+        self.unpin(chain)
 
     def _copy_out(self, slot: int, new: list[tuple[int, int]]) -> None:
         bs = self.block_size
@@ -167,15 +193,14 @@ class PrefixCache:
             data[:size] = self.data
         self.data = data
 
-    def _allocate(self, chain: list[int]) -> int | None:
-        """A block to fill: a new one (up to capacity), else the least recently used unpinned block outside `chain`
-        (a leaf: see the module docstring). None when none is left."""
+    def _allocate(self) -> int | None:
+        """A block to fill: a new one (up to capacity), else the least recently used unpinned block (a leaf: see
+        the module docstring). None when none is left."""
         if self.allocated < self.capacity:
             self.allocated += 1
             return self.allocated - 1
-        busy = set(chain)
         for block in self.lru:
-            if block not in self.pins and block not in busy:
+            if block not in self.pins:
                 del self.table[self.keys.pop(block)]
                 del self.lru[block]
                 self.evicted += 1

@@ -9,7 +9,7 @@ import torch
 
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.spec import NONE
-from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
 from ..runtime.dtype import resolve_dtype
 from .protocol import MAX_CHOICES
 
@@ -90,7 +90,8 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
-            dtype, reason = resolve_dtype(self.dtype, self.device)  # ValueError naming the choices
+            # ValueError naming the choices; quantized weights compute in float32, so 'auto' is float32 there
+            dtype, reason = resolve_dtype(self.dtype, self.device, is_quantized(self.weights, self.quantization))
             object.__setattr__(self, "dtype", dtype)
             object.__setattr__(self, "dtype_reason", reason)
         if self.max_len < 1:

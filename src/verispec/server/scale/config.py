@@ -32,6 +32,8 @@ class ScaleConfig:
     """Leading prompt characters the prefix-affinity key hashes."""
     imbalance: int = IMBALANCE
     """Ongoing-request gap at which prefix affinity yields to the least loaded replica."""
+    step_gate: bool = False
+    """Tests only: each replica's engine can be parked mid-request on demand (`Replica.hold`, gate.py)."""
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

@@ -123,7 +123,7 @@ class Ingress:
         endpoint = call.path if call.path.startswith("/v1/") or call.path == "/health" else "other"
         generation = call.path in _GENERATIONS
         self.generations += int(generation)
-        streaming = False
+        relayed = False  # a stream's relay took the request over: it gives the place back
         try:
             for attempt in range(ATTEMPTS):
                 if attempt:
@@ -134,10 +134,10 @@ class Ingress:
                     headers = {k: v for k, v in head["headers"] if k.lower() not in _HOP_HEADERS}
                     headers[REPLICA_HEADER] = head["replica"]
                     if headers.get("content-type", "").startswith("text/event-stream"):
-                        streaming = True
                         self.metrics.requests.labels(endpoint, str(head["status"])).inc()
-                        return StreamingResponse(self._relay(stream, generation), status_code=head["status"],
-                                                 headers=headers)
+                        relayed = True
+                        return Relay(stream, self.metrics, lambda: self._done(generation), status_code=head["status"],
+                                     headers=headers)
                     content = b"".join([chunk async for chunk in stream])
                     self.metrics.requests.labels(endpoint, str(head["status"])).inc()
                     return Response(content, status_code=head["status"], headers=headers)
@@ -148,24 +148,41 @@ class Ingress:
                     raise
             raise replica_unavailable(f"{ATTEMPTS} replicas in a row went away while answering")  # counted there
         finally:
-            if not streaming:
-                self.generations -= generation
+            if not relayed:
+                self._done(generation)
 
-    async def _relay(self, stream, generation: bool):
-        finished = False
+    def _done(self, generation: bool) -> None:
+        self.generations -= generation
+
+
+class Relay(StreamingResponse):
+    """A replica's stream relayed to the client. However the response ends (read to its end, cut by a dead
+    replica, or its client gone, even before the first chunk: then the body's generator never starts), `done()`
+    runs exactly once, and a stream not read to its end is cancelled at the replica (its app sees the client
+    disconnect)."""
+
+    def __init__(self, stream, metrics: IngressMetrics, done, **kwargs) -> None:
+        self.stream, self.metrics, self.done = stream, metrics, done
+        self.finished = False
+        super().__init__(self._chunks(), **kwargs)
+
+    async def _chunks(self):
         try:
-            async for chunk in stream:
+            async for chunk in self.stream:
                 yield chunk
-            finished = True
         except _LOST:
             self.metrics.replica_failures.inc()
             self.metrics.cut_streams.inc()
             yield sse(replica_unavailable("the replica running this stream went away").body()) + DONE
-            finished = True
+        self.finished = True
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
         finally:
-            self.generations -= generation
-            if not finished:
-                stream.cancel()  # the client left: the replica's app sees it disconnect
+            self.done()
+            if not self.finished:
+                self.stream.cancel()
 
 
 def build_app(ingress: Ingress) -> FastAPI:

@@ -49,7 +49,7 @@ def application(config: ServerConfig, scale: ScaleConfig):
     ingress = serve.deployment(serve.ingress()(Ingress), name="Ingress", num_replicas=1, max_ongoing_requests=10_000,
                                ray_actor_options={"num_cpus": 0}, logging_config=QUIET,
                                graceful_shutdown_timeout_s=config.shutdown_timeout)
-    return ingress.bind(replica.bind(config, scale.threads), config, scale)
+    return ingress.bind(replica.bind(config, scale.threads, scale.step_gate), config, scale)
 
 
 def start(config: ServerConfig, scale: ScaleConfig, host: str, port: int) -> None:

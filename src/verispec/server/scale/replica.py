@@ -18,17 +18,19 @@ from transformers.utils import logging as hf_logging
 from ..app import create_app
 from ..config import ServerConfig
 from .bridge import HttpCall, answer
+from .gate import MidRequestGate
 
 logger = logging.getLogger("verispec.server")
 
 
 class Replica:
-    def __init__(self, config: ServerConfig, threads: int | None = None) -> None:
+    def __init__(self, config: ServerConfig, threads: int | None = None, step_gate: bool = False) -> None:
         if threads:
             torch.set_num_threads(threads)
         hf_logging.disable_progress_bar()  # one bar per replica per load, relayed by Ray: noise
         self.app = create_app(config)
         self.server = self.app.state.server
+        self.gate = MidRequestGate(self.server.worker.engine) if step_gate else None  # tests only
         self.server.worker.start()  # the app's lifespan would; here nothing runs it
         self.id = serve.get_replica_context().replica_id.unique_id
         logger.info("replica %s serving %s", self.id, config.model_id)
@@ -44,6 +46,17 @@ class Replica:
     async def metrics(self, replica: str | None = None) -> tuple[str, str]:
         """-> (this replica's id, its Prometheus text). `replica` pins the call to one replica (router.py)."""
         return self.id, self.server.metrics.render().decode()
+
+    async def hold(self, park: bool, replica: str | None = None) -> bool:
+        """Tests only (`ScaleConfig.step_gate`): park (True) the engine at its next step with a sequence decoding,
+        or let it run (False). -> whether it is parked now. `replica` pins the call, as for `metrics`."""
+        if self.gate is None:
+            raise RuntimeError("this replica has no step gate (ScaleConfig.step_gate is for tests)")
+        if park:
+            self.gate.hold()
+        else:
+            self.gate.release()
+        return self.gate.parked
 
     def check_health(self) -> None:
         if not self.server.worker.alive:

@@ -60,7 +60,9 @@ def rank(key: str | None, loads: dict[str, int | None], imbalance: int) -> list[
     if key is None or len(replicas) < 2:
         return [replicas]
     first, *others = preference(key, replicas)
-    known = [load for load in loads.values() if load is not None]
-    if loads[first] is not None and known and loads[first] - min(known) > imbalance:
-        return [replicas]  # the preferred replica is much busier: least loaded wins
+    # An unknown load counts as idle: Serve probes only the replicas of the rank it tries, so with affinity alone
+    # the others' loads would never become known and a hot prefix (a shared system prompt) would pile onto one.
+    floor = min(0 if loads[r] is None else loads[r] for r in others)
+    if loads[first] is not None and loads[first] - floor > imbalance:
+        return [replicas]  # the preferred replica is much busier: least loaded wins (Serve probes the unknown)
     return [[first], others]
