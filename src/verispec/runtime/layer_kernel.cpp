@@ -22,6 +22,9 @@
 #include <limits>
 #include <optional>
 #include <vector>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -72,8 +75,8 @@ inline float fexp(float x) {
 }
 
 // sum_i a[i] * b[i] in one fixed order: LANES partial sums over d in steps of LANES, the tail into the first
-// lanes, then the lanes halved pairwise.
-template <typename T> inline float dot(const float* a, const T* b, int64_t d) {
+// lanes, then the lanes halved pairwise (the AVX-512 path computes exactly the scalar path's operations).
+template <typename T> inline float dot_scalar(const float* a, const T* b, int64_t d) {
   float acc[LANES] = {0};
   const int64_t body = d - d % LANES;
   for (int64_t c = 0; c < body; c += LANES)
@@ -82,6 +85,94 @@ template <typename T> inline float dot(const float* a, const T* b, int64_t d) {
   for (int64_t w = LANES / 2; w > 0; w /= 2)
     for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
   return acc[0];
+}
+
+#if defined(__AVX512F__)
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const bf16* p, __mmask16 m) {  // bf16 -> fp32, exact
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+template <typename T> inline float dot(const float* a, const T* b, int64_t d) {
+  __m512 acc = _mm512_setzero_ps();
+  const int64_t body = d - d % LANES;
+  for (int64_t c = 0; c < body; c += LANES)
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + c), load16(b + c, 0xffff)));
+  if (body < d) {  // the tail's lanes; the others add 0 * 0
+    const __mmask16 m = static_cast<__mmask16>((1u << (d - body)) - 1);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + body), load16(b + body, m)));
+  }
+  __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                            _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));  // l + 8
+  __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));  // l + 4
+  __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));  // l + 2
+  __m128 h1 = _mm_add_ss(h2, _mm_shuffle_ps(h2, h2, 1));  // l + 1
+  return _mm_cvtss_f32(h1);
+}
+#else
+template <typename T> inline float dot(const float* a, const T* b, int64_t d) { return dot_scalar(a, b, d); }
+#endif
+
+#if defined(__AVX512F__)
+// fexp on 16 lanes: the same operations as the scalar fexp, lane by lane.
+inline __m512 fexp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-88.0f)), _mm512_set1_ps(88.0f));
+  const __m512 shift = _mm512_set1_ps(12582912.0f);
+  __m512 n = _mm512_sub_ps(_mm512_add_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), shift), shift);
+  __m512 r = _mm512_sub_ps(x, _mm512_mul_ps(n, _mm512_set1_ps(0.693359375f)));
+  r = _mm512_sub_ps(r, _mm512_mul_ps(n, _mm512_set1_ps(-2.12194440e-4f)));
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(5.0000001201e-1f));
+  __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, r), r), r), _mm512_set1_ps(1.0f));
+  __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
+// out[i] = sum_j p[j] v[j, i] in j order (p = 0 skipped), for d = 16 * NC: the sums held in registers.
+template <int NC, typename T>
+inline void accumulate16(const float* p, const T* v, int64_t stride, int64_t L, float* out) {
+  __m512 acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < L; ++j) {
+    if (p[j] == 0.0f) continue;
+    const __m512 pj = _mm512_set1_ps(p[j]);
+    const T* vj = v + j * stride;
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pj, load16(vj + 16 * c, 0xffff)));
+  }
+  for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
+}
+#endif
+
+// s[j] = fexp(s[j] - top) for j < L
+inline void exp_shifted(float* s, int64_t L, float top) {
+  int64_t j = 0;
+#if defined(__AVX512F__)
+  for (; j + 16 <= L; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(top))));
+#endif
+  for (; j < L; ++j) s[j] = fexp(s[j] - top);
+}
+
+// out[i] = sum_j p[j] v[j, i], each i's sum in j order (p = 0 adds nothing: skipped)
+template <typename T> inline void accumulate(const float* p, const T* v, int64_t stride, int64_t L, int64_t d,
+                                             float* out) {
+#if defined(__AVX512F__)
+  switch (d) {
+    case 32: return accumulate16<2>(p, v, stride, L, out);
+    case 64: return accumulate16<4>(p, v, stride, L, out);
+    case 128: return accumulate16<8>(p, v, stride, L, out);
+    default: break;
+  }
+#endif
+  std::fill(out, out + d, 0.0f);
+  for (int64_t j = 0; j < L; ++j) {
+    if (p[j] == 0.0f) continue;
+    const T* vj = v + j * stride;
+    for (int64_t i = 0; i < d; ++i) out[i] += p[j] * to_f(vj[i]);
+  }
 }
 
 template <typename T> const T* ptr(const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr()); }
@@ -118,16 +209,10 @@ void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tenso
         for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(0.0f);
         continue;
       }
-      for (int64_t j = 0; j < L; ++j) s[j] = fexp(s[j] - top);  // masked: exactly 0
+      exp_shifted(s.data(), L, top);  // masked: exactly 0
       float total = 0.0f;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t j = 0; j < L; ++j) {  // in cache order; p = 0 adds nothing, so it is skipped
-        const float p = s[j];
-        if (p == 0.0f) continue;
-        total += p;
-        const T* v = vrow + j * vs[2];
-        for (int64_t i = 0; i < d; ++i) acc[i] += p * to_f(v[i]);
-      }
+      for (int64_t j = 0; j < L; ++j) total += s[j];  // in cache order (adding 0 changes nothing)
+      accumulate(s.data(), vrow, vs[2], L, d, acc.data());
       for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(acc[i] / total);
     }
   });

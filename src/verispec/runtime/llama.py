@@ -206,7 +206,8 @@ def layer_step(
     guards on tensor shapes, not on which layer's tensors come in): compiling costs one layer, not thirty.
     w: Block.weights() (qkv, qkv bias, o, gate_up, down, attention norm, MLP norm).
     Where the C++ kernels run (`fused.py`: CPU, fp32 / bf16) the attention and the small ops are one call each,
-    invariant by construction whatever `invariant` says; else torch's ops (SDPA, or block_attention if invariant)."""
+    invariant by construction (a prefill chunk of more than `fused.MAX_QUERIES` tokens per row attends through
+    torch's SDPA unless `invariant`); else torch's ops (SDPA, or block_attention if invariant)."""
     s = spec
     qkv_w, qkv_b, o_w, gate_up_w, down_w, attn_norm, mlp_norm = w
     b, n, _ = x.shape
@@ -214,7 +215,11 @@ def layer_step(
         _, h = fused.rms_norm(x, attn_norm, s.rms_norm_eps)
         qkv = linear(h, qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
         q = fused.rotary_write(qkv, cos, sin, write_index.view(b, n), keys, values, s.num_heads)  # [b, H, n, d]
-        attn = fused.attention(q, keys, values, mask)  # [b, H, n, d], [b, n, H, d] in memory
+        if invariant or n <= fused.MAX_QUERIES:
+            attn = fused.attention(q, keys, values, mask)  # [b, H, n, d], [b, n, H, d] in memory
+        else:  # a long prefill chunk, no invariance asked: torch's flash kernel is faster there (fused.py)
+            attn = F.scaled_dot_product_attention(q, keys[:, :, :mask.shape[-1]], values[:, :, :mask.shape[-1]],
+                                                  attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
         x, h = fused.rms_norm(linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed), mlp_norm,
                               s.rms_norm_eps, residual=x)
         return x + linear(fused.silu_mul(linear(h, gate_up_w, None, packed)), down_w, None, packed)
