@@ -151,7 +151,8 @@ inline void accumulate16(const float* p, const T* v, int64_t stride, int64_t L, 
 inline void exp_shifted(float* s, int64_t L, float top) {
   int64_t j = 0;
 #if defined(__AVX512F__)
-  for (; j + 16 <= L; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), _mm512_set1_ps(top))));
+  const __m512 shift = _mm512_set1_ps(top);
+  for (; j + 16 <= L; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift)));
 #endif
   for (; j < L; ++j) s[j] = fexp(s[j] - top);
 }
