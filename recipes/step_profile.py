@@ -1,10 +1,13 @@
 """Time (and optionally profile) the native target's decode step on the embedded default, per dtype.
 
     PYTHONPATH=src python recipes/step_profile.py --dtypes float32,bfloat16 --tokens 32 [--profile] [--compile]
-        [--linears avx512,off]   (runtime/dense.py's paths, "off": oneDNN's packed linears; side by side)
+        [--kernels off,on] [--invariant off,on] [--verify 5]
+        [--linears off,avx512]   (runtime/dense.py's paths, "off": oneDNN's packed linears; side by side)
 
 Greedy decoding of one short prompt, batch 1: ms per decode step (prefill excluded), the weight bytes read per
-step and the floor they imply at --gbps. Dtypes alternate in one process, so their ratio is measured side by side.
+step and the floor they imply at --gbps; with --verify K, also ms per verify pass of K tokens (rolled back).
+Configurations (dtype x the C++ layer kernels (`runtime/fused.py`) off/on x batch-invariant off/on) alternate in
+one process, so their ratios are measured side by side.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import time
 import torch
 
 from verispec.models import DEFAULT_TARGET, load_model
-from verispec.runtime import dense
+from verispec.runtime import dense, fused
 from verispec.runtime.native import NativeRunner
 
 
@@ -34,6 +37,18 @@ def decode(runner: NativeRunner, prompt: torch.Tensor, tokens: int) -> tuple[flo
     return (time.perf_counter() - start) * 1e3 / tokens, produced
 
 
+def verify(runner: NativeRunner, prompt: torch.Tensor, width: int, passes: int) -> float:
+    """-> ms per verify pass of `width` tokens after the prompt (each rolled back: the cache length is reset)."""
+    runner.reset()
+    runner.forward(prompt, last_only=True)
+    fed = prompt[:, :width]
+    start = time.perf_counter()
+    for _ in range(passes):
+        runner.forward(fed)
+        runner.truncate(prompt.shape[1])
+    return (time.perf_counter() - start) * 1e3 / passes
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtypes", default="float32,bfloat16")
@@ -43,38 +58,60 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gbps", type=float, default=35.0)
-    parser.add_argument("--linears", default="", help="VERISPEC_DENSE_PATH values to compare (default: as set)")
     parser.add_argument("--max-len", type=int, default=2048, help="KV cache entries per slot (CLI default 2048)")
+    parser.add_argument("--kernels", default="on", help="the C++ layer kernels: on, off, or off,on (side by side)")
+    parser.add_argument("--invariant", default="off", help="batch-invariant runners: off, on, or off,on")
+    parser.add_argument("--verify", type=int, default=0, help="also time verify passes of this many tokens")
+    parser.add_argument("--linears", default="", help="VERISPEC_DENSE_PATH values to compare (default: as set)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     prompt = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]])
     runners = {}
+    configs = []
     for linears in args.linears.split(","):
         if linears:
             os.environ[dense.PATH_ENV] = linears
             dense.reset_paths()  # the weights are packed for this path at load; calls then read the last one set
-        for dtype in args.dtypes.split(","):
-            name = f"{dtype} {linears}".strip()
-            hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, dtype))
-            runners[name] = NativeRunner.from_hf(hf, args.max_len, compile=args.compile)
-            decode(runners[name], prompt, 4)  # warm-up (and compile)
-    best: dict[str, float] = {}
+        for name in args.dtypes.split(","):
+            hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, name))
+            for invariant in args.invariant.split(","):
+                runner = NativeRunner.from_hf(hf, args.max_len, compile=args.compile,
+                                              batch_invariant=invariant == "on")
+                label = f"{name} {linears}".strip()
+                runners[label, invariant] = runner
+                for kernels in args.kernels.split(","):
+                    fused.ENABLED = kernels == "on"
+                    decode(runner, prompt, 4)  # warm-up (and compile)
+                    configs.append((label, invariant, kernels))
+    best: dict[tuple, float] = {}
+    best_verify: dict[tuple, float] = {}
     for _ in range(args.repeats):
-        for name, runner in runners.items():
+        for config in configs:
+            fused.ENABLED = config[2] == "on"
+            runner = runners[config[:2]]
             ms, produced = decode(runner, prompt, args.tokens)
-            best[name] = min(ms, best.get(name, ms))
-    for name, runner in runners.items():
+            best[config] = min(ms, best.get(config, ms))
+            if args.verify:
+                ms = verify(runner, prompt, args.verify, args.tokens)
+                best_verify[config] = min(ms, best_verify.get(config, ms))
+    for config in configs:
+        name, invariant, kernels = config
+        fused.ENABLED = kernels == "on"
+        runner = runners[config[:2]]
         size = sum(t.numel() * t.element_size() for t in runner.model.parameters())
         floor = size / args.gbps / 1e6
-        print(f"{name}: {best[name]:.2f} ms/token  weights {size / 1e6:.0f} MB  floor {floor:.2f} ms at "
-              f"{args.gbps} GB/s ({best[name] / floor:.2f}x)  tokens {decode(runner, prompt, 8)[1]}")
+        wide = f"  verify x{args.verify} {best_verify[config]:.2f} ms" if args.verify else ""
+        print(f"{name} invariant={invariant} kernels={kernels}: {best[config]:.2f} ms/token{wide}  weights "
+              f"{size / 1e6:.0f} MB  floor {floor:.2f} ms at {args.gbps} GB/s ({best[config] / floor:.2f}x)  "
+              f"tokens {decode(runner, prompt, 8)[1]}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
-        for name, runner in runners.items():
+        for config in configs:
+            fused.ENABLED = config[2] == "on"
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                decode(runner, prompt, 16)
-            print(f"== {name} (17 forwards)")
+                decode(runners[config[:2]], prompt, 16)
+            print(f"== {config} (17 forwards)")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
 
 

@@ -12,6 +12,9 @@ Measured on this CPU's kernels (`recipes/invariance_probe.py`), not assumed:
   entries, fully masked blocks contribute exactly 0, and the blocks are summed in block order (a cumulative sum,
   sequential by construction: torch's `sum` reorders by shape). Softmax uses the global maximum (exact).
 - RMSNorm, rotary, embedding and the elementwise ops work per row: invariant as they are.
+
+Where the C++ layer kernel is built (`fused.py`), its attention is invariant by construction and replaces
+`block_attention`, which stays the fallback for invariant runners without it.
 """
 
 from __future__ import annotations

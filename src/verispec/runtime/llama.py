@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dense
+from . import dense, fused
 from .compile import compiled_forward
 from .invariant import MAX_INVARIANT_IN, block_attention, split_in
 from .kv_cache import entry_index, write_entries
@@ -184,7 +184,10 @@ def own(tensor: torch.Tensor) -> nn.Parameter:
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama's RMSNorm: normalised in float32, then scaled by the weight in the input dtype (as Hugging Face does).
-    (torch's F.rms_norm is slower on CPU for one row: it decomposes into more ops than these.)"""
+    One C++ call where the kernels run (`fused.py`); else torch's ops (F.rms_norm is slower on CPU for one row:
+    it decomposes into more ops than these)."""
+    if weight.dtype == x.dtype and fused.available(x):
+        return fused.rms_norm(x, weight, eps)[1]
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
@@ -202,7 +205,7 @@ def layer_step(
     sin: torch.Tensor,  # [b, 1, n, d]
     keys: torch.Tensor,  # [b, Hk, max_len, d]: this layer's cache rows, written in place
     values: torch.Tensor,  # [b, Hk, max_len, d]
-    write_index: torch.Tensor,  # [b * Hk * n] long: flat entries (kv_cache.entry_index), or [b, 1, n, 1] cache indices
+    write_index: torch.Tensor,  # [b, n] or [b, 1, n, 1] long cache indices, or [b * Hk * n] flat entries (torch path)
     mask: torch.Tensor,  # [b, 1, n, L] additive
     w: tuple[torch.Tensor | None, ...],  # Block.weights(): qkv, qkv bias, o, gate_up, down, attn norm, mlp norm
     spec: LlamaSpec,
@@ -211,15 +214,30 @@ def layer_step(
 ) -> torch.Tensor:
     """One decoder layer. A free function of its weights, so one compiled graph serves every layer (torch.compile
     guards on tensor shapes, not on which layer's tensors come in): compiling costs one layer, not thirty.
-    w: Block.weights() (qkv, qkv bias, o, gate_up, down, attention norm, MLP norm)."""
+    w: Block.weights() (qkv, qkv bias, o, gate_up, down, attention norm, MLP norm).
+    Where the C++ kernels run (`fused.py`: CPU, fp32 / bf16) the attention and the small ops are one call each,
+    invariant by construction (a prefill chunk of more than `fused.MAX_QUERIES` tokens per row attends through
+    torch's SDPA unless `invariant`); else torch's ops (SDPA, or block_attention if invariant)."""
     s = spec
     qkv_w, qkv_b, o_w, gate_up_w, down_w, attn_norm, mlp_norm = w
     b, n, _ = x.shape
+    if write_index.dim() != 1 and fused.available(x) and attn_norm.dtype == x.dtype:
+        _, h = fused.rms_norm(x, attn_norm, s.rms_norm_eps)
+        qkv = linear(h, qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
+        q = fused.rotary_write(qkv, cos, sin, write_index.view(b, n), keys, values, s.num_heads)  # [b, H, n, d]
+        if invariant or n <= fused.MAX_QUERIES:
+            attn = fused.attention(q, keys, values, mask)  # [b, H, n, d], [b, n, H, d] in memory
+        else:  # a long prefill chunk, no invariance asked: torch's flash kernel is faster there (fused.py)
+            attn = F.scaled_dot_product_attention(q, keys[:, :, :mask.shape[-1]], values[:, :, :mask.shape[-1]],
+                                                  attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
+        x, h = fused.rms_norm(linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed), mlp_norm,
+                              s.rms_norm_eps, residual=x)
+        return x + linear(fused.silu_mul(linear(h, gate_up_w, None, packed)), down_w, None, packed)
     qkv = linear(rms_norm(x, attn_norm, s.rms_norm_eps), qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
     qk, v = qkv.view(b, n, -1, s.head_dim).transpose(1, 2).split(
         [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)  # [b, H + Hk, n, d], [b, Hk, n, d]
     q, k = rotate(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)  # one rotation for q and k
-    if write_index.dim() == 4:  # cache indices (a one-layer caller): their flat entries
+    if write_index.dim() != 1:  # cache indices: their flat entries
         write_index = entry_index(write_index.view(b, n), s.num_kv_heads, keys.shape[2])  # [b * Hk * n]
     write_entries(keys, write_index, k)
     write_entries(values, write_index, v)
@@ -328,7 +346,8 @@ def model_forward(
     x = F.embedding(token_ids, w.embed)  # [b, n, hidden]
     cos = w.cos[positions].unsqueeze(1).to(x.dtype)  # [b, 1, n, d]: once per step, in the model's dtype
     sin = w.sin[positions].unsqueeze(1).to(x.dtype)
-    index = entry_index(write_index, spec.num_kv_heads, keys[0].shape[2])  # [b * Hk * n]
+    # the kernels take the cache indices; torch's path their flat entries, made once a step
+    index = write_index if fused.available(x) else entry_index(write_index, spec.num_kv_heads, keys[0].shape[2])
     for layer, k, v in zip(w.layers, keys, values):
         x = layer_step(x, cos, sin, k, v, index, mask, layer, spec, packed, invariant)
     if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)

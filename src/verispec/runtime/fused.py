@@ -1,0 +1,135 @@
+"""The native layer's attention and small ops in C++ (`layer_kernel.cpp`, built on first use by `ext.py`).
+
+One call each where torch issues several ops: attention (decode steps, verify passes, token trees and prefill
+chunks alike), rotary on q and k with the k/v cache writes, RMSNorm (with the residual add before it), and
+silu(gate) * up. fp32 and bf16 on CPU. Every result is computed per (row, head, query) in one fixed order, so
+the layer is batch- and width-invariant by construction: the attention replaces `invariant.block_attention`
+where the kernel is built, and torch's SDPA for decode steps, verify passes and trees (up to MAX_QUERIES fed
+tokens a row), so invariance costs nothing there.
+
+Roundings (what `tests/engine/test_fused.py` checks): rotary and the residual add bitwise torch's formulas;
+RMSNorm Hugging Face's roundings with its own order of the sum of squares; silu's exp within an ulp of torch's;
+attention's scores in fp32, the exact maximum, sum_j p_j v_j and sum_j p_j in cache order.
+
+Eager calls go straight to the extension (a custom op's dispatch costs tens of microseconds a call); under
+torch.compile they are the `verispec::` custom ops below, opaque to Inductor, with fake (meta) versions.
+`available(x)` says whether a tensor's dtype and device take the kernels; `ENABLED` switches them off (for
+side-by-side measurements: `recipes/step_profile.py --kernels`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .ext import build
+
+ENABLED = True  # False: the torch formulas run (llama.py's fallbacks), for measurements side by side
+# Fed tokens per row up to which `attention` serves a runner that did not ask for invariance; past it (long
+# prefill chunks) torch's SDPA is faster: measured 2.2x (fp32) / 1.8x (bf16) at 512 queries x 512 entries
+# (SmolLM2 heads, one thread), while decode steps and verify passes run faster on the kernel.
+MAX_QUERIES = 16
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def kernel():
+    """The C++ extension (built once, cached on disk: `ext.py`), or None where it cannot be built."""
+    return build("layer", "layer_kernel.cpp")
+
+
+def available(x: torch.Tensor) -> bool:
+    """Whether x's dtype and device run on the kernels (CPU, fp32 or bf16, the extension built and enabled)."""
+    return ENABLED and x.device.type == "cpu" and x.dtype in DTYPES and kernel() is not None
+
+
+def _ext():
+    return None if torch.compiler.is_compiling() else kernel()
+
+
+def attention(
+    q: torch.Tensor,  # [b, H, n, d]
+    keys: torch.Tensor,  # [b, Hk, max_len, d]
+    values: torch.Tensor,  # [b, Hk, max_len, d]
+    mask: torch.Tensor,  # [b, 1, n, L] additive, L <= max_len
+) -> torch.Tensor:  # [b, H, n, d] (a view of [b, n, H, d] memory)
+    ext = _ext()
+    return ext.attention(q, keys, values, mask) if ext else torch.ops.verispec.attention(q, keys, values, mask)
+
+
+def rotary_write(
+    qkv: torch.Tensor,  # [b, n, (H + 2 Hk) d]
+    cos: torch.Tensor,  # [b, 1, n, d]
+    sin: torch.Tensor,  # [b, 1, n, d]
+    index: torch.Tensor,  # [b, n] long: cache index of each fed token
+    keys: torch.Tensor,  # [b, Hk, max_len, d]: gets the rotated k at index
+    values: torch.Tensor,  # [b, Hk, max_len, d]: gets v at index
+    num_heads: int,
+) -> torch.Tensor:  # rotated q [b, H, n, d] (a view of [b, n, H, d] memory)
+    ext = _ext()
+    if ext:
+        return ext.rotary_write(qkv, cos, sin, index, keys, values, num_heads)
+    return torch.ops.verispec.rotary_write(qkv, cos, sin, index, keys, values, num_heads)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., hidden] (+ residual) -> (the sum (x itself without a residual), its RMSNorm) [..., hidden]."""
+    ext = _ext()
+    x = x.contiguous()
+    residual = None if residual is None else residual.contiguous()
+    if ext:
+        return tuple(ext.rms_norm(x, residual, weight, eps))
+    return tuple(torch.ops.verispec.rms_norm(x, residual, weight, eps))
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 I] -> [..., I]
+    ext = _ext()
+    gate_up = gate_up.contiguous()
+    return ext.silu_mul(gate_up) if ext else torch.ops.verispec.silu_mul(gate_up)
+
+
+# -- the custom ops torch.compile sees ------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("verispec::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return kernel().attention(q, keys, values, mask)
+
+
+@_attention_op.register_fake
+def _(q, keys, values, mask):
+    b, H, n, d = q.shape
+    return q.new_empty(b, n, H, d).transpose(1, 2)
+
+
+@torch.library.custom_op("verispec::rotary_write", mutates_args=("keys", "values"))
+def _rotary_op(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, index: torch.Tensor, keys: torch.Tensor,
+               values: torch.Tensor, num_heads: int) -> torch.Tensor:
+    return kernel().rotary_write(qkv, cos, sin, index, keys, values, num_heads)
+
+
+@_rotary_op.register_fake
+def _(qkv, cos, sin, index, keys, values, num_heads):
+    b, n, _ = qkv.shape
+    return qkv.new_empty(b, n, num_heads, keys.shape[-1]).transpose(1, 2)
+
+
+@torch.library.custom_op("verispec::rms_norm", mutates_args=())
+def _rms_op(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+            eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    total, normed = kernel().rms_norm(x, residual, weight, eps)
+    return (total.clone() if residual is None else total), normed  # a custom op's output may not alias its input
+
+
+@_rms_op.register_fake
+def _(x, residual, weight, eps):
+    return torch.empty_like(x), torch.empty_like(x)
+
+
+@torch.library.custom_op("verispec::silu_mul", mutates_args=())
+def _silu_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return kernel().silu_mul(gate_up)
+
+
+@_silu_op.register_fake
+def _(gate_up):
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)

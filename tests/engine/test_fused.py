@@ -1,0 +1,147 @@
+"""The native layer's C++ kernels (`runtime/fused.py`, `layer_kernel.cpp`): attention against an fp64 reference
+(GQA, tree masks, padding, fp32 and bf16), invariant by construction (one query's output bitwise the same across
+the number of queries, rows, padding and a masked tail); the small ops against the torch formulas they replace
+(bitwise where `fused.py` claims it); the custom ops as torch.compile sees them."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from verispec.runtime import fused
+from verispec.runtime.kv_cache import attention_mask
+from verispec.runtime.llama import rotate
+
+pytestmark = pytest.mark.skipif(fused.kernel() is None, reason="the C++ layer kernel could not be built here")
+DTYPES = [torch.float32, torch.bfloat16]
+TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2e-2}  # attention vs fp64 (bf16: the output's own rounding)
+
+
+def reference(q, keys, values, mask):  # fp64 softmax attention over [0, L), GQA by repeating KV heads
+    g, L = q.shape[1] // keys.shape[1], mask.shape[-1]
+    k = keys[:, :, :L].double().repeat_interleave(g, 1)  # [b, H, L, d]
+    v = values[:, :, :L].double().repeat_interleave(g, 1)
+    scores = q.double() @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + mask.double()
+    return torch.softmax(scores, -1) @ v  # [b, H, n, d]
+
+
+def cache(b, Hk, max_len, d, dtype, gen):
+    return (torch.randn(b, Hk, max_len, d, generator=gen).to(dtype),
+            torch.randn(b, Hk, max_len, d, generator=gen).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("seed", range(4))
+def test_attention_matches_fp64(dtype, seed):
+    gen = torch.Generator().manual_seed(seed)
+    H, Hk = [(2, 1), (4, 2), (9, 3), (3, 3)][seed]
+    d = [64, 32, 64, 40][seed]  # 40: a tail past the 16-lane body
+    b, n = 1 + seed, [1, 5, 9, 3][seed]
+    lengths = torch.randint(0, 300, (b,), generator=gen)
+    tree = torch.rand(b, n, n, generator=gen) < 0.5 if seed % 2 else None
+    if tree is not None:
+        tree |= torch.eye(n, dtype=torch.bool)  # a token sees itself
+    mask = attention_mask(lengths, n, int(lengths.max()) + n, dtype, tree)  # [b, 1, n, L]
+    q = torch.randn(b, H, n, d, generator=gen).to(dtype)
+    keys, values = cache(b, Hk, 320, d, dtype, gen)
+    out = fused.attention(q, keys, values, mask)
+    assert out.shape == (b, H, n, d) and out.dtype == dtype
+    assert (out.double() - reference(q, keys, values, mask)).abs().max() < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_attention_is_invariant_in_queries_rows_padding_and_tail(dtype):
+    """Row 0's query at cache index 200 (prefix 197, then 3 fed tokens), computed in a one-query call, equals the
+    same query inside calls of 1..9 queries, in batches of 1..4 rows of other lengths, with masked tails."""
+    gen = torch.Generator().manual_seed(0)
+    H, Hk, d, max_len = 9, 3, 64, 512
+    keys, values = cache(4, Hk, max_len, d, dtype, gen)
+    q_all = torch.randn(4, H, 9, d, generator=gen).to(dtype)
+    alone = fused.attention(q_all[:1, :, 2:3], keys[:1], values[:1], attention_mask(torch.tensor([199]), 1, 200, dtype))
+    for n in range(3, 10):  # the query is the third of n fed tokens
+        for b in range(1, 5):
+            lengths = torch.tensor([197, 50, 300, 3][:b])
+            for extra in (0, 7, 64):  # attended width past every row's last entry: masked
+                mask = attention_mask(lengths, n, int(lengths.max()) + n + extra, dtype)
+                out = fused.attention(q_all[:b, :, :n], keys[:b], values[:b], mask)
+                assert torch.equal(out[0, :, 2], alone[0, :, 0]), (n, b, extra)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_fully_masked_query_gives_zeros(dtype):
+    q = torch.randn(1, 2, 1, 16).to(dtype)
+    keys, values = cache(1, 1, 8, 16, dtype, torch.Generator().manual_seed(0))
+    mask = torch.full((1, 1, 1, 8), torch.finfo(dtype).min, dtype=dtype)
+    assert torch.equal(fused.attention(q, keys, values, mask), torch.zeros(1, 2, 1, 16, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_and_cache_writes_are_the_torch_formulas_bitwise(dtype):
+    gen = torch.Generator().manual_seed(1)
+    b, n, H, Hk, d = 3, 4, 6, 2, 64
+    qkv = torch.randn(b, n, (H + 2 * Hk) * d, generator=gen).to(dtype)
+    cos, sin = torch.randn(2, b, 1, n, d, generator=gen).to(dtype)
+    index = torch.tensor([[0, 1, 2, 3], [10, 11, 12, 13], [5, 9, 7, 6]])  # [b, n]
+    keys, values = cache(b, Hk, 16, d, dtype, gen)
+    expect_k, expect_v = keys.clone(), values.clone()
+    q = fused.rotary_write(qkv, cos, sin, index, keys, values, H)
+    qk, v = qkv.view(b, n, -1, d).transpose(1, 2).split([H + Hk, Hk], 1)
+    rq, rk = rotate(qk, cos, sin).split([H, Hk], 1)
+    for row in range(b):
+        expect_k[row, :, index[row]] = rk[row]
+        expect_v[row, :, index[row]] = v[row]
+    assert torch.equal(q, rq) and torch.equal(keys, expect_k) and torch.equal(values, expect_v)
+    with pytest.raises(RuntimeError, match="out of range"):
+        fused.rotary_write(qkv, cos, sin, index + 10, keys, values, H)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_rounds_as_hugging_face(dtype):
+    """The residual add bitwise; the norm within one rounding of the dtype (only the sum of squares' order
+    differs from torch's mean); in bf16, measured bitwise on these inputs."""
+    gen = torch.Generator().manual_seed(2)
+    x, residual = torch.randn(2, 3, 5, 576, generator=gen).to(dtype)
+    weight = torch.randn(576, generator=gen).to(dtype)
+    total, normed = fused.rms_norm(x, weight, 1e-5, residual=residual)
+    assert torch.equal(total, x + residual)
+    x32 = total.float()
+    expect = weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+    ulp = 2.0 ** (-23 if dtype == torch.float32 else -7)
+    assert ((normed.float() - expect.float()).abs() <= 2 * ulp * expect.float().abs() + 1e-30).all()
+    same, alone = fused.rms_norm(x, weight, 1e-5)
+    assert same is x or torch.equal(same, x)
+    assert torch.equal(alone[1, 2], fused.rms_norm(x[1, 2:3], weight, 1e-5)[1][0])  # per row
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_within_an_ulp_of_torch(dtype):
+    gen = torch.Generator().manual_seed(3)
+    gate_up = (torch.randn(3, 2, 2 * 1536, generator=gen) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, -1)
+    expect = (F.silu(gate) * up).float()
+    out = fused.silu_mul(gate_up).float()
+    ulp = 2.0 ** (-23 if dtype == torch.float32 else -7)
+    assert ((out - expect).abs() <= 4 * ulp * expect.abs() + 1e-30).all()
+
+
+def test_the_custom_ops_pass_opcheck():
+    """The ops torch.compile sees: schemas, fakes (shapes and strides) and mutation declarations."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(2, 4, 3, 16, generator=gen)
+    keys, values = cache(2, 2, 8, 16, torch.float32, gen)
+    mask = attention_mask(torch.tensor([2, 4]), 3, 7, torch.float32)
+    qkv = torch.randn(2, 3, 8 * 16, generator=gen)
+    cos, sin = torch.randn(2, 2, 1, 3, 16, generator=gen)
+    index = torch.tensor([[2, 3, 4], [4, 5, 6]])
+    x = torch.randn(2, 3, 32, generator=gen)
+    for op, args in [
+        (torch.ops.verispec.attention, (q, keys, values, mask)),
+        (torch.ops.verispec.rotary_write, (qkv, cos, sin, index, keys.clone(), values.clone(), 4)),
+        (torch.ops.verispec.rms_norm, (x, x.clone(), torch.randn(32, generator=gen), 1e-6)),
+        (torch.ops.verispec.rms_norm, (x, None, torch.randn(32, generator=gen), 1e-6)),
+        (torch.ops.verispec.silu_mul, (x,)),
+    ]:
+        torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
