@@ -64,10 +64,10 @@ def twin_model(target, qtype: str, max_len: int) -> LlamaModel:
                          f"and this target is not one ({exc}): use a draft model or ngram") from None
     widths = {"hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
               "attention width": spec.num_heads * spec.head_dim}
-    odd = [f"{name} {width}" for name, width in widths.items() if width % BLOCK]
+    odd = [f"{name} {width} is not a multiple of {BLOCK}" for name, width in widths.items() if width % BLOCK]
     if odd:
         raise ValueError(f"the twin drafter quantizes in blocks of {BLOCK} inputs, and this target's "
-                         f"{', '.join(odd)} is not a multiple of {BLOCK}: use a draft model or ngram")
+                         f"{', '.join(odd)}: use a draft model or ngram")
     weights = weights_of(target)
     embed = weights[EMBED]  # [vocab, hidden]: shared (an untied LM head is quantized like any linear)
     quantized = quantize_linears({k: v for k, v in weights.items() if k != EMBED}, qtype)
