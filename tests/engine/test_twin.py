@@ -3,6 +3,7 @@ cascade, beside token trees; on the native and Hugging Face runners), rows of a 
 sampling follows the target's distribution (the twin carries q), what it shares with the target, and bad values."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -78,27 +79,45 @@ def test_rows_of_a_batch_equal_their_prompt_alone_greedy_and_seeded(targets, tok
     assert engine.total.draft_tokens > 0
 
 
-def test_sampling_with_the_twin_follows_the_target_distribution():
-    """Level (b): the twin proposes with q (its own processed probabilities), verified by rejection sampling. A
-    peaky random target in Q4_0 blocks (one block per row: a coarse twin, so the residual path runs too)."""
+SAMPLED_VOCAB, SAMPLES = 4, 3000
+
+
+def sampled_tvd(wrong_q: bool = False):
+    """-> (TVD of the sampled first three tokens from the exact target distribution, GenerationStats): a peaky
+    random target in Q4_0 blocks (one block per row: a coarse twin, so the residual path runs too). wrong_q: the
+    twin reports a uniform q instead of the distribution it drew from (the negative control)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    vocab, samples = 4, 3000
     target = LlamaForCausalLM(LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        vocab_size=SAMPLED_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, initializer_range=0.5, max_position_embeddings=64, eos_token_id=None,
         bos_token_id=None, pad_token_id=None)).eval()
     drafter = TwinDrafter(target, "self:q4_0", 128)
+    if wrong_q:
+        propose = drafter.propose
+        drafter.propose = lambda batch: [replace(d, probs=None if d.probs is None else torch.full_like(d.probs, 0.25))
+                                         for d in propose(batch)]
     engine = SpeculativeEngine(target, CharTokenizer(), None, SpeculativeConfig(num_draft_tokens=2), 64,
                                max_batch_size=64)
     params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=3, logit_bias={1: 0.5})
-    counts, stats = _sample(engine, {"twin": params}, {"twin": drafter}, samples)
+    counts, stats = _sample(engine, {"twin": params}, {"twin": drafter}, SAMPLES)
     joint = exact_joint(target, params)
-    tvd = 0.5 * sum(abs(counts["twin"].get(s, 0) / samples - p) for s, p in joint.items())
-    assert 0.05 < stats["twin"].acceptance_rate < 0.995, stats["twin"].acceptance_rate
-    assert stats["twin"].draft_tokens > samples  # the twin really drafted
-    assert tvd < tvd_bound(vocab**3, samples), tvd
+    tvd = 0.5 * sum(abs(counts["twin"].get(s, 0) / SAMPLES - p) for s, p in joint.items())
+    return tvd, stats["twin"]
+
+
+def test_sampling_with_the_twin_follows_the_target_distribution():
+    """Level (b): the twin proposes with q (its own processed probabilities), verified by rejection sampling."""
+    tvd, stats = sampled_tvd()
+    assert 0.05 < stats.acceptance_rate < 0.995, stats.acceptance_rate
+    assert stats.draft_tokens > SAMPLES  # the twin really drafted
+    assert tvd < tvd_bound(SAMPLED_VOCAB**3, SAMPLES), tvd
+
+
+def test_the_sampling_check_catches_a_wrong_q():
+    tvd, _ = sampled_tvd(wrong_q=True)
+    assert tvd > tvd_bound(SAMPLED_VOCAB**3, SAMPLES), tvd
 
 
 def test_the_twin_shares_the_targets_embedding_and_rotary_tables(targets, tokenizer):
