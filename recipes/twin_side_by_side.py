@@ -1,16 +1,18 @@
 """The target's quantized twins beside the target alone and the default cascade, in one process: greedy, fp32,
 batch 1, K = 4 fixed and adaptive, every method interleaved prompt by prompt (docs/speculation.md, "The target's own
 quantized twin"). Usage: python recipes/twin_side_by_side.py THREADS PROMPTS NEW_TOKENS (e.g. 1 4 48): the first
-prompt of the first PROMPTS categories of the dev Spec-Bench file, as chat."""
+prompt of the first PROMPTS categories of the bench's prompts file (or a 4th argument), as chat."""
 import json, sys, time
 import torch
 from verispec.models import load_model, load_tokenizer, DEFAULT_TARGET, DEFAULT_DRAFTER
+from verispec.bench.prompts import default_prompts_path
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
 from verispec.config import SamplingParams, SpeculativeConfig
+from verispec.stats import GenerationStats
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 2)
 n_prompts, new = int(sys.argv[2]), int(sys.argv[3])
-rows = [json.loads(l) for l in open(sys.argv[4] if len(sys.argv) > 4 else "/work/shared/data/spec_bench_dev.jsonl")]
+rows = [json.loads(l) for l in open(sys.argv[4] if len(sys.argv) > 4 else default_prompts_path())]
 seen, prompts = set(), []
 for r in rows:
     if r["category"] not in seen:
@@ -32,7 +34,6 @@ for d in drafters.values():
 res = {}
 methods = [("target", None, None)] + [(f"{n} K=4", n, SpeculativeConfig(num_draft_tokens=4)) for n in names] + \
           [(f"{n} adaptive", n, SpeculativeConfig(adaptive=True)) for n in names]
-from verispec.stats import GenerationStats
 acc = {m[0]: [0.0, 0, GenerationStats(), []] for m in methods}
 for i, p in enumerate(ids):
     for name, dn, spec in methods:  # interleaved per prompt
