@@ -29,7 +29,7 @@ class SpeculativeGenerator:
     def __init__(
         self,
         target_model: PreTrainedModel,
-        draft_model: PreTrainedModel | Drafter | None,
+        draft_model: PreTrainedModel | Drafter | str | None,
         tokenizer,
         K: int = 5,
         max_len: int = 2048,
@@ -51,6 +51,8 @@ class SpeculativeGenerator:
         self.tokenizer = tokenizer
         if isinstance(draft_model, PreTrainedModel):
             drafter: Drafter | None = model_drafter(target_model, draft_model, max_len)
+        elif isinstance(draft_model, str):  # a --draft-model value: 'ngram', 'self:int8', 'ngram+self:int4', a path
+            drafter = build_drafter(draft_model, target_model, tokenizer, max_len).drafter
         else:
             drafter = draft_model
         self.spec = spec or SpeculativeConfig(num_draft_tokens=K, tree_nodes=tree_nodes)

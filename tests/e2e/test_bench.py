@@ -194,6 +194,24 @@ def test_bench_with_a_model_free_drafter(model_dirs, prompts_file, tmp_path):
     assert run["results"]["overall"]["verispec-k2"]["equal_to_target"] == 3
 
 
+def test_bench_with_the_targets_twin(model_dirs, prompts_file, tmp_path):
+    """`--draft-model self:int8 --also-drafters self:int4`: both twins side by side, outputs equal to the target's,
+    their quantized weights counted in the method's memory (the embedding is the target's, not counted twice)."""
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(model_dirs["target"]), "--draft-model", "self:int8", "--also-drafters",
+               "self:int4", "--prompts", str(prompts_file), "--limit", "1", "--max-new-tokens", "12", "--k", "2",
+               "--methods", "target,verispec", "--probe-repeats", "0", "--dtypes", "float32", "--out", str(out),
+               *FAST])
+    assert rc == 0
+    run = json.loads((out / "report.json").read_text())["runs"][0]
+    overall = run["results"]["overall"]
+    assert [m["name"] for m in run["methods"]] == ["target", "verispec-k2", "adaptive[self:int4]"]
+    for name in ("verispec-k2", "adaptive[self:int4]"):
+        assert overall[name]["equal_to_target"] == 3 and overall[name]["acceptance_rate"] > 0.5
+    fixed = {name: row["memory_mb"] - row["peak_above_baseline_mb"] for name, row in overall.items()}  # peaks vary
+    assert fixed["verispec-k2"] > fixed["adaptive[self:int4]"] > fixed["target"]
+
+
 def test_bench_with_a_json_schema(model_dirs, prompts_file, tmp_path):
     """`--json-schema`: our methods generate under the schema (outputs still equal the target's), HF's are skipped;
     the packaged JSON-extraction workload exists and parses."""

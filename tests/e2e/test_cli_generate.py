@@ -28,6 +28,18 @@ def test_json_output_equals_target_alone(capsys, model_dirs):
                                   "draft_s", "verify_s", "wall_s", "tokens_per_s"}
 
 
+def test_the_targets_twin_as_drafter_equals_target_alone(capsys, model_dirs):
+    common = ["--model", model_dirs["target"], "--prompt", "the cat sat", "--max-new-tokens", 24, "--json",
+              "--dtype", "float32"]
+    outs = {}
+    for drafter in ("self:int8", "ngram+self:int4", "none"):
+        code, out, _ = run_cli(capsys, *common, "--draft-model", drafter)
+        assert code == 0
+        outs[drafter] = json.loads(out)
+    assert outs["self:int8"]["token_ids"] == outs["ngram+self:int4"]["token_ids"] == outs["none"]["token_ids"]
+    assert outs["self:int8"]["draft_model"] == "self:int8" and outs["self:int8"]["stats"]["accepted_tokens"] > 0
+
+
 def test_json_says_which_dtype_auto_chose_and_why(capsys, model_dirs):
     from verispec.runtime.dtype import choose_dtype, dtype_name
 
@@ -60,6 +72,7 @@ def test_streams_text_then_stats(capsys, model_dirs):
         (["--top-p", "2"], "top_p"),
         (["--tree-nodes", "99"], "tree_nodes"),
         (["--draft-model", "ngram+head:/no/such/head"], "holds no draft head"),
+        (["--draft-model", "self:int3"], "unknown twin format 'int3'; choose from self:int8"),
     ],
 )
 def test_bad_input_exits_2_with_a_message(model_dirs, args, message):

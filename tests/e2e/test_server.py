@@ -76,7 +76,7 @@ def running(model_dirs, one_torch_thread):
         model=str(model_dirs["target"]), draft_model=str(model_dirs["draft"]), enable_speculative=True,
         spec=SpeculativeConfig(num_draft_tokens=4), max_len=MAX_LEN,
         allowed_draft_models=("ngram", str(model_dirs["target"]), f"odd={model_dirs['odd_vocab']}",
-                              "missing=/no/such/model"),
+                              "missing=/no/such/model", "self:int8"),
     )
     app = create_app(config)
     with ServerThread(app) as running:
@@ -210,6 +210,14 @@ def test_other_drafter_per_request(client, model_dirs, base_url):
     assert r.choices[0].text == complete(client, max_tokens=16, ignore_eos=True, **SPEC_OFF).choices[0].text
     none = complete(client, max_tokens=4, speculative={"enabled": True, "draft_model": "none"})
     assert not spec_metrics(none)["enabled"] and spec_metrics(none)["draft_tokens"] == 0
+
+
+def test_the_targets_twin_per_request(client):
+    """`"speculative": {"draft_model": "self:int8"}`: the target's own quantized twin, built on first use."""
+    r = complete(client, max_tokens=16, ignore_eos=True, speculative={"draft_model": "self:int8"})
+    m = spec_metrics(r)
+    assert m["draft_model"] == "self:int8" and m["accepted_tokens"] > 0
+    assert r.choices[0].text == complete(client, max_tokens=16, ignore_eos=True, **SPEC_OFF).choices[0].text
 
 
 def test_which_requests_speculate_and_how():

@@ -31,6 +31,8 @@ def test_each_form_of_the_value(tmp_path):
     (plain / "head_config.json").write_text("{}")
     assert parse_drafter_spec(f"ngram+head:{plain}").stages[1] == DraftStage("head", f"head:{plain}", plain)
     assert parse_drafter_spec(DEFAULT_HEAD).stages[0].head_dir == DEFAULT_HEAD_DIR
+    assert kinds("self:int8") == [("twin", "self:int8")] and parse_drafter_spec("self:int4").model is None
+    assert kinds("ngram+self:int4+some/draft") == [("named", "ngram"), ("twin", "self:int4"), ("model", "some/draft")]
 
 
 @pytest.mark.parametrize("value, message", [
@@ -39,6 +41,7 @@ def test_each_form_of_the_value(tmp_path):
     ("ngram+", "empty drafter in a '+' list"),
     ("", "--draft-model is empty"),
     ("head:/no/such/head", "holds no draft head"),
+    ("self:int3", "unknown twin format 'int3'; choose from self:int8, self:int4, self:q4_0, self:q4_1, self:q8_0"),
 ])
 def test_malformed_values_name_the_fix(value, message):
     with pytest.raises(ValueError, match=re.escape(message)):

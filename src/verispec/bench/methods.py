@@ -26,6 +26,13 @@ from ..models import model_weight_bytes
 from ..stats import GenerationStats
 from .memory import PeakMemory, persistent_bytes
 
+def own_weight_bytes(drafter) -> int:
+    """Weights a drafter holds of its own besides a loaded draft model: the twin's quantized linears
+    (drafters/twin.py; its embedding is the target's)."""
+    stages = getattr(drafter, "stages", [drafter]) if drafter is not None else []
+    return sum(stage.weight_bytes() for stage in stages if hasattr(stage, "weight_bytes"))
+
+
 FAMILIES = ("target", "verispec", "adaptive", "tree", "adaptive-tree", "hf-assisted", "hf-target")
 PER_K = ("verispec", "tree", "hf-assisted")
 TREES = ("tree", "adaptive-tree")
@@ -118,6 +125,10 @@ class EngineMethod(Method):
             self.spec = SpeculativeConfig(adaptive=True, tree_nodes=nodes)
         else:
             self.spec = SpeculativeConfig(num_draft_tokens=k or 1, tree_nodes=nodes)
+
+    def weight_bytes(self) -> int:
+        drafter = getattr(self, "drafter", None) or self.models.engine.drafter  # a DrafterMethod's own, else the run's
+        return super().weight_bytes() + (own_weight_bytes(drafter) if self.uses_draft else 0)
 
     def params(self, max_new_tokens: int, seed: int) -> SamplingParams:
         """Exactly max_new_tokens tokens (EOS masked), or, under a constraint, until the constraint completes."""

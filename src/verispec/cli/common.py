@@ -27,7 +27,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help=f"target model: folder, .gguf file, cached hub id, or {DEFAULT_TARGET!r} (default)")
     g.add_argument("--draft-model", default=DEFAULT_DRAFTER, action=_ExplicitStore,
                    help=f"draft model (same forms), 'none' for the target alone, 'ngram' (prompt lookup, no model), "
-                        f"'auto' (the registered draft for the target, see `verispec pairs`); default {DEFAULT_DRAFTER!r}")
+                        f"'auto' (the registered draft for the target, see `verispec pairs`), 'self:int8' / "
+                        f"'self:int4' (the target's own weights quantized, no training); default {DEFAULT_DRAFTER!r}")
     g.add_argument("--draft-tokens", type=int, default=4, metavar="K", action=_ExplicitStore,
                    help="draft tokens per round (default 4, or the pair's K with --draft-model auto); with adaptive "
                         "speculation, the K of the first rounds")

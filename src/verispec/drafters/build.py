@@ -29,6 +29,7 @@ from .model import ModelDrafter
 from .named import NAMED_DRAFTERS
 from .ngram import NgramDrafter
 from .spec import NONE, DraftStage, DrafterSpec, parse_drafter_spec
+from .twin import twin_drafter
 
 logger = logging.getLogger("verispec")
 ON_ERROR = ("raise", "fallback")
@@ -113,6 +114,8 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
         return DrafterLoad(head_drafter(stage.head_dir, build.target, build.cache_len, name), name, name)
     if stage.kind == "auto":
         return _auto(build)
+    if stage.kind == "twin":  # the target's own weights, quantized: a target that cannot have one is the user's to fix
+        return DrafterLoad(twin_drafter(build.target, name, build.cache_len), name, name)
     if build.draft_model is not None:
         return DrafterLoad(_loaded_drafter(build, build.draft_model, name), name, name)
     if build.on_error == "raise":

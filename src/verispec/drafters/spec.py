@@ -1,7 +1,8 @@
 """`--draft-model` parsed once: a user's drafter value -> `DrafterSpec`, typed and validated (build.py builds it).
 
 Values: 'none' (the target alone); a name in `NAMED_DRAFTERS` (named.py: 'ngram' prompt lookup, 'random');
-'auto' (the registered draft for the target, see pairs.py); a draft head ('head:PATH', a folder holding
+'auto' (the registered draft for the target, see pairs.py); the target's own quantized twin ('self:int8',
+'self:int4', ...: twin.py); a draft head ('head:PATH', a folder holding
 head_config.json, or the shipped head's name `DEFAULT_HEAD`: see head.py); anything else names a draft model (a
 folder, a .gguf file, a hub id or the embedded default draft's name). Several values joined by '+' make a cascade
 (cascade.py): 'ngram+MODEL' drafts by prompt lookup where the sequence repeats itself and with MODEL elsewhere. A
@@ -16,12 +17,13 @@ from pathlib import Path
 from .cascade import split_spec
 from .head import HEAD_PREFIX, is_head_folder
 from .named import NAMED_DRAFTERS
+from .twin import is_twin, twin_qtype
 
 NONE = "none"
 AUTO = "auto"
 DEFAULT_HEAD = "verispec-head-smollm2-135m"  # the draft head shipped for the embedded default target
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_head"
-KINDS = ("named", "auto", "head", "model")
+KINDS = ("named", "auto", "head", "twin", "model")
 
 
 @dataclass(frozen=True)
@@ -29,9 +31,10 @@ class DraftStage:
     """One drafter of a `--draft-model` value (a cascade has several, tried in order per row)."""
 
     kind: str
-    """'named' (a NAMED_DRAFTERS entry), 'auto' (pairs.py picks), 'head' (a trained draft head), 'model'."""
+    """'named' (a NAMED_DRAFTERS entry), 'auto' (pairs.py picks), 'head' (a trained draft head), 'twin' (the target's
+    quantized twin, twin.py), 'model'."""
     name: str
-    """The value as the user wrote it: 'ngram', 'auto', 'head:DIR', a model path or hub id."""
+    """The value as the user wrote it: 'ngram', 'auto', 'head:DIR', 'self:int8', a model path or hub id."""
     head_dir: Path | None = None
     """The head's folder (kind 'head' only)."""
 
@@ -88,6 +91,9 @@ def parse_stage(name: str) -> DraftStage:
         return DraftStage("auto", name)
     if name in NAMED_DRAFTERS:
         return DraftStage("named", name)
+    if is_twin(name):
+        twin_qtype(name)  # ValueError naming the formats
+        return DraftStage("twin", name)
     head = head_path(name)
     if head is not None:
         return DraftStage("head", name, head)

@@ -92,6 +92,12 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
     return model
 
 
+def native_twin_of(hf_model) -> LlamaModel | None:
+    """The native model already built for hf_model (shared by its native runners), or None when none was built."""
+    entry = _TWINS.get(hf_model)
+    return None if entry is None else entry[0]
+
+
 class NativeRunner(SlotRunner):
     """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.ModelRunner."""
 
