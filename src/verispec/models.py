@@ -144,7 +144,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
     torch dtype, its name, or 'auto' (runtime/dtype.py: the device's fast dtype where speculation stays exact)."""
     from .runtime.dtype import resolve_dtype
 
-    dtype, _ = resolve_dtype(dtype, device)
+    dtype, _ = resolve_dtype(dtype, device, native=dtype != "auto" or in_native_family(name_or_path))
     path = resolve_model_path(name_or_path)
     if path.suffix == ".gguf":
         model, _ = _load_gguf(path, with_tokenizer=False)
@@ -159,6 +159,20 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
 
 WEIGHTS = ("fp32", "gguf")  # --weights: the fp32 conversion (default) or a GGUF file's own quantized weights
 QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output channel (a different model)
+
+
+def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> bool:
+    """Whether the model runs on verispec's native runner (`runtime/llama.py`'s family) with this runner backend:
+    what `--dtype auto` needs to know before loading it (runtime/dtype.py). False where its config is unreadable."""
+    if runner == "hf":
+        return False
+    from .runtime.llama import ARCHITECTURES
+
+    try:
+        config = read_model_config(resolve_model_path(name_or_path))
+    except ValueError:  # not found: loading reports it
+        return False
+    return config is not None and getattr(config.get_text_config(), "model_type", None) in ARCHITECTURES
 
 
 def is_quantized(weights: str, quantization: str) -> bool:

@@ -19,6 +19,9 @@ from verispec.bench.costs import (
 from verispec.bench.machine import decode_floor, measure_bandwidth
 from verispec.bench.prompts import PromptError, load_prompts, select_prompts
 from verispec.cli import main
+from verispec.runtime.dtype import choose_dtype, dtype_name
+
+AUTO = dtype_name(choose_dtype("cpu")[0])  # what --dtype auto runs the tiny Llama pair in here (bf16 on native-bf16 CPUs)
 
 # One torch thread: on a shared, loaded machine, two threads contending for two cores are several times slower.
 FAST = ["--threads", "1", "--no-progress", "--warmup-tokens", "2"]
@@ -110,7 +113,7 @@ def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
     assert report["machine"]["torch_threads"] >= 1 and report["machine"]["transformers"]
     assert report["machine"]["memory_bandwidth_gb_s"] > 0
     run = report["runs"][0]
-    assert run["dtype"] == "float32"
+    assert run["dtype"] == AUTO
     assert run["floor"]["floor_ms_per_token"] > 0 and run["floor"]["x_floor"] > 0
     names = [m["name"] for m in run["methods"]]
     adaptive = ["adaptive"] if "adaptive" in names else []  # until the engine has it: skipped with a note
@@ -135,9 +138,9 @@ def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
     assert set(run["cost_probes"]["overall"]["verify_ms"]) == {"1", "2", "3", "4"}
     assert len(run["prompts"]) == 3 * len(names)
     markdown = (out / "report.md").read_text()
-    assert "## float32" in markdown and "### Speedup by category" in markdown and "verispec-k3" in markdown
+    assert f"## {AUTO}" in markdown and "### Speedup by category" in markdown and "verispec-k3" in markdown
     assert "GB/s measured" in markdown and "x the floor" in markdown
-    for plot in ("speedup_vs_k_float32.png", "acceptance_by_position_float32.png", "tokens_per_s_float32.png"):
+    for plot in (f"speedup_vs_k_{AUTO}.png", f"acceptance_by_position_{AUTO}.png", f"tokens_per_s_{AUTO}.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
         assert plot in run["plots"]
 
@@ -173,8 +176,8 @@ def test_bench_batch_sizes_end_to_end(model_dirs, prompts_file, tmp_path, capsys
     assert batching["results"]["1"]["target"]["scaling_vs_batch_1"] == pytest.approx(1.0)
     assert len(batching["batches"]) == (3 + 2) * len(names)
     assert run["floor"]["x_floor"] > 0 and "results" not in run  # the K sweep did not run
-    assert (out / "tokens_per_s_vs_batch_float32.png").read_bytes()[:4] == b"\x89PNG"
-    assert run["plots"] == ["tokens_per_s_vs_batch_float32.png"]
+    assert (out / f"tokens_per_s_vs_batch_{AUTO}.png").read_bytes()[:4] == b"\x89PNG"
+    assert run["plots"] == [f"tokens_per_s_vs_batch_{AUTO}.png"]
     markdown = (out / "report.md").read_text()
     assert "### Tokens/s by batch size" in markdown and "x the floor" in markdown
     printed = capsys.readouterr().out

@@ -27,6 +27,9 @@ from verispec.bench.peers import (
 from verispec.bench.prompts import BenchPrompt
 from verispec.bench.suite import BenchSettings
 from verispec.cli import main
+from verispec.runtime.dtype import choose_dtype, dtype_name
+
+AUTO = dtype_name(choose_dtype("cpu")[0])  # what --dtype auto runs the tiny Llama target in here
 
 # A stand-in for a peer's virtualenv python, run as `FAKE DRIVER IN.json OUT.json`: every prompt generates
 # max_new_tokens copies of its last token in 0.5 s; the job it got is appended to $FAKE_PEER_LOG.
@@ -256,7 +259,7 @@ def test_bench_cli_report_has_the_peers_table(model_dirs, tmp_path, fake_peer):
     # llama.cpp runs GGUF files and this target is a folder: a note, not a crash.
     assert any(n.startswith("llama.cpp skipped: llama.cpp runs GGUF files") for n in peers["notes"])
     markdown = (out / "report.md").read_text()
-    assert "### Peers: other engines side by side" in markdown and "| vLLM | draft model | float32 |" in markdown
+    assert "### Peers: other engines side by side" in markdown and f"| vLLM | draft model | {AUTO} |" in markdown
     assert "CPU flags" in markdown and "GB/s measured" in markdown
 
 

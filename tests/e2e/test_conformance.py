@@ -75,7 +75,8 @@ def base_url(json_dirs):
     draft = str(json_dirs["draft"])
     config = ServerConfig(model=str(json_dirs["target"]), draft_model=draft, enable_speculative=True,
                           spec=SpeculativeConfig(num_draft_tokens=4), max_len=512,
-                          allowed_draft_models=("ngram", f"cascade=ngram+{draft}"), runner=RUNNER)
+                          allowed_draft_models=("ngram", f"cascade=ngram+{draft}"), runner=RUNNER,
+                          dtype="float32")  # the values are checked against fp32 Hugging Face modeling
     with ServerThread(create_app(config)) as running:
         yield running.url
 

@@ -7,6 +7,7 @@ import pytest
 
 from verispec.bench.serve_load import parse_concurrency
 from verispec.cli import main as cli_main
+from verispec.runtime.dtype import choose_dtype, dtype_name
 
 
 def test_parse_concurrency():
@@ -35,7 +36,7 @@ def test_bench_serve_writes_its_report(model_dirs, tmp_path):
             assert len(row["per_request"]) == row["requests"]
             assert row["tokens"] == 12 * row["requests"] and row["tokens_per_s"] > 0
             assert 0 < row["ttft_p50_s"] <= row["ttft_p99_s"] and 0 < row["tpot_p50_s"] <= row["tpot_p99_s"]
-            assert row["identical_to_alone"] == row["compared"] == row["requests"]  # greedy, fp32
+            assert row["identical_to_alone"] == row["compared"] == row["requests"]  # greedy, the 'auto' dtype
         assert figures["on"]["draft_tokens"] > 0 and figures["off"]["draft_tokens"] == 0
         assert sum(figures["on"]["chosen_k"].values()) > 0 and not figures["off"]["chosen_k"]
     assert run["results"]["1"]["on"]["identical_to_off"] == "3/3"
@@ -43,4 +44,4 @@ def test_bench_serve_writes_its_report(model_dirs, tmp_path):
                                                                "request alone"}
     text = (out / "report.md").read_text()
     assert "| clients |" in text and "### Goals" in text and (out / run["plot"]).stat().st_size > 1000
-    assert (out / "server_float32.log").exists()
+    assert (out / f"server_{dtype_name(choose_dtype('cpu')[0])}.log").exists()  # the 'auto' dtype here

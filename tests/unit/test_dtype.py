@@ -13,8 +13,32 @@ NE_CONVERT = AVX2 | {"avx_vnni", "avx_ne_convert"}
 
 @pytest.mark.parametrize("flags", [AVX512_BF16, AMX, NE_CONVERT])
 def test_native_bf16_cpu_picks_bf16_once_exact(flags):
-    dtype, reason = choose_dtype("cpu", flags, bf16_exact="bench: 13/13 equal")
+    dtype, reason = choose_dtype("cpu", flags, bf16_exact="bench: 13/13 equal", kernels=True)
     assert dtype == torch.bfloat16 and "13/13" in reason
+
+
+@pytest.mark.parametrize("flags", [AVX512_BF16, AMX, NE_CONVERT])
+def test_native_bf16_cpu_stays_fp32_without_the_invariant_kernels(flags):
+    dtype, reason = choose_dtype("cpu", flags, bf16_exact="bench: 13/13 equal", kernels=False)
+    assert dtype == torch.float32 and "C++ kernels are not built" in reason
+
+
+def test_a_model_on_hugging_face_modeling_stays_fp32():
+    dtype, reason = choose_dtype("cpu", AVX512_BF16, bf16_exact="bench: 13/13 equal", kernels=True, native=False)
+    assert dtype == torch.float32 and "Hugging Face modeling" in reason
+
+
+def test_in_native_family(tmp_path):
+    from conftest import make_tokenizer, tiny_gpt2, tiny_llama
+    from verispec.models import in_native_family
+
+    for name, model in (("llama", tiny_llama(0)), ("gpt2", tiny_gpt2(0))):
+        model.save_pretrained(tmp_path / name)
+        make_tokenizer().save_pretrained(tmp_path / name)
+    assert in_native_family(tmp_path / "llama")
+    assert not in_native_family(tmp_path / "llama", runner="hf")
+    assert not in_native_family(tmp_path / "gpt2")
+    assert not in_native_family(tmp_path / "missing")
 
 
 @pytest.mark.parametrize("flags", [AVX512_BF16, AMX, NE_CONVERT])
@@ -47,8 +71,8 @@ def test_server_config_resolves_auto_once():
 
     from verispec.server import ServerConfig
 
-    config = ServerConfig(model="m", dtype="auto")
-    assert (config.dtype, config.dtype_reason) == choose_dtype("cpu")
+    config = ServerConfig(model="m", dtype="auto")  # a name that resolves to no model: not known to run natively
+    assert (config.dtype, config.dtype_reason) == choose_dtype("cpu", native=False)
     assert replace(config, max_len=64).dtype_reason == config.dtype_reason  # replace() keeps the reason
     assert ServerConfig(model="m", dtype=torch.bfloat16).dtype_reason == "bfloat16: asked for"
     with pytest.raises(ValueError, match="choose from auto"):

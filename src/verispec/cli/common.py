@@ -70,14 +70,14 @@ def add_runner_args(group) -> None:
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="keep the KV of prompt prefixes for later prompts that start the same (default on; "
                             "docs/server.md, \"Prefix caching\")")
-    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=False,
+    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                        help="native runner: attention in one fixed order, so logits and logprobs with speculation "
                             "are bit for bit the target's own in any dtype, batch and K (docs/speculation.md, "
-                            "'Bit for bit'; costs speed, measured there)")
+                            "'Bit for bit'); default: on where verispec's C++ kernels are built (free there)")
 
 
 def runner_options(args) -> RunnerOptions:
-    invariant = args.batch_invariant or getattr(args, "deterministic", False)
+    invariant = True if getattr(args, "deterministic", False) else args.batch_invariant
     return RunnerOptions(backend=args.runner, compile=args.compile, batch_invariant=invariant)
 
 
@@ -224,14 +224,21 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
     )
 
 
+def _dtype_facts(args: argparse.Namespace) -> tuple[bool, bool]:
+    """(quantized, native) of the target the arguments name: what 'auto' needs (runtime/dtype.py)."""
+    from ..models import in_native_family, is_quantized
+
+    quantized = is_quantized(getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"))
+    native = args.dtype != "auto" or quantized or in_native_family(getattr(args, "model", DEFAULT_TARGET),
+                                                                   getattr(args, "runner", "auto"))
+    return quantized, native
+
+
 def apply_runtime(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
-        from ..models import is_quantized
-
-        quantized = is_quantized(getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"))
-        args.torch_dtype, args.dtype_reason = resolve_dtype(args.dtype, args.device, quantized)
+        args.torch_dtype, args.dtype_reason = resolve_dtype(args.dtype, args.device, *_dtype_facts(args))
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.draft_tokens < 1:

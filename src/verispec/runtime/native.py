@@ -77,7 +77,7 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
     spec = LlamaSpec.from_config(hf_model.config, max_len)
     if getattr(hf_model, "_verispec_released", False):
         model = _TWINS[hf_model][0]
-        if model.invariant != invariant and model.lm_head.packed:  # (quantized weights have one layout for both)
+        if model.invariant != invariant and model.lm_head.packed is True:  # (oneDNN's layout; others: one for both)
             raise ValueError(f"this model's weights were released to a native model with batch_invariant="
                              f"{model.invariant}: build every runner on it with the same batch_invariant")
         if model.cos.shape[0] < max_len:
@@ -85,7 +85,8 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
         return model
     fingerprint = tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
     model, seen = _TWINS.get(hf_model, (None, None))
-    if model is None or seen != fingerprint or model.cos.shape[0] < max_len or model.invariant != invariant:
+    other_layout = model is not None and model.invariant != invariant and model.lm_head.packed is True
+    if model is None or seen != fingerprint or model.cos.shape[0] < max_len or other_layout:
         positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
         model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions), invariant=invariant)
         _TWINS[hf_model] = (model, fingerprint)
