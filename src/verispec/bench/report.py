@@ -143,7 +143,7 @@ def render_markdown(report: dict) -> str:
         if run.get("runner"):
             r = run["runner"]
             lines += [f"- runner: {r['backend']}{' compiled' if r['compiled'] else ' eager'}"
-                      f"{', weights pre-packed (oneDNN)' if r.get('packed_weights') else ''}; compile time "
+                      f"{_packing(r.get('packed_weights'))}; compile time "
                       f"{r.get('compile_s', 0):.1f} s (first calls of each new shape)"]
         if run.get("floor"):
             lines += [f"- {floor_line(run['floor'])}. {FLOOR_NOTE}"]
@@ -181,3 +181,10 @@ def write_reports(report: dict, out: Path) -> tuple[Path, Path]:
     json_path.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     md_path.write_text(render_markdown(report), encoding="utf-8")
     return json_path, md_path
+
+
+def _packing(packed) -> str:
+    """The runner's weight layout in words: verispec's dense kernel ("dense"), oneDNN's (True), or plain."""
+    if packed == "dense":
+        return ", weights packed for verispec's dense kernel"
+    return ", weights pre-packed (oneDNN)" if packed else ""
