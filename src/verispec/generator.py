@@ -82,13 +82,11 @@ class SpeculativeGenerator:
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
         dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why). weights='gguf': a GGUF
         target's own quantized blocks (float32); quantization='int8': weight-only int8 (a different model)."""
-        from .models import in_native_family, is_quantized, load_model, load_tokenizer, quantize_target
-        from .runtime.dtype import resolve_dtype
+        from .models import load_model, load_tokenizer, quantize_target, resolve_target_dtype
 
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
-        quantized = is_quantized(weights, quantization)
-        native = dtype != "auto" or quantized or in_native_family(target, (runner or RunnerOptions()).backend)
-        dtype, _ = resolve_dtype(dtype, device, quantized, native)
+        dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization,
+                                        (runner or RunnerOptions()).backend)
         target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype, device=device).drafter

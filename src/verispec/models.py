@@ -142,9 +142,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
                device: str | torch.device = "cpu"):
     """Load a causal LM in eval mode with gradients off (see `resolve_model_path` for accepted names). dtype: a
     torch dtype, its name, or 'auto' (runtime/dtype.py: the device's fast dtype where speculation stays exact)."""
-    from .runtime.dtype import resolve_dtype
-
-    dtype, _ = resolve_dtype(dtype, device, native=dtype != "auto" or in_native_family(name_or_path))
+    dtype, _ = resolve_target_dtype(dtype, device, name_or_path)
     path = resolve_model_path(name_or_path)
     if path.suffix == ".gguf":
         model, _ = _load_gguf(path, with_tokenizer=False)
@@ -173,6 +171,17 @@ def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> b
     except ValueError:  # not found: loading reports it
         return False
     return config is not None and getattr(config.get_text_config(), "model_type", None) in ARCHITECTURES
+
+
+def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, target: str | os.PathLike,
+                         weights: str = "fp32", quantization: str = "none", runner: str = "auto"):
+    """`runtime/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights and for a model that
+    does not run natively (its config is read only then). -> (dtype, why)."""
+    from .runtime.dtype import resolve_dtype
+
+    quantized = is_quantized(weights, quantization)
+    native = dtype != "auto" or quantized or in_native_family(target, runner)
+    return resolve_dtype(dtype, device, quantized, native)
 
 
 def is_quantized(weights: str, quantization: str) -> bool:

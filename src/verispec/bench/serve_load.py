@@ -302,16 +302,13 @@ def dtypes_from_args(args) -> list[str]:
     """--dtypes (else --dtype) as dtype names, 'auto' resolved for --device as the server resolves it (quantized
     weights: float32). CliError on an unknown name."""
     from ..cli import CliError
-    from ..models import DEFAULT_TARGET, in_native_family, is_quantized
-    from ..runtime.dtype import DTYPE_CHOICES, dtype_name, resolve_dtype
+    from ..cli.common import target_dtype
+    from ..runtime.dtype import DTYPE_CHOICES, dtype_name
 
     dtypes = [d.strip() for d in (args.dtypes or args.dtype).split(",") if d.strip()]
     if bad := [d for d in dtypes if d not in DTYPE_CHOICES]:
         raise CliError(f"unknown dtype {', '.join(bad)}: choose from {', '.join(DTYPE_CHOICES)}")
-    quantized = is_quantized(getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"))
-    native = quantized or "auto" not in dtypes or in_native_family(getattr(args, "model", DEFAULT_TARGET),
-                                                                   getattr(args, "runner", "auto"))
-    return [dtype_name(resolve_dtype(d, args.device, quantized, native)[0]) for d in dtypes]
+    return [dtype_name(target_dtype(args, d)[0]) for d in dtypes]
 
 
 def config_from_args(args) -> ServeLoadConfig:

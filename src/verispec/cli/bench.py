@@ -17,10 +17,10 @@ import torch
 from ..drafters.spec import parse_drafter_spec
 from ..bench.prompts import JSON_EXTRACTION, REPETITIVE, WORKLOADS, json_extraction_files, repetitive_prompts_file
 from ..config import StructuredOutput
-from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, in_native_family, is_quantized
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
 from . import CliError
-from ..runtime.dtype import DTYPE_CHOICES, dtype_name, resolve_dtype
-from .common import add_runner_args, add_weights_args, positive_int, runner_options
+from ..runtime.dtype import DTYPE_CHOICES, dtype_name
+from .common import add_runner_args, add_weights_args, positive_int, runner_options, target_dtype
 
 DTYPE_NAMES = DTYPE_CHOICES
 DEFAULT_KS = "1,2,3,4,6,8"
@@ -136,8 +136,7 @@ def build_config(args: argparse.Namespace):
     if quantized and any(f.startswith("hf") for f in families):
         raise CliError("--weights gguf and --quantization run on verispec's native runner only: pass --methods "
                        "without the hf-* methods (e.g. --methods target,adaptive)")
-    native = quantized or "auto" not in dtypes or in_native_family(args.model, args.runner)
-    dtypes = [dtype_name(resolve_dtype(d, args.device, quantized, native)[0]) if d == "auto" else d for d in dtypes]
+    dtypes = [dtype_name(target_dtype(args, d)[0]) for d in dtypes]
     if args.warmup_tokens < 0 or args.probe_repeats < 0:
         raise CliError("--warmup-tokens and --probe-repeats must be >= 0")
     draft = None if args.draft_model == "none" else args.draft_model

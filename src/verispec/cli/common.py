@@ -11,7 +11,7 @@ import torch
 
 from ..config import RUNNER_BACKENDS, RunnerOptions
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET
-from ..runtime.dtype import DTYPE_CHOICES, DTYPES, resolve_dtype  # noqa: F401 (DTYPES: bench/serve_load.py)
+from ..runtime.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
 from . import CliError
 
 def positive_int(text: str) -> int:
@@ -225,21 +225,20 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
     )
 
 
-def _dtype_facts(args: argparse.Namespace) -> tuple[bool, bool]:
-    """(quantized, native) of the target the arguments name: what 'auto' needs (runtime/dtype.py)."""
-    from ..models import in_native_family, is_quantized
+def target_dtype(args: argparse.Namespace, dtype: str) -> tuple[torch.dtype, str]:
+    """`dtype` ('auto' or a name) resolved for the target, weights, runner and device the arguments name."""
+    from ..models import resolve_target_dtype
 
-    quantized = is_quantized(getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"))
-    native = args.dtype != "auto" or quantized or in_native_family(getattr(args, "model", DEFAULT_TARGET),
-                                                                   getattr(args, "runner", "auto"))
-    return quantized, native
+    return resolve_target_dtype(dtype, args.device, getattr(args, "model", DEFAULT_TARGET),
+                                getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"),
+                                getattr(args, "runner", "auto"))
 
 
 def apply_runtime(args: argparse.Namespace) -> None:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
-        args.torch_dtype, args.dtype_reason = resolve_dtype(args.dtype, args.device, *_dtype_facts(args))
+        args.torch_dtype, args.dtype_reason = target_dtype(args, args.dtype)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.draft_tokens < 1:

@@ -6,8 +6,8 @@ where it has none (AVX2: bf16 is emulated, slower than fp32). On CUDA bf16 is na
 
 Exactness comes first: speculation must not change the target's greedy output. A bf16 verify pass is bit for bit
 a one-token step only where the forward is width- and batch-invariant, which verispec's own C++ kernels are by
-construction (`dense.py` for the linears, `fused.py` for attention and the small ops: the default runner's batch-
-invariant mode costs nothing there). So `auto` picks bf16 on a CPU with native bf16 only where those kernels are
+construction (`dense.py` for the linears, `fused.py` for attention and the small ops: decode steps and verify
+passes are invariant in the default mode). So `auto` picks bf16 on a CPU with native bf16 only where those kernels are
 built and the model runs on the native runner (`native=`); elsewhere it keeps fp32 and says why.
 `BF16_GREEDY_EXACT` records the measurement that showed bf16 speculative greedy output equal to the bf16 target
 alone (None would keep fp32 everywhere).

@@ -9,8 +9,7 @@ import torch
 
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.spec import NONE
-from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, in_native_family, is_quantized
-from ..runtime.dtype import resolve_dtype
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"
@@ -91,9 +90,8 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
             # ValueError naming the choices; quantized weights compute in float32, so 'auto' is float32 there
-            quantized = is_quantized(self.weights, self.quantization)
-            native = self.dtype != "auto" or quantized or in_native_family(self.model, self.runner.backend)
-            dtype, reason = resolve_dtype(self.dtype, self.device, quantized, native)
+            dtype, reason = resolve_target_dtype(self.dtype, self.device, self.model, self.weights,
+                                                 self.quantization, self.runner.backend)
             object.__setattr__(self, "dtype", dtype)
             object.__setattr__(self, "dtype_reason", reason)
         if self.max_len < 1:
