@@ -25,6 +25,7 @@ import dataclasses
 
 from verispec.config import SpeculativeConfig
 from verispec.runtime import runner as runners
+from verispec.runtime.dtype import NATIVE_BF16_FLAGS, cpu_flags, kernels_built
 from verispec.server import ServerConfig, create_app
 
 MODEL = "target"
@@ -37,6 +38,13 @@ KS = [1, 4]
 # step's bit for bit; the HF runner (VERISPEC_TEST_RUNNER=hf) keeps its own forward, equal only to 1e-5.
 RUNNER = dataclasses.replace(runners.DEFAULT_OPTIONS, batch_invariant=True)
 TOLERANCE = 1e-5 if RUNNER.backend == "hf" else 0.0
+
+
+def native_bf16() -> bool:
+    """Whether bf16 runs natively and row-invariantly here (the CPU's bf16 dot products and verispec's kernels)."""
+    return bool(cpu_flags() & set(NATIVE_BF16_FLAGS)) and kernels_built()
+
+
 PROMPTS = {"chat": "Paris is the capital of", "completion": "the cat sat on the"}
 
 # name -> (extra body fields, max_tokens); every case runs greedy unless it says otherwise.
@@ -282,16 +290,19 @@ def test_speculation_really_ran(client):
 
 
 @pytest.mark.slow
-def test_real_default_pair_conformance():
-    """SmolLM2-135M with its shipped draft, fp32, batch-invariant: logprobs, logit_bias, penalties, a JSON schema
-    and a regex give the same tokens and bitwise the same logprobs with every drafter and K as the target alone."""
+@pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
+    not native_bf16(), reason="this CPU has no native bf16 dot products"))])
+def test_real_default_pair_conformance(dtype):
+    """SmolLM2-135M with its shipped draft, fp32 and bf16, batch-invariant: logprobs, logit_bias, penalties, a JSON
+    schema and a regex give the same tokens and bitwise the same logprobs with every drafter and K as the target
+    alone."""
     from verispec.config import SamplingParams, StructuredOutput
     from verispec.drafters.factory import make_drafter
     from verispec.engine import CACHE_SLACK, SpeculativeEngine
     from verispec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
 
-    target, tokenizer = load_model(DEFAULT_TARGET), load_tokenizer(DEFAULT_TARGET)
-    draft = load_model(DEFAULT_DRAFT)
+    target, tokenizer = load_model(DEFAULT_TARGET, dtype=dtype), load_tokenizer(DEFAULT_TARGET)
+    draft = load_model(DEFAULT_DRAFT, dtype=dtype)
     engine = SpeculativeEngine(target, tokenizer, None, max_len=1024, runner=RUNNER)
     drafters = {name: make_drafter(name, target, tokenizer, 1024 + CACHE_SLACK, draft_model=draft)
                 for name in ("ngram", DEFAULT_DRAFT, f"ngram+{DEFAULT_DRAFT}")}
