@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install demo test test-unit test-slow test-fuzz test-browser bench clean
+.PHONY: install kernels demo test test-unit test-slow test-fuzz test-browser bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -17,10 +17,15 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
+# verispec's C++ kernels, each built in its own process at once (they are otherwise built one after the other on
+# first use; cached under ~/.cache/verispec/ext, so this is a no-op once built).
+kernels: install
+	$(PY) -c "from verispec.runtime.ext import build_all; print('[verispec] kernels built:', build_all() or 'all cached')"
+
 demo: install
 	$(VENV)/bin/verispec generate --prompt "Write a Python function that checks whether a number is prime." --chat --max-new-tokens 96
 
-test: install
+test: kernels
 	$(PY) -m pytest
 
 test-unit: install

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import torch
@@ -17,6 +20,8 @@ import torch
 _BUILT: dict[str, object] = {}  # name -> module, or False when it could not be built
 
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
+# Every kernel: name -> its source beside this module (what `python -m verispec.runtime.ext` builds ahead of use).
+KERNELS = {"dense": "dense_kernel.cpp", "layer": "layer_kernel.cpp", "quant": "quant_kernel.cpp"}
 
 
 def cache_root() -> Path:
@@ -46,13 +51,40 @@ def build(name: str, source: str, extra_cflags: tuple[str, ...] = ()):
     return _BUILT[name] or None
 
 
+def _folder(name: str, source: Path, flags: list[str]) -> tuple[Path, str]:
+    """-> (the build folder, the key): the key hashes the source, torch's version, the CPU flags and the cflags."""
+    key = hashlib.sha256((source.read_text() + torch.__version__ + cpu_flags_line() + " ".join(flags))
+                         .encode()).hexdigest()[:16]
+    return cache_root() / "ext" / f"{name}-{key}", key
+
+
 def _load(name: str, source: Path, extra: list[str]):
     from torch.utils.cpp_extension import load
 
     flags = CFLAGS + extra
-    key = hashlib.sha256((source.read_text() + torch.__version__ + cpu_flags_line() + " ".join(flags))
-                         .encode()).hexdigest()[:16]
-    folder = cache_root() / "ext" / f"{name}-{key}"
+    folder, key = _folder(name, source, flags)
     folder.mkdir(parents=True, exist_ok=True)
     return load(name=f"verispec_{name}_{key}", sources=[str(source)], build_directory=str(folder),
                 extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def is_cached(name: str) -> bool:
+    """Whether kernel `name` (of KERNELS) is already built on disk for this source, torch and CPU."""
+    folder, _ = _folder(name, Path(__file__).with_name(KERNELS[name]), CFLAGS)
+    return any(folder.glob("*.so"))
+
+
+def build_all() -> dict[str, float]:
+    """Build every kernel not yet on disk, each in its own process, all at once (one compiler each: on 2 cores
+    the three together take about as long as the longest) -> seconds per kernel built."""
+    start, procs = time.perf_counter(), {}
+    for name, source in KERNELS.items():
+        if not is_cached(name):
+            code = f"from verispec.runtime.ext import build; build({name!r}, {source!r})"
+            procs[name] = subprocess.Popen([sys.executable, "-c", code])
+    seconds = {}
+    for name, proc in procs.items():
+        proc.wait()
+        seconds[name] = round(time.perf_counter() - start, 1)
+    return seconds
+
