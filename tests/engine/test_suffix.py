@@ -52,6 +52,9 @@ def test_chain_follows_the_most_frequent_continuation_while_confident():
     assert trie.draft(TEXT, 4, 0.6, 6).tokens == [3]  # the 0.5 branch falls under the confidence threshold
     assert trie.draft(TEXT, 1, 0.1, 6).tokens == [3]
     assert trie.draft([9, 9], 4, 0.1, 6).tokens == []  # nothing matches
+    # spec_factor caps the depth at that many times the match: the 2-token match may draft 2 (x1) or 3 (x1.5).
+    assert trie.draft(TEXT, 4, 0.1, 6, spec_factor=1.0).tokens == [3, 4]
+    assert trie.draft(TEXT, 4, 0.1, 6, spec_factor=1.5).tokens == [3, 4, 1]
 
 
 def test_tree_expands_the_most_probable_continuations_parents_first():

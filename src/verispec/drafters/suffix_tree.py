@@ -137,11 +137,16 @@ class SuffixTrie:
                 return None
         return node
 
-    def draft(self, context: Sequence[int], k: int, min_prob: float, max_match: int, tree_nodes: int = 0) -> SuffixDraft:
+    def draft(self, context: Sequence[int], k: int, min_prob: float, max_match: int, tree_nodes: int = 0,
+              spec_factor: float | None = None) -> SuffixDraft:
         """Up to k tokens continuing `context`, each with path probability >= min_prob (the product of the
         continuation shares along the path): the most frequent chain, or with tree_nodes > k a token tree of up to
-        tree_nodes nodes, depth <= k, expanded best first. The match leaves room for k tokens below it."""
+        tree_nodes nodes, depth <= k, expanded best first. The match leaves room for k tokens below it.
+        spec_factor: at most spec_factor x the match's length (at least 1) tokens deep (SuffixDecoding's
+        max_spec_factor): a one-token match seen once is a weak sign, however certain its counts look."""
         node, size = self.match(context, min(max_match, self.depth - 1 - min(k, self.depth - 2)))
+        if spec_factor is not None:
+            k = min(k, max(1, int(spec_factor * size)))
         if node is None or k <= 0:
             return EMPTY
         if tree_nodes > k:
@@ -239,10 +244,10 @@ class SuffixCache:
             del self._tries[scope]
 
     def draft(self, scope: str, context: Sequence[int], k: int, min_prob: float, max_match: int,
-              tree_nodes: int = 0) -> SuffixDraft:
+              tree_nodes: int = 0, spec_factor: float | None = None) -> SuffixDraft:
         with self._lock:
             trie = self._tries.get(scope)
-            return EMPTY if trie is None else trie.draft(context, k, min_prob, max_match, tree_nodes)
+            return EMPTY if trie is None else trie.draft(context, k, min_prob, max_match, tree_nodes, spec_factor)
 
     def clear(self) -> None:
         with self._lock:
