@@ -138,7 +138,7 @@ def test_the_custom_ops_pass_opcheck():
     index = torch.tensor([[2, 3, 4], [4, 5, 6]])
     x = torch.randn(2, 3, 32, generator=gen)
     for op, args in [
-        (torch.ops.verispec.attention, (q, keys, values, mask)),
+        (torch.ops.verispec.attention, (q, keys, values, mask, fused.PATHS["tiled"])),
         (torch.ops.verispec.rotary_write, (qkv, cos, sin, index, keys.clone(), values.clone(), 4)),
         (torch.ops.verispec.rms_norm, (x, x.clone(), torch.randn(32, generator=gen), 1e-6)),
         (torch.ops.verispec.rms_norm, (x, None, torch.randn(32, generator=gen), 1e-6)),

@@ -19,6 +19,8 @@ side-by-side measurements: `recipes/step_profile.py --kernels`).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .ext import build
@@ -29,6 +31,13 @@ ENABLED = True  # False: the torch formulas run (llama.py's fallbacks), for meas
 # (SmolLM2 heads, one thread), while decode steps and verify passes run faster on the kernel.
 MAX_QUERIES = 16
 DTYPES = (torch.float32, torch.bfloat16)
+# Attention's code paths, all giving the same bits: "tiled" (many queries of one KV head share each key and value
+# vector: AVX-512, head dims 32 / 64 / 128), "vector" (one query at a time, AVX-512), "scalar" (what a CPU without
+# AVX-512 runs). "auto": tiled from TILE_QUERIES fed tokens a row, else vector. VERISPEC_ATTENTION_PATH forces one
+# (read at start-up), so a CI machine with AVX-512 tests the others too.
+PATHS = {"tiled": 2, "vector": 1, "scalar": 0}
+PATH_ENV = "VERISPEC_ATTENTION_PATH"
+TILE_QUERIES = 4
 
 
 def kernel():
@@ -45,14 +54,34 @@ def _ext():
     return None if torch.compiler.is_compiling() else kernel()
 
 
+def forced_path() -> int | None:
+    """VERISPEC_ATTENTION_PATH's path, or None for "auto" (unset)."""
+    name = os.environ.get(PATH_ENV, "auto").lower()
+    if name != "auto" and name not in PATHS:
+        raise ValueError(f"{PATH_ENV}={name!r}: choose one of auto, {', '.join(PATHS)}")
+    return None if name == "auto" else PATHS[name]
+
+
+_FORCED = forced_path()
+
+
+def attention_path(fed: int) -> int:
+    """The path a call with `fed` tokens a row takes (a path this build lacks falls back to the next one)."""
+    if _FORCED is not None:
+        return _FORCED
+    return PATHS["tiled"] if fed >= TILE_QUERIES else PATHS["vector"]
+
+
 def attention(
     q: torch.Tensor,  # [b, H, n, d]
     keys: torch.Tensor,  # [b, Hk, max_len, d]
     values: torch.Tensor,  # [b, Hk, max_len, d]
     mask: torch.Tensor,  # [b, 1, n, L] additive, L <= max_len
 ) -> torch.Tensor:  # [b, H, n, d] (a view of [b, n, H, d] memory)
-    ext = _ext()
-    return ext.attention(q, keys, values, mask) if ext else torch.ops.verispec.attention(q, keys, values, mask)
+    ext, path = _ext(), attention_path(q.shape[2])
+    if ext:
+        return ext.attention(q, keys, values, mask, path)
+    return torch.ops.verispec.attention(q, keys, values, mask, path)
 
 
 def rotary_write(
@@ -91,12 +120,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 I] -> [..., I]
 
 
 @torch.library.custom_op("verispec::attention", mutates_args=())
-def _attention_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return kernel().attention(q, keys, values, mask)
+def _attention_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                  path: int) -> torch.Tensor:
+    return kernel().attention(q, keys, values, mask, path)
 
 
 @_attention_op.register_fake
-def _(q, keys, values, mask):
+def _(q, keys, values, mask, path):
     b, H, n, d = q.shape
     return q.new_empty(b, n, H, d).transpose(1, 2)
 
