@@ -80,8 +80,8 @@ template <typename T> inline float dot_scalar(const float* a, const T* b, int64_
   float acc[LANES] = {0};
   const int64_t body = d - d % LANES;
   for (int64_t c = 0; c < body; c += LANES)
-    for (int64_t l = 0; l < LANES; ++l) acc[l] += a[c + l] * to_f(b[c + l]);
-  for (int64_t i = body; i < d; ++i) acc[i - body] += a[i] * to_f(b[i]);
+    for (int64_t l = 0; l < LANES; ++l) acc[l] = std::fma(a[c + l], to_f(b[c + l]), acc[l]);
+  for (int64_t i = body; i < d; ++i) acc[i - body] = std::fma(a[i], to_f(b[i]), acc[i - body]);
   for (int64_t w = LANES / 2; w > 0; w /= 2)
     for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
   return acc[0];
@@ -97,10 +97,10 @@ template <typename T> inline float dot(const float* a, const T* b, int64_t d) {
   __m512 acc = _mm512_setzero_ps();
   const int64_t body = d - d % LANES;
   for (int64_t c = 0; c < body; c += LANES)
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + c), load16(b + c, 0xffff)));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), load16(b + c, 0xffff), acc);
   if (body < d) {  // the tail's lanes; the others add 0 * 0
     const __mmask16 m = static_cast<__mmask16>((1u << (d - body)) - 1);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + body), load16(b + body, m)));
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + body), load16(b + body, m), acc);
   }
   __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));  // l + 8
@@ -141,7 +141,7 @@ inline void accumulate16(const float* p, const T* v, int64_t stride, int64_t L, 
     if (p[j] == 0.0f) continue;
     const __m512 pj = _mm512_set1_ps(p[j]);
     const T* vj = v + j * stride;
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pj, load16(vj + 16 * c, 0xffff)));
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(pj, load16(vj + 16 * c, 0xffff), acc[c]);
   }
   for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
@@ -172,7 +172,7 @@ template <typename T> inline void accumulate(const float* p, const T* v, int64_t
   for (int64_t j = 0; j < L; ++j) {
     if (p[j] == 0.0f) continue;
     const T* vj = v + j * stride;
-    for (int64_t i = 0; i < d; ++i) out[i] += p[j] * to_f(vj[i]);
+    for (int64_t i = 0; i < d; ++i) out[i] = std::fma(p[j], to_f(vj[i]), out[i]);
   }
 }
 
@@ -249,14 +249,64 @@ inline __m512 reduce16(const __m512* acc) {
 }
 
 struct TileScratch {
-  std::vector<float> q, k, v, m, s, out;  // the tile's queries, keys, values, masks, scores / p, one output
+  std::vector<float> q, k, v, m, s;  // the tile's queries, keys, values, masks, scores (then p)
   std::vector<int64_t> len;  // per query: 1 + its last unmasked entry (0: none)
 };
+
+// Queries q0 .. q0 + R - 1 of a tile (scores already exponentiated in w.s): sum_j p_j v_j and sum_j p_j in j order,
+// p_j = 0 skipped (a masked add: what the one-query loop's `continue` does), then acc / total into the output.
+template <int NC, int R, typename T>
+void weigh_values(TileScratch& w, const std::vector<float>& top, int64_t q0, int64_t Lp, const at::Tensor& out,
+                  int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0) {
+  constexpr int64_t d = 16 * NC;
+  int64_t Lr = 0;
+  for (int r = 0; r < R; ++r) Lr = std::max(Lr, w.len[q0 + r]);
+  __m512 acc[R][NC];
+  float total[R];
+  const float* p[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    total[r] = 0.0f;
+    p[r] = w.s.data() + (q0 + r) * Lp;
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < Lr; ++j) {
+    const float* vj = w.v.data() + j * d;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float pj = p[r][j];
+      total[r] += pj;
+      const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_set1_ps(pj), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      const __m512 pv = _mm512_set1_ps(pj);
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c)
+        acc[r][c] = _mm512_mask3_fmadd_ps(pv, _mm512_loadu_ps(vj + 16 * c), acc[r][c], keep);
+    }
+  }
+  float sums[R * d], totals[R];  // out of the registers with constant indices (else the sums live in memory)
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    totals[r] = total[r];
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(sums + r * d + 16 * c, acc[r][c]);
+  }
+  const auto os = out.strides();
+  for (int r = 0; r < R; ++r) {
+    const int64_t qi = q0 + r;
+    T* orow = mut<T>(out) + row * os[0] + (kh * g + qi / nt) * os[1] + (t0 + qi % nt) * os[2];
+    if (top[qi] == -std::numeric_limits<float>::infinity()) {  // every entry masked: zeros
+      for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(0.0f);
+      continue;
+    }
+    for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(sums[r * d + i] / totals[r]);
+  }
+}
 
 template <int NC, typename T>
 void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                  const at::Tensor& out, int64_t row, int64_t kh, int64_t t0, int64_t t1, TileScratch& w) {
-  constexpr int64_t d = 16 * NC, QR = NC >= 8 ? 3 : 24 / NC;  // QR queries' sums in registers
+  constexpr int64_t d = 16 * NC;
+  constexpr int QR = NC >= 8 ? 2 : 20 / NC;  // queries whose sums stay in registers together
   const int64_t H = q.size(1), g = H / keys.size(1), L = mask.size(3), nt = t1 - t0, Q = g * nt;
   const auto qs = q.strides(), ks = keys.strides(), vs = values.strides(), ms = mask.strides(), os = out.strides();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
@@ -273,24 +323,30 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   }
   const int64_t Lp = (Lt + 15) / 16 * 16;
   w.m.resize(nt * Lp), w.k.resize(Lp * d), w.v.resize(Lt * d), w.q.resize(Q * d), w.s.resize(Q * Lp);
-  w.len.resize(Q), w.out.resize(d);
+  w.len.resize(Q);
   for (int64_t tl = 0; tl < nt; ++tl) {
     const T* mrow = ptr<T>(mask) + row * ms[0] + (t0 + tl) * ms[2];
-    for (int64_t j = 0; j < Lp; ++j) w.m[tl * Lp + j] = j < Lt ? to_f(mrow[j * ms[3]]) : -inf;
+    float* mt = w.m.data() + tl * Lp;
+    for (int64_t j = 0; j < Lt; ++j) mt[j] = to_f(mrow[j * ms[3]]);
+    std::fill(mt + Lt, mt + Lp, -inf);
   }
   const T* krow = ptr<T>(keys) + row * ks[0] + kh * ks[1];
   const T* vrow = ptr<T>(values) + row * vs[0] + kh * vs[1];
-  for (int64_t j = 0; j < Lp; ++j)
-    for (int64_t i = 0; i < d; ++i) w.k[j * d + i] = j < Lt ? to_f(krow[j * ks[2] + i]) : 0.0f;
-  for (int64_t j = 0; j < Lt; ++j)
-    for (int64_t i = 0; i < d; ++i) w.v[j * d + i] = to_f(vrow[j * vs[2] + i]);
+  for (int64_t j = 0; j < Lt; ++j) {
+    const T *kj = krow + j * ks[2], *vj = vrow + j * vs[2];
+    float *kw = w.k.data() + j * d, *vw = w.v.data() + j * d;
+    for (int64_t i = 0; i < d; ++i) kw[i] = to_f(kj[i]);
+    for (int64_t i = 0; i < d; ++i) vw[i] = to_f(vj[i]);
+  }
+  std::fill(w.k.data() + Lt * d, w.k.data() + Lp * d, 0.0f);
   for (int64_t qi = 0; qi < Q; ++qi) {  // query qi: head kh g + qi / nt, position t0 + qi % nt
     const T* qrow = ptr<T>(q) + row * qs[0] + (kh * g + qi / nt) * qs[1] + (t0 + qi % nt) * qs[2];
-    for (int64_t i = 0; i < d; ++i) w.q[qi * d + i] = to_f(qrow[i]) * scale;
+    float* qw = w.q.data() + qi * d;
+    for (int64_t i = 0; i < d; ++i) qw[i] = to_f(qrow[i]) * scale;
     w.len[qi] = lenT[qi % nt];
   }
   // scores, key blocks of 16 outside (in L1 for every query), then max, exp; p = 0 past a query's length
-  std::vector<float> top(Q, -inf);
+  std::vector<float> tops(Q * 16, -inf);  // per query, the lanes' maxima (exact: the maximum in any order)
   for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
     const float* kb = w.k.data() + j0 * d;
     for (int64_t qi = 0; qi < Q; ++qi) {
@@ -299,15 +355,18 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
       for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(w.q.data() + qi * d + 16 * c);
       for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
       for (int c = 0; c < NC; ++c)
-        for (int k = 0; k < 16; ++k) acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(qv[c], _mm512_loadu_ps(kb + k * d + 16 * c)));
+        for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + k * d + 16 * c), acc[k]);
       const __m512 mv = _mm512_loadu_ps(w.m.data() + (qi % nt) * Lp + j0);
       __m512 sv = _mm512_add_ps(reduce16(acc), mv);
       sv = _mm512_mask_mov_ps(sv, _mm512_cmp_ps_mask(mv, _mm512_set1_ps(MASKED), _CMP_LE_OQ), _mm512_set1_ps(-inf));
       _mm512_storeu_ps(w.s.data() + qi * Lp + j0, sv);
-      top[qi] = std::max(top[qi], _mm512_reduce_max_ps(sv));
+      float* tq = tops.data() + qi * 16;
+      _mm512_storeu_ps(tq, _mm512_max_ps(_mm512_loadu_ps(tq), sv));
     }
   }
+  std::vector<float> top(Q);
   for (int64_t qi = 0; qi < Q; ++qi) {
+    top[qi] = _mm512_reduce_max_ps(_mm512_loadu_ps(tops.data() + qi * 16));
     float* s = w.s.data() + qi * Lp;
     const int64_t done = (w.len[qi] + 15) / 16 * 16;
     if (top[qi] != -inf) {
@@ -316,41 +375,10 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     }
     std::fill(s + std::min(done, Lp), s + Lp, 0.0f);
   }
-  // sum_j p_j v_j and sum_j p_j, QR queries at a time, each in j order
-  for (int64_t q0 = 0; q0 < Q; q0 += QR) {
-    const int64_t nr = std::min(QR, Q - q0);
-    int64_t Lr = 0;
-    for (int64_t r = 0; r < nr; ++r) Lr = std::max(Lr, w.len[q0 + r]);
-    __m512 acc[QR][NC];
-    float total[QR];
-    for (int64_t r = 0; r < QR; ++r) {
-      total[r] = 0.0f;
-      for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
-    }
-    for (int64_t j = 0; j < Lr; ++j) {
-      const float* vj = w.v.data() + j * d;
-      __m512 vv[NC];
-      for (int c = 0; c < NC; ++c) vv[c] = _mm512_loadu_ps(vj + 16 * c);
-      for (int64_t r = 0; r < QR; ++r) {
-        if (r >= nr) break;
-        const float p = w.s[(q0 + r) * Lp + j];
-        total[r] += p;
-        const __mmask16 keep = p != 0.0f ? 0xffff : 0;
-        const __m512 pv = _mm512_set1_ps(p);
-        for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_mask_add_ps(acc[r][c], keep, acc[r][c], _mm512_mul_ps(pv, vv[c]));
-      }
-    }
-    for (int64_t r = 0; r < nr; ++r) {
-      const int64_t qi = q0 + r;
-      T* orow = mut<T>(out) + row * os[0] + (kh * g + qi / nt) * os[1] + (t0 + qi % nt) * os[2];
-      if (top[qi] == -inf) {  // every entry masked: zeros
-        for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(0.0f);
-        continue;
-      }
-      for (int c = 0; c < NC; ++c) _mm512_storeu_ps(w.out.data() + 16 * c, acc[r][c]);
-      for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(w.out[i] / total[r]);
-    }
-  }
+  // sum_j p_j v_j and sum_j p_j, QR queries at a time (the rest one at a time), each in j order
+  int64_t q0 = 0;
+  for (; q0 + QR <= Q; q0 += QR) weigh_values<NC, QR, T>(w, top, q0, Lp, out, row, kh, g, nt, t0);
+  for (; q0 < Q; ++q0) weigh_values<NC, 1, T>(w, top, q0, Lp, out, row, kh, g, nt, t0);
 }
 
 // Every (row, KV head, run of positions) tile, dealt round robin to the threads (runs late in a causal chunk
