@@ -4,8 +4,9 @@ One call each where torch issues several ops: attention (decode steps, verify pa
 chunks alike), rotary on q and k with the k/v cache writes, RMSNorm (with the residual add before it), and
 silu(gate) * up. fp32 and bf16 on CPU. Every result is computed per (row, head, query) in one fixed order, so
 the layer is batch- and width-invariant by construction: the attention replaces `invariant.block_attention`
-where the kernel is built, and torch's SDPA for decode steps, verify passes and trees (up to MAX_QUERIES fed
-tokens a row), so invariance costs nothing there.
+where the kernel is built, and torch's SDPA everywhere (decode steps, verify passes, trees and prefill chunks of
+any length), so invariance costs nothing. Long chunks take the tiled path (a KV head's queries share each key and
+value vector loaded once), which does per query exactly what the one-query path does.
 
 Roundings (what `tests/engine/test_fused.py` checks): rotary and the residual add bitwise torch's formulas;
 RMSNorm Hugging Face's roundings with its own order of the sum of squares; silu's exp within an ulp of torch's;
@@ -26,9 +27,11 @@ import torch
 from .ext import build
 
 ENABLED = True  # False: the torch formulas run (llama.py's fallbacks), for measurements side by side
-# Fed tokens per row up to which `attention` serves a runner that did not ask for invariance; past it (long
-# prefill chunks) torch's SDPA is faster: measured 2.2x (fp32) / 1.8x (bf16) at 512 queries x 512 entries
-# (SmolLM2 heads, one thread), while decode steps and verify passes run faster on the kernel.
+# Fed tokens per row up to which `attention` serves a runner that turned batch invariance off; past it (long
+# prefill chunks) such a runner uses torch's SDPA, as before the tiled path. Invariant runners (the default where
+# the kernels are built) use the kernel for every chunk: its tiled path is as fast as SDPA (one thread, SmolLM2
+# heads, 128-512 queries: 0.65-0.97x SDPA's time in bf16, 0.9-1.3x in fp32; prefill of the embedded model
+# 0.92-1.0x, `recipes/prefill_bench.py`).
 MAX_QUERIES = 16
 DTYPES = (torch.float32, torch.bfloat16)
 # Attention's code paths, all giving the same bits: "tiled" (many queries of one KV head share each key and value

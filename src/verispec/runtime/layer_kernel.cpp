@@ -1,14 +1,18 @@
 // The native layer's small ops and attention in C++ for verispec (runtime/fused.py builds it through ext.py).
 //
 // fp32 and bf16 (bf16 values are converted to fp32 exactly, computed in fp32 and rounded to nearest even once
-// where torch's formula rounds). Built with -O3 -march=native -ffp-contract=off: no fused multiply-add, so every
-// product and sum rounds where the code says; the loops are written so that the compiler vectorizes them across
-// independent elements only (never a reduction, whose order would then be the compiler's), and every reduction
-// runs in one fixed order. Each (row, head, query) is computed on its own, so the results do not depend on the
-// number of rows, queries, threads, padding or masked entries (batch- and width-invariant by construction).
+// where torch's formula rounds). Built with -O3 -march=native -ffp-contract=off: the compiler fuses no multiply-add,
+// so every product and sum rounds where the code says (a fused multiply-add only where the code calls one: the
+// attention's dots and weighted sums, std::fma / _mm512_fmadd_ps, the same in every path); the loops are written
+// so that the compiler vectorizes them across independent elements only (never a reduction, whose order would then
+// be the compiler's), and every reduction runs in one fixed order. Each (row, head, query) is computed on its own,
+// so the results do not depend on the number of rows, queries, threads, padding or masked entries (batch- and
+// width-invariant by construction).
 //
 //   attention    softmax(q k^T / sqrt(d) + mask) v, GQA, scores in fp32 (one dot order over d), the exact
-//                maximum, then sum_j p_j v_j and sum_j p_j in cache order j = 0, 1, ...; masked entries skipped
+//                maximum, then sum_j p_j v_j and sum_j p_j in cache order j = 0, 1, ...; masked entries skipped.
+//                Three paths, the same bits: one query at a time (scalar, or AVX-512), and tiles of queries
+//                of one KV head sharing each key and value (AVX-512; long chunks)
 //   rotary_write rotary on q and k (Hugging Face's halves layout), k and v written into the cache
 //   rms_norm     (optionally after a residual add) RMSNorm with Hugging Face's rounding
 //   silu_mul     silu(gate) * up
