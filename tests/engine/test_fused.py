@@ -224,3 +224,23 @@ def test_the_attention_path_variable(monkeypatch):
         fused.forced_path()
     monkeypatch.delenv(fused.PATH_ENV)
     assert fused.forced_path() is None
+
+
+def test_a_build_without_avx512_gives_the_same_bits():
+    """The kernel built as for an AVX2 CPU (-mno-avx512f: the scalar code, vectorized by the compiler where it
+    likes) against this build's tiled path: fp32 and bf16, head dims 32 / 40 / 64 / 128, GQA 1 and 3, n 1..40."""
+    from verispec.runtime.ext import build
+
+    avx2 = build("layer_avx2", "layer_kernel.cpp", ("-mno-avx512f",))
+    if avx2 is None:
+        pytest.skip("the kernel could not be built without AVX-512 here")
+    gen = torch.Generator().manual_seed(5)
+    for dtype in DTYPES:
+        for H, Hk, d in [(9, 3, 64), (4, 4, 32), (4, 2, 128), (2, 1, 40)]:
+            for n in (1, 17, 40):
+                lengths = torch.tensor([5, 70])
+                mask = attention_mask(lengths, n, int(lengths.max()) + n + 3, dtype)
+                q = torch.randn(2, H, n, d, generator=gen).to(dtype)
+                keys, values = cache(2, Hk, 128, d, dtype, gen)
+                want = fused.kernel().attention(q, keys, values, mask, fused.PATHS["tiled"])
+                assert torch.equal(avx2.attention(q, keys, values, mask, fused.PATHS["tiled"]), want), (dtype, d, n)
