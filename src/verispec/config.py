@@ -188,12 +188,12 @@ class RunnerOptions:
     """"native": verispec's own Llama-family module; "hf": Hugging Face modeling; "auto": native where it applies."""
     compile: bool | None = None
     """torch.compile the native runner's steps; None: the measured default for the device (see README)."""
-    batch_invariant: bool = False
+    batch_invariant: bool | None = None
     """Native runner: every attention in one fixed order, prefill chunks of any length included, so a row's logits
     do not depend on the verify width, the batch, its padding or how its prompt was chunked (bit for bit the
-    one-token step's; docs/speculation.md, "Bit for bit"). Where verispec's C++ kernels run, decode steps and
-    verify passes of up to 16 tokens a row are invariant either way; the option adds long prefill chunks (measured
-    cost: none at batch 1, 17% of batch-16 throughput, in prefill). The HF runner ignores it."""
+    one-token step's; docs/speculation.md, "Bit for bit"). None (default): on where verispec's C++ kernels are
+    built (free there: their tiled attention runs long chunks as fast as torch's SDPA), off elsewhere (torch's
+    invariant ops cost speed). False: long prefill chunks through SDPA (not invariant). The HF runner ignores it."""
 
     def __post_init__(self) -> None:
         _check(self.backend in RUNNER_BACKENDS, f"runner backend must be one of {', '.join(RUNNER_BACKENDS)}, got {self.backend!r}")

@@ -138,10 +138,109 @@ def test_the_custom_ops_pass_opcheck():
     index = torch.tensor([[2, 3, 4], [4, 5, 6]])
     x = torch.randn(2, 3, 32, generator=gen)
     for op, args in [
-        (torch.ops.verispec.attention, (q, keys, values, mask)),
+        (torch.ops.verispec.attention, (q, keys, values, mask, fused.PATHS["tiled"])),
         (torch.ops.verispec.rotary_write, (qkv, cos, sin, index, keys.clone(), values.clone(), 4)),
         (torch.ops.verispec.rms_norm, (x, x.clone(), torch.randn(32, generator=gen), 1e-6)),
         (torch.ops.verispec.rms_norm, (x, None, torch.randn(32, generator=gen), 1e-6)),
         (torch.ops.verispec.silu_mul, (x,)),
     ]:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
+
+
+# -- the attention's paths: tiles of queries (long chunks), one query at a time, scalar -----------------------------
+
+
+def paths_built() -> list[int]:
+    return list(fused.kernel().attention_paths())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3)])  # GQA ratios 1 and 3
+@pytest.mark.parametrize("threads", [1, 2])
+def test_long_chunks_equal_one_query_steps(dtype, heads, threads):
+    """Every query of a chunk of n tokens (n across the tiled path's switch and MAX_QUERIES), in a batch of rows
+    with other prefixes (padding) and a masked tail, on every path built, equals the one-query step at its
+    position, bitwise."""
+    H, Hk = heads
+    d, b, longest = 64, 3, 100
+    gen = torch.Generator().manual_seed(H)
+    keys, values = cache(b, Hk, 256, d, dtype, gen)
+    q = torch.randn(b, H, longest, d, generator=gen).to(dtype)
+    lengths = torch.tensor([0, 37, 120])  # cache entries before the chunk, per row
+    ext = fused.kernel()
+    steps = [[ext.attention(q[r : r + 1, :, t : t + 1], keys[r : r + 1], values[r : r + 1],
+                            attention_mask(lengths[r : r + 1] + t, 1, int(lengths[r]) + t + 1, dtype),
+                            fused.PATHS["vector"])[0, :, 0] for t in range(longest)] for r in range(b)]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in (1, 3, 4, 15, 16, 17, 40, 100):
+            mask = attention_mask(lengths, n, int(lengths.max()) + n + 5, dtype)  # [b, 1, n, L]
+            for path in paths_built():
+                out = ext.attention(q[:, :, :n], keys, values, mask, path)
+                for r in range(b):
+                    for t in range(n):
+                        assert torch.equal(out[r, :, t], steps[r][t]), (n, path, r, t)
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [32, 40, 64, 128])  # the tiled path's head dims, and 40: one query at a time
+def test_attention_paths_agree_on_trees_and_head_dims(dtype, d):
+    """Tree masks (holes inside the attended range) and every head dim: all paths give the same bits, which stay
+    close to the fp64 reference."""
+    gen = torch.Generator().manual_seed(d)
+    b, H, Hk, n = 2, 6, 2, 24
+    lengths = torch.tensor([50, 9])
+    tree = torch.rand(b, n, n, generator=gen) < 0.4
+    tree |= torch.eye(n, dtype=torch.bool)
+    mask = attention_mask(lengths, n, int(lengths.max()) + n, dtype, tree)
+    q = torch.randn(b, H, n, d, generator=gen).to(dtype)
+    keys, values = cache(b, Hk, 96, d, dtype, gen)
+    outs = [fused.kernel().attention(q, keys, values, mask, path) for path in paths_built()]
+    for out in outs[1:]:
+        assert torch.equal(out, outs[0])
+    assert (outs[0].double() - reference(q, keys, values, mask)).abs().max() < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_the_tiled_path_gives_zeros_for_a_fully_masked_row(dtype):
+    q = torch.randn(2, 4, 8, 32).to(dtype)
+    keys, values = cache(2, 2, 16, 32, dtype, torch.Generator().manual_seed(1))
+    mask = attention_mask(torch.tensor([3, 0]), 8, 11, dtype)
+    mask[1] = torch.finfo(dtype).min  # row 1 sees nothing
+    for path in paths_built():
+        out = fused.kernel().attention(q, keys, values, mask, path)
+        assert torch.equal(out[1], torch.zeros(4, 8, 32, dtype=dtype))
+        assert not out[0].isnan().any()
+
+
+def test_the_attention_path_variable(monkeypatch):
+    monkeypatch.setenv(fused.PATH_ENV, "scalar")
+    assert fused.forced_path() == fused.PATHS["scalar"]
+    monkeypatch.setenv(fused.PATH_ENV, "fastest")
+    with pytest.raises(ValueError, match="VERISPEC_ATTENTION_PATH"):
+        fused.forced_path()
+    monkeypatch.delenv(fused.PATH_ENV)
+    assert fused.forced_path() is None
+
+
+def test_a_build_without_avx512_gives_the_same_bits():
+    """The kernel built as for an AVX2 CPU (-mno-avx512f: the scalar code, vectorized by the compiler where it
+    likes) against this build's tiled path: fp32 and bf16, head dims 32 / 40 / 64 / 128, GQA 1 and 3, n 1..40."""
+    from verispec.runtime.ext import build
+
+    avx2 = build("layer_avx2", "layer_kernel.cpp", ("-mno-avx512f",))
+    if avx2 is None:
+        pytest.skip("the kernel could not be built without AVX-512 here")
+    gen = torch.Generator().manual_seed(5)
+    for dtype in DTYPES:
+        for H, Hk, d in [(9, 3, 64), (4, 4, 32), (4, 2, 128), (2, 1, 40)]:
+            for n in (1, 17, 40):
+                lengths = torch.tensor([5, 70])
+                mask = attention_mask(lengths, n, int(lengths.max()) + n + 3, dtype)
+                q = torch.randn(2, H, n, d, generator=gen).to(dtype)
+                keys, values = cache(2, Hk, 128, d, dtype, gen)
+                want = fused.kernel().attention(q, keys, values, mask, fused.PATHS["tiled"])
+                assert torch.equal(avx2.attention(q, keys, values, mask, fused.PATHS["tiled"]), want), (dtype, d, n)

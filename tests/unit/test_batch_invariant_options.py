@@ -1,5 +1,5 @@
-"""`--batch-invariant` and `serve --deterministic` reach RunnerOptions; off by default (it costs prefill speed at
-large batches, see docs/speculation.md "Bit for bit")."""
+"""`--batch-invariant` and `serve --deterministic` reach RunnerOptions; unset (None) by default, which
+`make_runner` resolves to on where verispec's C++ kernels run (free there; docs/speculation.md "Bit for bit")."""
 
 import pytest
 
@@ -8,13 +8,23 @@ from verispec.cli.common import runner_options
 
 
 @pytest.mark.parametrize("argv, want", [
-    (["generate", "--prompt", "x"], False),
+    (["generate", "--prompt", "x"], None),
     (["generate", "--prompt", "x", "--no-batch-invariant"], False),
     (["generate", "--prompt", "x", "--batch-invariant"], True),
-    (["serve"], False),
+    (["serve"], None),
     (["serve", "--deterministic"], True),
     (["serve", "--batch-invariant"], True),
 ])
 def test_runner_options_batch_invariant(argv, want):
     assert runner_options(build_parser().parse_args(argv)).batch_invariant is want
 
+
+
+def test_unset_means_on_where_the_kernels_run(trained_pair):
+    from verispec.config import RunnerOptions
+    from verispec.runtime.dtype import kernels_built
+    from verispec.runtime.runner import make_runner
+
+    target, _ = trained_pair
+    assert make_runner(target, 64, options=RunnerOptions(backend="native")).batch_invariant is kernels_built()
+    assert make_runner(target, 64, options=RunnerOptions(backend="native", batch_invariant=False)).batch_invariant is False

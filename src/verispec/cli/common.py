@@ -70,15 +70,15 @@ def add_runner_args(group) -> None:
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True,
                        help="keep the KV of prompt prefixes for later prompts that start the same (default on; "
                             "docs/server.md, \"Prefix caching\")")
-    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=False,
+    group.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=None,
                        help="native runner: every attention in one fixed order, long prefill chunks included, so "
                             "logits and logprobs are bit for bit the target's own in any dtype, batch, K and "
-                            "prompt chunking (docs/speculation.md, 'Bit for bit'; verispec's kernels make decode "
-                            "and verify passes invariant anyway; this adds prefill, ~17%% at batch 16)")
+                            "prompt chunking (docs/speculation.md, 'Bit for bit'); default: on where verispec's "
+                            "C++ kernels are built (free there), off elsewhere")
 
 
 def runner_options(args) -> RunnerOptions:
-    invariant = args.batch_invariant or getattr(args, "deterministic", False)
+    invariant = True if getattr(args, "deterministic", False) else args.batch_invariant
     return RunnerOptions(backend=args.runner, compile=args.compile, batch_invariant=invariant)
 
 

@@ -4,8 +4,9 @@ One call each where torch issues several ops: attention (decode steps, verify pa
 chunks alike), rotary on q and k with the k/v cache writes, RMSNorm (with the residual add before it), and
 silu(gate) * up. fp32 and bf16 on CPU. Every result is computed per (row, head, query) in one fixed order, so
 the layer is batch- and width-invariant by construction: the attention replaces `invariant.block_attention`
-where the kernel is built, and torch's SDPA for decode steps, verify passes and trees (up to MAX_QUERIES fed
-tokens a row), so invariance costs nothing there.
+where the kernel is built, and torch's SDPA everywhere (decode steps, verify passes, trees and prefill chunks of
+any length), so invariance costs nothing. Long chunks take the tiled path (a KV head's queries share each key and
+value vector loaded once), which does per query exactly what the one-query path does.
 
 Roundings (what `tests/engine/test_fused.py` checks): rotary and the residual add bitwise torch's formulas;
 RMSNorm Hugging Face's roundings with its own order of the sum of squares; silu's exp within an ulp of torch's;
@@ -19,16 +20,27 @@ side-by-side measurements: `recipes/step_profile.py --kernels`).
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .ext import build
 
 ENABLED = True  # False: the torch formulas run (llama.py's fallbacks), for measurements side by side
-# Fed tokens per row up to which `attention` serves a runner that did not ask for invariance; past it (long
-# prefill chunks) torch's SDPA is faster: measured 2.2x (fp32) / 1.8x (bf16) at 512 queries x 512 entries
-# (SmolLM2 heads, one thread), while decode steps and verify passes run faster on the kernel.
+# Fed tokens per row up to which `attention` serves a runner that turned batch invariance off; past it (long
+# prefill chunks) such a runner uses torch's SDPA, as before the tiled path. Invariant runners (the default where
+# the kernels are built) use the kernel for every chunk: its tiled path is as fast as SDPA (one thread, SmolLM2
+# heads, 128-512 queries: 0.65-0.97x SDPA's time in bf16, 0.9-1.3x in fp32; prefill of the embedded model
+# 0.92-1.0x, `recipes/prefill_bench.py`).
 MAX_QUERIES = 16
 DTYPES = (torch.float32, torch.bfloat16)
+# Attention's code paths, all giving the same bits: "tiled" (many queries of one KV head share each key and value
+# vector: AVX-512, head dims 32 / 64 / 128), "vector" (one query at a time, AVX-512), "scalar" (what a CPU without
+# AVX-512 runs). "auto": tiled from TILE_QUERIES fed tokens a row, else vector. VERISPEC_ATTENTION_PATH forces one
+# (read at start-up), so a CI machine with AVX-512 tests the others too.
+PATHS = {"tiled": 2, "vector": 1, "scalar": 0}
+PATH_ENV = "VERISPEC_ATTENTION_PATH"
+TILE_QUERIES = 4
 
 
 def kernel():
@@ -45,14 +57,34 @@ def _ext():
     return None if torch.compiler.is_compiling() else kernel()
 
 
+def forced_path() -> int | None:
+    """VERISPEC_ATTENTION_PATH's path, or None for "auto" (unset)."""
+    name = os.environ.get(PATH_ENV, "auto").lower()
+    if name != "auto" and name not in PATHS:
+        raise ValueError(f"{PATH_ENV}={name!r}: choose one of auto, {', '.join(PATHS)}")
+    return None if name == "auto" else PATHS[name]
+
+
+_FORCED = forced_path()
+
+
+def attention_path(fed: int) -> int:
+    """The path a call with `fed` tokens a row takes (a path this build lacks falls back to the next one)."""
+    if _FORCED is not None:
+        return _FORCED
+    return PATHS["tiled"] if fed >= TILE_QUERIES else PATHS["vector"]
+
+
 def attention(
     q: torch.Tensor,  # [b, H, n, d]
     keys: torch.Tensor,  # [b, Hk, max_len, d]
     values: torch.Tensor,  # [b, Hk, max_len, d]
     mask: torch.Tensor,  # [b, 1, n, L] additive, L <= max_len
 ) -> torch.Tensor:  # [b, H, n, d] (a view of [b, n, H, d] memory)
-    ext = _ext()
-    return ext.attention(q, keys, values, mask) if ext else torch.ops.verispec.attention(q, keys, values, mask)
+    ext, path = _ext(), attention_path(q.shape[2])
+    if ext:
+        return ext.attention(q, keys, values, mask, path)
+    return torch.ops.verispec.attention(q, keys, values, mask, path)
 
 
 def rotary_write(
@@ -91,12 +123,13 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 I] -> [..., I]
 
 
 @torch.library.custom_op("verispec::attention", mutates_args=())
-def _attention_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return kernel().attention(q, keys, values, mask)
+def _attention_op(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                  path: int) -> torch.Tensor:
+    return kernel().attention(q, keys, values, mask, path)
 
 
 @_attention_op.register_fake
-def _(q, keys, values, mask):
+def _(q, keys, values, mask, path):
     b, H, n, d = q.shape
     return q.new_empty(b, n, H, d).transpose(1, 2)
 

@@ -1,14 +1,18 @@
 // The native layer's small ops and attention in C++ for verispec (runtime/fused.py builds it through ext.py).
 //
 // fp32 and bf16 (bf16 values are converted to fp32 exactly, computed in fp32 and rounded to nearest even once
-// where torch's formula rounds). Built with -O3 -march=native -ffp-contract=off: no fused multiply-add, so every
-// product and sum rounds where the code says; the loops are written so that the compiler vectorizes them across
-// independent elements only (never a reduction, whose order would then be the compiler's), and every reduction
-// runs in one fixed order. Each (row, head, query) is computed on its own, so the results do not depend on the
-// number of rows, queries, threads, padding or masked entries (batch- and width-invariant by construction).
+// where torch's formula rounds). Built with -O3 -march=native -ffp-contract=off: the compiler fuses no multiply-add,
+// so every product and sum rounds where the code says (a fused multiply-add only where the code calls one: the
+// attention's dots and weighted sums, std::fma / _mm512_fmadd_ps, the same in every path); the loops are written
+// so that the compiler vectorizes them across independent elements only (never a reduction, whose order would then
+// be the compiler's), and every reduction runs in one fixed order. Each (row, head, query) is computed on its own,
+// so the results do not depend on the number of rows, queries, threads, padding or masked entries (batch- and
+// width-invariant by construction).
 //
 //   attention    softmax(q k^T / sqrt(d) + mask) v, GQA, scores in fp32 (one dot order over d), the exact
-//                maximum, then sum_j p_j v_j and sum_j p_j in cache order j = 0, 1, ...; masked entries skipped
+//                maximum, then sum_j p_j v_j and sum_j p_j in cache order j = 0, 1, ...; masked entries skipped.
+//                Three paths, the same bits: one query at a time (scalar, or AVX-512), and tiles of queries
+//                of one KV head sharing each key and value (AVX-512; long chunks)
 //   rotary_write rotary on q and k (Hugging Face's halves layout), k and v written into the cache
 //   rms_norm     (optionally after a residual add) RMSNorm with Hugging Face's rounding
 //   silu_mul     silu(gate) * up
@@ -80,8 +84,8 @@ template <typename T> inline float dot_scalar(const float* a, const T* b, int64_
   float acc[LANES] = {0};
   const int64_t body = d - d % LANES;
   for (int64_t c = 0; c < body; c += LANES)
-    for (int64_t l = 0; l < LANES; ++l) acc[l] += a[c + l] * to_f(b[c + l]);
-  for (int64_t i = body; i < d; ++i) acc[i - body] += a[i] * to_f(b[i]);
+    for (int64_t l = 0; l < LANES; ++l) acc[l] = std::fma(a[c + l], to_f(b[c + l]), acc[l]);
+  for (int64_t i = body; i < d; ++i) acc[i - body] = std::fma(a[i], to_f(b[i]), acc[i - body]);
   for (int64_t w = LANES / 2; w > 0; w /= 2)
     for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
   return acc[0];
@@ -97,10 +101,10 @@ template <typename T> inline float dot(const float* a, const T* b, int64_t d) {
   __m512 acc = _mm512_setzero_ps();
   const int64_t body = d - d % LANES;
   for (int64_t c = 0; c < body; c += LANES)
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_loadu_ps(a + c), load16(b + c, 0xffff)));
+    acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + c), load16(b + c, 0xffff), acc);
   if (body < d) {  // the tail's lanes; the others add 0 * 0
     const __mmask16 m = static_cast<__mmask16>((1u << (d - body)) - 1);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, a + body), load16(b + body, m)));
+    acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + body), load16(b + body, m), acc);
   }
   __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));  // l + 8
@@ -141,27 +145,27 @@ inline void accumulate16(const float* p, const T* v, int64_t stride, int64_t L, 
     if (p[j] == 0.0f) continue;
     const __m512 pj = _mm512_set1_ps(p[j]);
     const T* vj = v + j * stride;
-    for (int c = 0; c < NC; ++c) acc[c] = _mm512_add_ps(acc[c], _mm512_mul_ps(pj, load16(vj + 16 * c, 0xffff)));
+    for (int c = 0; c < NC; ++c) acc[c] = _mm512_fmadd_ps(pj, load16(vj + 16 * c, 0xffff), acc[c]);
   }
   for (int c = 0; c < NC; ++c) _mm512_storeu_ps(out + 16 * c, acc[c]);
 }
 #endif
 
-// s[j] = fexp(s[j] - top) for j < L
-inline void exp_shifted(float* s, int64_t L, float top) {
+// s[j] = fexp(s[j] - top) for j < L (vec: 16 lanes at a time where built, the same operations per lane)
+inline void exp_shifted(float* s, int64_t L, float top, bool vec) {
   int64_t j = 0;
 #if defined(__AVX512F__)
   const __m512 shift = _mm512_set1_ps(top);
-  for (; j + 16 <= L; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift)));
+  for (; vec && j + 16 <= L; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift)));
 #endif
   for (; j < L; ++j) s[j] = fexp(s[j] - top);
 }
 
 // out[i] = sum_j p[j] v[j, i], each i's sum in j order (p = 0 adds nothing: skipped)
 template <typename T> inline void accumulate(const float* p, const T* v, int64_t stride, int64_t L, int64_t d,
-                                             float* out) {
+                                             float* out, bool vec) {
 #if defined(__AVX512F__)
-  switch (d) {
+  switch (vec ? d : 0) {
     case 32: return accumulate16<2>(p, v, stride, L, out);
     case 64: return accumulate16<4>(p, v, stride, L, out);
     case 128: return accumulate16<8>(p, v, stride, L, out);
@@ -172,7 +176,7 @@ template <typename T> inline void accumulate(const float* p, const T* v, int64_t
   for (int64_t j = 0; j < L; ++j) {
     if (p[j] == 0.0f) continue;
     const T* vj = v + j * stride;
-    for (int64_t i = 0; i < d; ++i) out[i] += p[j] * to_f(vj[i]);
+    for (int64_t i = 0; i < d; ++i) out[i] = std::fma(p[j], to_f(vj[i]), out[i]);
   }
 }
 
@@ -181,9 +185,10 @@ template <typename T> T* mut(const at::Tensor& t) { return reinterpret_cast<T*>(
 
 // ---- attention -------------------------------------------------------------------------------------------------
 
+// One (row, head, query) at a time (vec: the AVX-512 code where built; else the scalar code, the same operations).
 template <typename T>
 void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
-                    const at::Tensor& out) {
+                    const at::Tensor& out, bool vec) {
   const int64_t b = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t Hk = keys.size(1), g = H / Hk, L = mask.size(3);
   const auto qs = q.strides(), ks = keys.strides(), vs = values.strides(), ms = mask.strides(), os = out.strides();
@@ -202,7 +207,8 @@ void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tenso
       float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < L; ++j) {
         const float m = to_f(mrow[j * ms[3]]);
-        s[j] = m <= MASKED ? -std::numeric_limits<float>::infinity() : dot(qf.data(), krow + j * ks[2], d) + m;
+        s[j] = m <= MASKED ? -std::numeric_limits<float>::infinity()
+                           : (vec ? dot(qf.data(), krow + j * ks[2], d) : dot_scalar(qf.data(), krow + j * ks[2], d)) + m;
         top = std::max(top, s[j]);
       }
       T* orow = op + row * os[0] + h * os[1] + t * os[2];
@@ -210,18 +216,225 @@ void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tenso
         for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(0.0f);
         continue;
       }
-      exp_shifted(s.data(), L, top);  // masked: exactly 0
+      exp_shifted(s.data(), L, top, vec);  // masked: exactly 0
       float total = 0.0f;
       for (int64_t j = 0; j < L; ++j) total += s[j];  // in cache order (adding 0 changes nothing)
-      accumulate(s.data(), vrow, vs[2], L, d, acc.data());
+      accumulate(s.data(), vrow, vs[2], L, d, acc.data(), vec);
       for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(acc[i] / total);
     }
   });
 }
 
+// ---- attention over a tile of queries (long chunks) --------------------------------------------------------------
+//
+// The same per-(row, head, query) arithmetic as `attention_impl`'s one-query loop, for many queries at once: the
+// queries of one KV head (its g query heads x a run of positions) share each key and value vector, loaded once
+// for the tile. Per (query, key): the dot over d in dot()'s order (16 lanes over d, then halved pairwise: sixteen
+// keys' sums reduced together by `reduce16`, each lane's operations those of dot()), + mask, exact maximum,
+// fexp16, sum_j p_j in j order and sum_j p_j v_j in j order with p_j = 0 skipped (a masked add), acc / total.
+#if defined(__AVX512F__)
+// 16 dot accumulators -> one vector, lane i: acc[i]'s horizontal sum in dot()'s order (l + 8, + 4, + 2, + 1).
+inline __m512 reduce16(const __m512* acc) {
+  static constexpr int order[16] = {0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15};  // a 4 x 4 transpose
+  __m512 v8[8], v4[4], v2[2];
+  for (int i = 0; i < 8; ++i) {  // lanes 0-7: a[l] + a[l + 8], 8-15: b[l] + b[l + 8]
+    const __m512 a = acc[order[2 * i]], b = acc[order[2 * i + 1]];
+    v8[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  for (int i = 0; i < 4; ++i)  // 128-bit chunk c: input 4 i + c's h8[l] + h8[l + 4]
+    v4[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v8[2 * i], v8[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                          _mm512_shuffle_f32x4(v8[2 * i], v8[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; ++i)  // per chunk: [a0 + a2, a1 + a3, b0 + b2, b1 + b3]
+    v2[i] = _mm512_add_ps(_mm512_shuffle_ps(v4[2 * i], v4[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                          _mm512_shuffle_ps(v4[2 * i], v4[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm512_add_ps(_mm512_shuffle_ps(v2[0], v2[1], _MM_SHUFFLE(2, 0, 2, 0)),  // h2[0] + h2[1]; the
+                       _mm512_shuffle_ps(v2[0], v2[1], _MM_SHUFFLE(3, 1, 3, 1)));  // transpose undone: lane i
+}
+
+struct TileScratch {
+  std::vector<float> q, k, v, m, s;  // the tile's queries, keys, values, masks, scores (then p)
+  std::vector<int64_t> len;  // per query: 1 + its last unmasked entry (0: none)
+};
+
+// Queries q0 .. q0 + R - 1 of a tile (scores already exponentiated in w.s): sum_j p_j v_j and sum_j p_j in j order,
+// p_j = 0 skipped (a masked add: what the one-query loop's `continue` does), then acc / total into the output.
+template <int NC, int R, typename T>
+void weigh_values(TileScratch& w, const std::vector<float>& top, int64_t q0, int64_t Lp, const at::Tensor& out,
+                  int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0) {
+  constexpr int64_t d = 16 * NC;
+  int64_t Lr = 0;
+  for (int r = 0; r < R; ++r) Lr = std::max(Lr, w.len[q0 + r]);
+  __m512 acc[R][NC];
+  float total[R];
+  const float* p[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    total[r] = 0.0f;
+    p[r] = w.s.data() + (q0 + r) * Lp;
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t j = 0; j < Lr; ++j) {
+    const float* vj = w.v.data() + j * d;
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float pj = p[r][j];
+      total[r] += pj;
+      const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_set1_ps(pj), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+      const __m512 pv = _mm512_set1_ps(pj);
+#pragma GCC unroll 16
+      for (int c = 0; c < NC; ++c)
+        acc[r][c] = _mm512_mask3_fmadd_ps(pv, _mm512_loadu_ps(vj + 16 * c), acc[r][c], keep);
+    }
+  }
+  float sums[R * d], totals[R];  // out of the registers with constant indices (else the sums live in memory)
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    totals[r] = total[r];
+#pragma GCC unroll 16
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(sums + r * d + 16 * c, acc[r][c]);
+  }
+  const auto os = out.strides();
+  for (int r = 0; r < R; ++r) {
+    const int64_t qi = q0 + r;
+    T* orow = mut<T>(out) + row * os[0] + (kh * g + qi / nt) * os[1] + (t0 + qi % nt) * os[2];
+    if (top[qi] == -std::numeric_limits<float>::infinity()) {  // every entry masked: zeros
+      for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(0.0f);
+      continue;
+    }
+    for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(sums[r * d + i] / totals[r]);
+  }
+}
+
+template <int NC, typename T>
+void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
+                 const at::Tensor& out, int64_t row, int64_t kh, int64_t t0, int64_t t1, TileScratch& w) {
+  constexpr int64_t d = 16 * NC;
+  constexpr int QR = NC >= 8 ? 2 : 20 / NC;  // queries whose sums stay in registers together
+  const int64_t H = q.size(1), g = H / keys.size(1), L = mask.size(3), nt = t1 - t0, Q = g * nt;
+  const auto qs = q.strides(), ks = keys.strides(), vs = values.strides(), ms = mask.strides(), os = out.strides();
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
+  const float inf = std::numeric_limits<float>::infinity();
+  // masks as fp32 [nt][Lp] (past L: masked) and each position's visible length
+  int64_t Lt = 0;
+  std::vector<int64_t> lenT(nt);
+  for (int64_t tl = 0; tl < nt; ++tl) {
+    const T* mrow = ptr<T>(mask) + row * ms[0] + (t0 + tl) * ms[2];
+    int64_t last = L;
+    while (last > 0 && to_f(mrow[(last - 1) * ms[3]]) <= MASKED) --last;
+    lenT[tl] = last;
+    Lt = std::max(Lt, last);
+  }
+  const int64_t Lp = (Lt + 15) / 16 * 16;
+  w.m.resize(nt * Lp), w.k.resize(Lp * d), w.v.resize(Lt * d), w.q.resize(Q * d), w.s.resize(Q * Lp);
+  w.len.resize(Q);
+  for (int64_t tl = 0; tl < nt; ++tl) {
+    const T* mrow = ptr<T>(mask) + row * ms[0] + (t0 + tl) * ms[2];
+    float* mt = w.m.data() + tl * Lp;
+    for (int64_t j = 0; j < Lt; ++j) mt[j] = to_f(mrow[j * ms[3]]);
+    std::fill(mt + Lt, mt + Lp, -inf);
+  }
+  const T* krow = ptr<T>(keys) + row * ks[0] + kh * ks[1];
+  const T* vrow = ptr<T>(values) + row * vs[0] + kh * vs[1];
+  for (int64_t j = 0; j < Lt; ++j) {
+    const T *kj = krow + j * ks[2], *vj = vrow + j * vs[2];
+    float *kw = w.k.data() + j * d, *vw = w.v.data() + j * d;
+    for (int64_t i = 0; i < d; ++i) kw[i] = to_f(kj[i]);
+    for (int64_t i = 0; i < d; ++i) vw[i] = to_f(vj[i]);
+  }
+  std::fill(w.k.data() + Lt * d, w.k.data() + Lp * d, 0.0f);
+  for (int64_t qi = 0; qi < Q; ++qi) {  // query qi: head kh g + qi / nt, position t0 + qi % nt
+    const T* qrow = ptr<T>(q) + row * qs[0] + (kh * g + qi / nt) * qs[1] + (t0 + qi % nt) * qs[2];
+    float* qw = w.q.data() + qi * d;
+    for (int64_t i = 0; i < d; ++i) qw[i] = to_f(qrow[i]) * scale;
+    w.len[qi] = lenT[qi % nt];
+  }
+  // scores, key blocks of 16 outside (in L1 for every query), then max, exp; p = 0 past a query's length
+  std::vector<float> tops(Q * 16, -inf);  // per query, the lanes' maxima (exact: the maximum in any order)
+  for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
+    const float* kb = w.k.data() + j0 * d;
+    for (int64_t qi = 0; qi < Q; ++qi) {
+      if (j0 >= w.len[qi]) continue;
+      __m512 qv[NC], acc[16];
+      for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(w.q.data() + qi * d + 16 * c);
+      for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
+      for (int c = 0; c < NC; ++c)
+        for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + k * d + 16 * c), acc[k]);
+      const __m512 mv = _mm512_loadu_ps(w.m.data() + (qi % nt) * Lp + j0);
+      __m512 sv = _mm512_add_ps(reduce16(acc), mv);
+      sv = _mm512_mask_mov_ps(sv, _mm512_cmp_ps_mask(mv, _mm512_set1_ps(MASKED), _CMP_LE_OQ), _mm512_set1_ps(-inf));
+      _mm512_storeu_ps(w.s.data() + qi * Lp + j0, sv);
+      float* tq = tops.data() + qi * 16;
+      _mm512_storeu_ps(tq, _mm512_max_ps(_mm512_loadu_ps(tq), sv));
+    }
+  }
+  std::vector<float> top(Q);
+  for (int64_t qi = 0; qi < Q; ++qi) {
+    top[qi] = _mm512_reduce_max_ps(_mm512_loadu_ps(tops.data() + qi * 16));
+    float* s = w.s.data() + qi * Lp;
+    const int64_t done = (w.len[qi] + 15) / 16 * 16;
+    if (top[qi] != -inf) {
+      const __m512 shift = _mm512_set1_ps(top[qi]);
+      for (int64_t j = 0; j < done; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift)));
+    }
+    std::fill(s + std::min(done, Lp), s + Lp, 0.0f);
+  }
+  // sum_j p_j v_j and sum_j p_j, QR queries at a time (the rest one at a time), each in j order
+  int64_t q0 = 0;
+  for (; q0 + QR <= Q; q0 += QR) weigh_values<NC, QR, T>(w, top, q0, Lp, out, row, kh, g, nt, t0);
+  for (; q0 < Q; ++q0) weigh_values<NC, 1, T>(w, top, q0, Lp, out, row, kh, g, nt, t0);
+}
+
+// Every (row, KV head, run of positions) tile, dealt round robin to the threads (runs late in a causal chunk
+// attend more: the deal evens the work out).
+template <int NC, typename T>
+void attention_tiled(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
+                     const at::Tensor& out) {
+  const int64_t b = q.size(0), Hk = keys.size(1), n = q.size(2), g = q.size(1) / Hk;
+  const int64_t threads = at::get_num_threads();
+  int64_t run = std::max<int64_t>(1, std::min<int64_t>(n, 48 / g));
+  while (run > 4 && b * Hk * ((n + run - 1) / run) < 4 * threads) run /= 2;
+  const int64_t runs = (n + run - 1) / run, items = b * Hk * runs;
+  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+    TileScratch w;
+    for (int64_t tid = begin; tid < end; ++tid)
+      for (int64_t item = tid; item < items; item += threads) {
+        const int64_t r = item / (b * Hk), row = item % (b * Hk) / Hk, kh = item % Hk;
+        attend_tile<NC, T>(q, keys, values, mask, out, row, kh, r * run, std::min(n, (r + 1) * run), w);
+      }
+  });
+}
+
+template <typename T>
+bool attention_tiled_if(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
+                        const at::Tensor& out) {
+  switch (q.size(3)) {
+    case 32: attention_tiled<2, T>(q, keys, values, mask, out); return true;
+    case 64: attention_tiled<4, T>(q, keys, values, mask, out); return true;
+    case 128: attention_tiled<8, T>(q, keys, values, mask, out); return true;
+    default: return false;
+  }
+}
+#endif
+
+// The paths (argument `path`; fused.py picks one, VERISPEC_ATTENTION_PATH forces one): 2 tiles of queries per KV
+// head (AVX-512, d = 32, 64 or 128; else path 1), 1 one query at a time in AVX-512 (else path 0), 0 scalar. Every
+// path gives the same bits.
+enum { SCALAR = 0, VECTOR = 1, TILED = 2 };
+
+template <typename T>
+void attention_path(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
+                    const at::Tensor& out, int64_t path) {
+#if defined(__AVX512F__)
+  if (path >= TILED && attention_tiled_if<T>(q, keys, values, mask, out)) return;
+#endif
+  attention_impl<T>(q, keys, values, mask, out, path >= VECTOR);
+}
+
 // q [b, H, n, d], keys / values [b, Hk, max_len, d], mask [b, 1, n, L] (additive; L <= max_len), one dtype, each
 // with a contiguous last dimension -> [b, H, n, d] (a view of [b, n, H, d] memory: the output projection's rows).
-at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask) {
+at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
+                     int64_t path) {
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && mask.dim() == 4, "attention: 4-d tensors");
   TORCH_CHECK(keys.sizes() == values.sizes() && q.size(0) == keys.size(0) && q.size(3) == keys.size(3),
               "attention: q [b, H, n, d] and keys / values [b, Hk, max_len, d]");
@@ -233,12 +446,20 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   }
   auto out = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
   if (q.scalar_type() == at::kFloat) {
-    attention_impl<float>(q, keys, values, mask, out);
+    attention_path<float>(q, keys, values, mask, out, path);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "attention: float32 or bfloat16");
-    attention_impl<bf16>(q, keys, values, mask, out);
+    attention_path<bf16>(q, keys, values, mask, out, path);
   }
   return out;
+}
+
+std::vector<int64_t> attention_paths() {
+#if defined(__AVX512F__)
+  return {TILED, VECTOR, SCALAR};
+#else
+  return {SCALAR};
+#endif
 }
 
 // ---- rotary and cache writes -----------------------------------------------------------------------------------
@@ -410,7 +631,9 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("attention", &attention, "softmax(q k^T / sqrt(d) + mask) v in one fixed order (invariant)");
+  m.def("attention", &attention, "softmax(q k^T / sqrt(d) + mask) v in one fixed order (invariant); path 2 tiled, "
+        "1 one query at a time, 0 scalar");
+  m.def("attention_paths", &attention_paths, "the attention paths built, best first");
   m.def("rotary_write", &rotary_write, "rotary on q and k, k and v written into the cache -> q");
   m.def("rms_norm", &rms_norm, "RMSNorm (after an optional residual add) -> [sum, normed]");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");

@@ -216,8 +216,9 @@ def layer_step(
     guards on tensor shapes, not on which layer's tensors come in): compiling costs one layer, not thirty.
     w: Block.weights() (qkv, qkv bias, o, gate_up, down, attention norm, MLP norm).
     Where the C++ kernels run (`fused.py`: CPU, fp32 / bf16) the attention and the small ops are one call each,
-    invariant by construction (a prefill chunk of more than `fused.MAX_QUERIES` tokens per row attends through
-    torch's SDPA unless `invariant`); else torch's ops (SDPA, or block_attention if invariant)."""
+    invariant by construction, every chunk length included (a runner that turned invariance off sends chunks of
+    more than `fused.MAX_QUERIES` tokens a row to torch's SDPA); else torch's ops (SDPA, or block_attention if
+    invariant)."""
     s = spec
     qkv_w, qkv_b, o_w, gate_up_w, down_w, attn_norm, mlp_norm = w
     b, n, _ = x.shape
@@ -227,7 +228,7 @@ def layer_step(
         q = fused.rotary_write(qkv, cos, sin, write_index.view(b, n), keys, values, s.num_heads)  # [b, H, n, d]
         if invariant or n <= fused.MAX_QUERIES:
             attn = fused.attention(q, keys, values, mask)  # [b, H, n, d], [b, n, H, d] in memory
-        else:  # a long prefill chunk, no invariance asked: torch's flash kernel is faster there (fused.py)
+        else:  # a long prefill chunk of a runner that turned invariance off: torch's flash kernel (fused.py)
             attn = F.scaled_dot_product_attention(q, keys[:, :, :mask.shape[-1]], values[:, :, :mask.shape[-1]],
                                                   attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
         x, h = fused.rms_norm(linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed), mlp_norm,

@@ -10,7 +10,7 @@ from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
 from .base import RunnerOutput, SlotRunner
-from .dtype import choose_dtype, dtype_name
+from .dtype import choose_dtype, dtype_name, kernels_built
 from .hf_runner import ModelRunner
 from .native import NativeRunner, UnsupportedModel, default_compile
 
@@ -46,8 +46,10 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
     if options.backend != "hf":
         try:
             compile = default_compile(model) if options.compile is None else options.compile
-            return NativeRunner.from_hf(model, max_len, num_slots, compile=compile,
-                                        batch_invariant=options.batch_invariant)
+            invariant = options.batch_invariant
+            if invariant is None:  # on where verispec's C++ kernels run: free there (config.RunnerOptions)
+                invariant = model.device.type == "cpu" and kernels_built()
+            return NativeRunner.from_hf(model, max_len, num_slots, compile=compile, batch_invariant=invariant)
         except UnsupportedModel as exc:
             if options.backend == "native":
                 raise ValueError(f"the native runner cannot run this model: {exc}; use the runner backend "
