@@ -82,6 +82,14 @@ def test_select_prompts_limits_each_category(prompts_file):
         select_prompts(prompts, ["nope"])
 
 
+def test_the_batch_sweep_runs_the_methods_asked_for():
+    from verispec.bench.settings import BenchSettings
+
+    assert BenchSettings(batch_sizes=[1, 16]).batch_methods() == ["target", "adaptive"]  # the default methods
+    assert BenchSettings(families=["target"], batch_sizes=[1, 16]).batch_methods() == ["target"]
+    assert BenchSettings(families=["adaptive"], batch_sizes=[1, 16]).batch_methods() == ["target", "adaptive"]
+
+
 def test_batches_are_full_and_cycle_the_prompts():
     assert batch_rows(5, 2) == [[0, 1], [2, 3], [4, 0]]  # the last batch wraps around to stay full
     assert batch_rows(2, 4) == [[0, 1, 0, 1]]  # fewer prompts than B: one batch, the list repeated

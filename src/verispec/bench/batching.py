@@ -19,7 +19,7 @@ from ..stats import GenerationStats
 from .aggregate import BASELINE
 from .methods import BenchModels, build_methods
 from .prompts import BenchPrompt
-from .settings import BATCH_FAMILIES, BenchSettings
+from .settings import BenchSettings
 
 MAX_BATCH_SIZE = 256
 
@@ -67,7 +67,7 @@ class BatchRecord:
 def run_batch_sweep(models: BenchModels, prompts: Sequence[BenchPrompt], settings: BenchSettings,
                     ) -> tuple[dict, list[BatchRecord]]:
     """Every batch size, every batch through every method; -> (the run's section of report.json, the records)."""
-    methods, notes = build_methods(list(BATCH_FAMILIES), [], models)  # target and adaptive: our engine's methods
+    methods, notes = build_methods(settings.batch_methods(), [], models)  # target and adaptive: our engine's methods
     sizes = sorted({1, *settings.batch_sizes})
     if 1 not in settings.batch_sizes:
         notes.append("batch size 1: added, scaling and greedy equality are measured against it")

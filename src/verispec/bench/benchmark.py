@@ -22,7 +22,7 @@ from .peers import run_peers
 from .plots import write_plots
 from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
 from .report import text_table, write_reports
-from .settings import BATCH_FAMILIES, BenchSettings
+from .settings import BenchSettings
 from .suite import run_suite
 
 
@@ -91,7 +91,7 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     report = new_report(config, prompts_file)
     log(f"[bench] machine: {machine_line(report['machine'])}")
     settings = config.settings
-    sweep = (f"batch sizes {','.join(map(str, settings.batch_sizes))}, methods {','.join(BATCH_FAMILIES)}"
+    sweep = (f"batch sizes {','.join(map(str, settings.batch_sizes))}, methods {','.join(settings.batch_methods())}"
              if settings.batch_sizes else
              f"methods {','.join(settings.families)}; K {','.join(map(str, settings.ks))}")
     log(f"[bench] {len(prompts)} prompts from {prompts_file}; {sweep}; {settings.max_new_tokens} new tokens each")

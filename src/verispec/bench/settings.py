@@ -24,9 +24,14 @@ class BenchSettings:
     tree_nodes: int = 16  # the node budget of the 'tree' and 'adaptive-tree' methods
     also_drafters: list[str] = field(default_factory=list)  # more drafters, each an adaptive method 'adaptive[NAME]'
 
+    def batch_methods(self) -> list[str]:
+        """The batch sweep's methods: those of BATCH_FAMILIES that --methods names, the target alone always (the
+        baseline of scaling and of greedy equality)."""
+        return [f for f in BATCH_FAMILIES if f == "target" or f in self.families]
+
     def to_dict(self) -> dict:
         if self.batch_sizes:
-            mode = {"mode": "batch sizes", "batch_sizes": self.batch_sizes, "methods": list(BATCH_FAMILIES)}
+            mode = {"mode": "batch sizes", "batch_sizes": self.batch_sizes, "methods": self.batch_methods()}
         else:
             mode = {"mode": "K sweep", "ks": self.ks, "methods": self.families, "probe_repeats": self.probe_repeats}
             if self.also_drafters:

@@ -74,7 +74,8 @@ def add_parser(sub) -> None:
                    help=f"draft tokens per round to sweep (default {DEFAULT_KS}; --demo: 4, k_values 1,2,4,6,8)")
     g.add_argument("--batch-sizes", default=None, metavar="LIST",
                    help="sweep the batch size instead of K, e.g. 1,4,16 (1..256): the target alone and adaptive "
-                        "speculation at each batch size; --k, --methods and --probe-repeats do not apply")
+                        "speculation at each batch size (--methods target runs the target alone only); --k and "
+                        "--probe-repeats do not apply")
     g.add_argument("--methods", default=DEFAULT_METHODS, metavar="LIST", help=f"default {DEFAULT_METHODS}")
     g.add_argument("--tree-nodes", type=positive_int, default=16, metavar="N",
                    help="node budget of the 'tree' and 'adaptive-tree' methods (default 16)")
