@@ -1,6 +1,7 @@
 """Where a decode step on GGUF weights goes (`--weights gguf`, the embedded default's own Q4_1 / Q8_0 blocks).
 
     PYTHONPATH=src python recipes/gguf_step_profile.py [--tokens 32] [--threads 2] [--gbps G] [--profile]
+        [--layouts repacked,file]   (Q4 blocks repacked at load (the default) or in the file's layout: alternating)
 
 Greedy decoding of one short prompt, batch 1, on the native runner: ms per decode step (prefill excluded), the time
 inside the quantized linears (every `QuantWeight.linear` call timed, by weight shape: qkv, o, gate_up, down, LM
@@ -41,12 +42,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gbps", type=float, default=0.0, help="bandwidth for the floor (default: measured here)")
     ap.add_argument("--profile", action="store_true", help="also print a torch profile of 16 steps")
+    ap.add_argument("--layouts", default="repacked", help="comma-separated: repacked, file (side by side)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
-    runner = NativeRunner.from_hf(hf, 2048)
-    decode(runner, 4)  # warm-up (and the kernel's build)
-    ms = min(decode(runner, args.tokens) for _ in range(args.repeats))
+    runners = {}
+    for layout in args.layouts.split(","):
+        quant.REPACK = layout == "repacked"
+        hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
+        runners[layout] = NativeRunner.from_hf(hf, 2048)
+        decode(runners[layout], 4)  # warm-up (and the kernel's build)
+    quant.REPACK = True
+    best = {layout: float("inf") for layout in runners}
+    for _ in range(args.repeats):
+        for layout, runner in runners.items():
+            best[layout] = min(best[layout], decode(runner, args.tokens))
+    if len(runners) > 1:
+        print("ms/step, layouts alternating: " + ", ".join(f"{k} {v:.2f}" for k, v in best.items()))
+    ms = best[next(iter(runners))]
+    runner = runners[next(iter(runners))]
 
     spent: dict[tuple, list[float]] = collections.defaultdict(list)
     plain = quant.QuantWeight.linear

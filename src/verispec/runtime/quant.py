@@ -29,6 +29,7 @@ GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q8_0": (34, 8)}
 INT8 = ("INT8", 100)
 REPACKED = {"Q4_0": 102, "Q4_1": 103}  # block type -> the kernel id of its repacked layout (`pack_q4`)
 GROUP = 4  # output channels per row of a repacked weight
+REPACK = True  # False: Q4 weights made from now on keep the file's layout (recipes compare the two side by side)
 BLOCK = 32
 PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}  # the kernel's code paths
 
@@ -62,7 +63,7 @@ class QuantWeight:
             raise ValueError(f"a quantized weight's input size must be a multiple of {BLOCK}, got {in_features}")
         self.qtype, self.scales = qtype, scales
         self.shape = torch.Size((data.shape[0], in_features))
-        if qtype in REPACKED:
+        if qtype in REPACKED and REPACK:
             self.packed, self.kernel_id = pack_q4(data, qtype), REPACKED[qtype]
         else:
             self.packed = data.contiguous()
@@ -74,7 +75,7 @@ class QuantWeight:
     @property
     def data(self) -> torch.Tensor:
         """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked)."""
-        return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.qtype in REPACKED else self.packed
+        return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.kernel_id in REPACKED.values() else self.packed
 
     @property
     def nbytes(self) -> int:
