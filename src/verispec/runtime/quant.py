@@ -44,9 +44,14 @@ def _path_from_env() -> int:
 KERNEL_PATH = _path_from_env()  # what F.linear on a QuantWeight runs (tests pass a path to `linear` instead)
 
 
+_KERNEL: list = []  # the extension (or None), once looked up
+
+
 def kernel():
     """The C++ extension (built on first use, cached on disk: `ext.py`), or None where it cannot be built."""
-    return build("quant", "quant_kernel.cpp")
+    if not _KERNEL:
+        _KERNEL.append(build("quant", "quant_kernel.cpp"))
+    return _KERNEL[0]
 
 
 class QuantWeight:
@@ -62,6 +67,7 @@ class QuantWeight:
         if in_features % BLOCK:
             raise ValueError(f"a quantized weight's input size must be a multiple of {BLOCK}, got {in_features}")
         self.qtype, self.scales = qtype, scales
+        self._scales_arg = _or_empty(scales)  # what the kernel takes (made once: it is passed every call)
         self.shape = torch.Size((data.shape[0], in_features))
         if qtype in REPACKED and REPACK:
             self.packed, self.kernel_id = pack_q4(data, qtype), REPACKED[qtype]
@@ -86,24 +92,30 @@ class QuantWeight:
         ext = kernel()
         if ext is not None:
             ids = torch.empty(0, dtype=torch.int64) if rows is None else rows.reshape(-1)
-            return ext.dequantize(self.packed, _or_empty(self.scales), self.kernel_id, self.shape[1], self.shape[0],
+            return ext.dequantize(self.packed, self._scales_arg, self.kernel_id, self.shape[1], self.shape[0],
                                   ids)
         data = self.data if rows is None else self.data[rows]
         scales = None if self.scales is None else (self.scales if rows is None else self.scales[rows])
         return dequantize_reference(self.qtype, data, self.shape[1], scales)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, path: int | None = None) -> torch.Tensor:
-        """[..., in] -> [..., out]; path: one of PATHS' values (default KERNEL_PATH)."""
-        rows = x.reshape(-1, self.shape[1]).float()
+        """[..., in] -> [..., out]; path: one of PATHS' values (default KERNEL_PATH). Called ~120 times a decode
+        step: a 2-d float32 x goes to the kernel with no other torch op on the way (each costs ~1 µs)."""
         ext = kernel()
+        flat = x.dim() == 2
+        rows = x if flat else x.reshape(-1, self.shape[1])  # [rows, in]
+        if rows.dtype != torch.float32:
+            rows = rows.float()
         if ext is not None:
-            y = ext.quant_linear(rows, self.packed, _or_empty(self.scales), self.kernel_id, self.shape[1],
-                                 self.shape[0], KERNEL_PATH if path is None else path)
+            y = ext.quant_linear(rows, self.packed, self._scales_arg, self.kernel_id, self.shape[1], self.shape[0],
+                                 KERNEL_PATH if path is None else path)  # [rows, out]
         else:
             y = rows @ self.dequantize().T
         if bias is not None:
             y = y + bias
-        return y.view(*x.shape[:-1], self.shape[0]).to(x.dtype)
+        if not flat:
+            y = y.view(*x.shape[:-1], self.shape[0])
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
