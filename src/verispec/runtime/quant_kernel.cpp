@@ -157,8 +157,8 @@ inline void dequant512(const Args& a, int64_t o, int64_t b, __m512& lo, __m512& 
   if (repacked(T)) {  // channel c's nibbles sit at bit 8c of every lane: shift, and let the permutes mask
     const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP;
     const __m512i v = _mm512_loadu_si512(nibbles_at(a, g, b));
-    const __m512 d = _mm512_set1_ps(half_at(d_at(a, g, b) + 2 * c));
-    const __m512 table = F == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_set1_ps(half_at(m_at(a, g, b) + 2 * c)))
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(bits_at(d_at(a, g, b) + 2 * c)));  // F16C: exact, one instruction
+    const __m512 table = F == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_set1_ps(_cvtsh_ss(bits_at(m_at(a, g, b) + 2 * c))))
                                    : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
     lo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c), table);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table);
@@ -296,6 +296,27 @@ constexpr PanelFn PANEL_ONE[PANEL_ROWS + 1] = {nullptr, panel512<1, 1>, panel512
 // Channels [o_begin, o_end) (at most GROUP) x every row, through a panel dequantized into wbuf [GROUP, in].
 template <int64_t T>
 void panel_group(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
+  if constexpr (repacked(T)) {  // a group at a time (o_begin is a multiple of 4): one load serves 4 channels
+    const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += CHANNELS_PER_GROUP) {
+      const int64_t g = o0 / CHANNELS_PER_GROUP, n = std::min<int64_t>(CHANNELS_PER_GROUP, o_end - o0);
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const __m512i v = _mm512_loadu_si512(nibbles_at(a, g, b));
+        const __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d_at(a, g, b)))));
+        const __m512 m4 = T == Q4_1R ? _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m_at(a, g, b)))))
+                                     : _mm512_setzero_ps();
+        for (int64_t c = 0; c < n; ++c) {
+          const __m512i lane = _mm512_set1_epi32(static_cast<int>(c));
+          const __m512 d = _mm512_permutexvar_ps(lane, d4);
+          const __m512 table = T == Q4_1R ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(lane, m4)) : _mm512_mul_ps(d, k);
+          float* w = wbuf + (o0 + c - o_begin) * a.in + b * QK;
+          _mm512_storeu_ps(w, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c), table));
+          _mm512_storeu_ps(w + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table));
+        }
+      }
+    }
+  } else {
   for (int64_t o = o_begin; o < o_end; ++o)
     for (int64_t b = 0; b < a.blocks; ++b) {
       __m512 lo, hi;
@@ -303,6 +324,7 @@ void panel_group(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
       _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK, lo);
       _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 16, hi);
     }
+  }
   for (int64_t r0 = 0; r0 < a.rows; r0 += PANEL_ROWS) {
     const int nr = static_cast<int>(std::min<int64_t>(PANEL_ROWS, a.rows - r0));
     int64_t o = o_begin;
