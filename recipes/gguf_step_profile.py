@@ -1,6 +1,9 @@
 """Where a decode step on GGUF weights goes (`--weights gguf`, the embedded default's own Q4_1 / Q8_0 blocks).
 
     PYTHONPATH=src python recipes/gguf_step_profile.py [--tokens 32] [--threads 2] [--gbps G] [--profile]
+        [--layouts repacked,file]   (Q4 blocks repacked at load (the default) or in the file's layout: alternating)
+        [--weights int8]            (the target's linears quantized instead: int8, Q4_1, Q4_0, Q8_0 = the
+                                     `self:int8` / `self:int4` / ... twin drafters' models)
 
 Greedy decoding of one short prompt, batch 1, on the native runner: ms per decode step (prefill excluded), the time
 inside the quantized linears (every `QuantWeight.linear` call timed, by weight shape: qkv, o, gate_up, down, LM
@@ -18,19 +21,25 @@ import torch
 from verispec.bench.machine import measure_bandwidth
 from verispec.models import DEFAULT_TARGET, load_model, quantize_target
 from verispec.runtime import quant
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.native import NativeRunner, use_quantized_weights
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]
 
 
-def decode(runner: NativeRunner, tokens: int, prefilled=lambda: None) -> float:
+FASTEST: dict[str, float] = {}  # layout -> its fastest single step, ms (on a shared machine: the uncontended one)
+
+
+def decode(runner: NativeRunner, tokens: int, prefilled=lambda: None, layout: str = "") -> float:
     """-> ms per decode step (prefilled() is called between the prefill and the first step)."""
     runner.reset()
     token = runner.forward(torch.tensor([PROMPT]), last_only=True).logits[0, -1].argmax()
     prefilled()
-    start = time.perf_counter()
+    start = last = time.perf_counter()
     for _ in range(tokens):
         token = runner.forward(token.view(1, 1)).logits[0, -1].argmax()
+        now = time.perf_counter()
+        FASTEST[layout] = min(FASTEST.get(layout, float("inf")), (now - last) * 1e3)
+        last = now
     return (time.perf_counter() - start) * 1e3 / tokens
 
 
@@ -41,12 +50,30 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--gbps", type=float, default=0.0, help="bandwidth for the floor (default: measured here)")
     ap.add_argument("--profile", action="store_true", help="also print a torch profile of 16 steps")
+    ap.add_argument("--layouts", default="repacked", help="comma-separated: repacked, file (side by side)")
+    ap.add_argument("--weights", default="gguf", help="gguf (the file's blocks), or a quantization of the "
+                    "target's linears: int8, Q4_1, Q4_0, Q8_0")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
-    runner = NativeRunner.from_hf(hf, 2048)
-    decode(runner, 4)  # warm-up (and the kernel's build)
-    ms = min(decode(runner, args.tokens) for _ in range(args.repeats))
+    runners = {}
+    for layout in args.layouts.split(","):
+        quant.REPACK = layout == "repacked"
+        hf = load_model(DEFAULT_TARGET, dtype=torch.float32)
+        if args.weights == "gguf":
+            quantize_target(hf, DEFAULT_TARGET, weights="gguf")
+        else:
+            use_quantized_weights(hf, 2048, quantization=args.weights)
+        runners[layout] = NativeRunner.from_hf(hf, 2048)
+        decode(runners[layout], 4)  # warm-up (and the kernel's build)
+    quant.REPACK = True
+    best = {layout: float("inf") for layout in runners}
+    for _ in range(args.repeats):
+        for layout, runner in runners.items():
+            best[layout] = min(best[layout], decode(runner, args.tokens, layout=layout))
+    print(f"{args.weights}, ms/step (mean of the best run; fastest single step), layouts alternating: "
+          + ", ".join(f"{k} {v:.2f} ({FASTEST[k]:.2f})" for k, v in best.items()))
+    ms = best[next(iter(runners))]
+    runner = runners[next(iter(runners))]
 
     spent: dict[tuple, list[float]] = collections.defaultdict(list)
     plain = quant.QuantWeight.linear

@@ -81,6 +81,30 @@ def test_the_kernels_own_dequantized_values_are_gguf_pys(qtype, path):
     assert torch.equal(tiles, reference.T)
 
 
+@pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
+@pytest.mark.parametrize("qtype", sorted(quant.REPACKED))
+@pytest.mark.parametrize("out", [43, 49152])  # 49152 x 576: the embedded target's LM head
+def test_the_repacked_layout_computes_what_the_files_layout_does(qtype, out, path):
+    """Repacked Q4 blocks (the kernel's load-time layout) give the values and the very sums, in the same order, of
+    the file's layout on each path: the file's blocks still run through the kernel (their own type id), so every
+    output is compared bit for bit, at the tile sizes (1, 5, 7 rows) and the panel's (16)."""
+    if kernel() is None or path not in available_paths():
+        pytest.skip(f"the {path} path does not run on this CPU")
+    width = 576 if out > 1000 else 96
+    torch.manual_seed(2)
+    w = QuantWeight(qtype, torch.from_numpy(random_blocks(qtype, out, width, seed=3)), width)
+    file_id = GGML_BLOCKS[qtype][1]
+    ids = torch.tensor([0, out - 1, out // 2, 5])
+    assert torch.equal(w.dequantize(ids), dequantize_reference(qtype, w.data[ids], width))
+    for rows in (1, 5, 7, 16):
+        x = torch.randn(rows, width)
+        ours = w.linear(x, None, PATHS[path])  # [rows, out]
+        assert torch.equal(ours, kernel().quant_linear(x, w.data, torch.empty(0), file_id, width, out, PATHS[path]))
+        assert torch.equal(ours[-1:], w.linear(x[-1:], None, PATHS[path]))  # row invariance
+    if out < 1000:
+        assert torch.equal(w.dequantize(), dequantize_reference(qtype, w.data, width))
+
+
 def test_the_default_path_is_the_best_the_cpu_runs(monkeypatch):
     if kernel() is None or quant.KERNEL_PATH != PATHS["auto"]:
         pytest.skip("no compiler here, or VERISPEC_QUANT_PATH forces a path")

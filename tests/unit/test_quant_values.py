@@ -9,7 +9,8 @@ gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize  # noqa: E402
 
 from verispec.runtime.gguf_weights import read_gguf_weights  # noqa: E402
-from verispec.runtime.quant import GGML_BLOCKS, QuantWeight, dequantize_reference, quantize_int8  # noqa: E402
+from verispec.runtime.quant import (GGML_BLOCKS, REPACKED, QuantWeight, dequantize_reference, pack_q4,  # noqa: E402
+                                   quantize_int8, unpack_q4)
 
 
 def random_blocks(qtype: str, out: int, width: int, seed: int = 0) -> np.ndarray:
@@ -59,6 +60,21 @@ def test_a_gguf_file_reads_back_as_the_fp32_conversion(tmp_path, qtype):
         expected = processor.process(weights=gguf_values(qtype, tensors[name]).numpy(), name=name).weights
         assert isinstance(weights[hf], QuantWeight) and weights[hf].shape == expected.shape
         assert torch.equal(dequantize_reference(qtype, weights[hf].data, width), torch.from_numpy(expected))
+
+
+@pytest.mark.parametrize("qtype", sorted(REPACKED))
+@pytest.mark.parametrize("out", [1, 3, 4, 43, 576])
+def test_the_q4_repack_moves_bytes_and_adds_only_the_last_groups_padding(qtype, out):
+    raw = torch.from_numpy(random_blocks(qtype, out, 96, seed=out))  # [out, row_bytes]
+    packed = pack_q4(raw, qtype)
+    assert packed.shape == (-(-out // 4), 4 * raw.shape[1])
+    assert torch.equal(unpack_q4(packed, qtype, out), raw)
+    assert torch.equal(torch.sort(packed[: out // 4].flatten()).values, torch.sort(raw[: out // 4 * 4].flatten()).values)
+    w = QuantWeight(qtype, raw, 96)
+    assert torch.equal(w.data, raw) and w.nbytes == packed.nbytes <= raw.nbytes + 3 * raw.shape[1]
+    # channel c's nibble byte j of block b sits at byte 64 * b + 4 * j + c of its group's row
+    size = GGML_BLOCKS[qtype][0]
+    assert packed[0, 64 * 2 + 4 * 5 + (out > 1)] == raw[int(out > 1), 2 * size + size - 16 + 5]
 
 
 def test_int8_is_symmetric_per_output_channel():

@@ -10,6 +10,9 @@ dequantizes a block once in registers and multiplies it into a tile of rows; wit
 dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion's up to summation order.
 The kernel has an AVX-512, an AVX2 (+FMA, F16C) and a scalar path, each with its own fixed summation order; the best
 one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar; read at start-up) names.
+Q4_0 and Q4_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes reordered, so
+channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous; only the last
+group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the file's bytes back.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from .ext import build
 # GGML type ids (gguf.GGMLQuantizationType) -> (bytes per block of 32, kernel id); INT8 is verispec's own.
 GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q8_0": (34, 8)}
 INT8 = ("INT8", 100)
+REPACKED = {"Q4_0": 102, "Q4_1": 103}  # block type -> the kernel id of its repacked layout (`pack_q4`)
+GROUP = 4  # output channels per row of a repacked weight
+REPACK = True  # False: Q4 weights made from now on keep the file's layout (recipes compare the two side by side)
 BLOCK = 32
 PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}  # the kernel's code paths
 
@@ -38,53 +44,78 @@ def _path_from_env() -> int:
 KERNEL_PATH = _path_from_env()  # what F.linear on a QuantWeight runs (tests pass a path to `linear` instead)
 
 
+_KERNEL: list = []  # the extension (or None), once looked up
+
+
 def kernel():
     """The C++ extension (built on first use, cached on disk: `ext.py`), or None where it cannot be built."""
-    return build("quant", "quant_kernel.cpp")
+    if not _KERNEL:
+        _KERNEL.append(build("quant", "quant_kernel.cpp"))
+    return _KERNEL[0]
 
 
 class QuantWeight:
-    """A quantized `[out, in]` weight: `data` `[out, row_bytes]` uint8 (GGUF blocks, or int8 values), `scales`
+    """A quantized `[out, in]` weight: `packed` uint8, what the kernel reads (Q4_0 / Q4_1: `pack_q4`'s
+    `[ceil(out / 4), 4 * row_bytes]`; else the file's `[out, row_bytes]` GGUF blocks, or int8 values), `scales`
     `[out]` float32 (int8 only)."""
 
     dtype = torch.float32  # what it computes in and hands back
     device = torch.device("cpu")
 
     def __init__(self, qtype: str, data: torch.Tensor, in_features: int, scales: torch.Tensor | None = None):
+        """data: [out, row_bytes] uint8 as the file has it (int8: the values)."""
         if in_features % BLOCK:
             raise ValueError(f"a quantized weight's input size must be a multiple of {BLOCK}, got {in_features}")
-        self.qtype, self.data, self.scales = qtype, data.contiguous(), scales
+        self.qtype, self.scales = qtype, scales
+        self._scales_arg = _or_empty(scales)  # what the kernel takes (made once: it is passed every call)
         self.shape = torch.Size((data.shape[0], in_features))
-        self.kernel_id = INT8[1] if qtype == INT8[0] else GGML_BLOCKS[qtype][1]
+        if qtype in REPACKED and REPACK:
+            self.packed, self.kernel_id = pack_q4(data, qtype), REPACKED[qtype]
+        else:
+            self.packed = data.contiguous()
+            self.kernel_id = INT8[1] if qtype == INT8[0] else GGML_BLOCKS[qtype][1]
 
     def __repr__(self) -> str:
         return f"QuantWeight({self.qtype}, {tuple(self.shape)})"
 
     @property
+    def data(self) -> torch.Tensor:
+        """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked)."""
+        return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.kernel_id in REPACKED.values() else self.packed
+
+    @property
     def nbytes(self) -> int:
-        return self.data.nbytes + (0 if self.scales is None else self.scales.nbytes)
+        return self.packed.nbytes + (0 if self.scales is None else self.scales.nbytes)
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[out, in] float32 (or the chosen rows' [n, in]): exactly gguf-py's values."""
-        data = self.data if rows is None else self.data[rows]
-        scales = None if self.scales is None else (self.scales if rows is None else self.scales[rows])
         ext = kernel()
         if ext is not None:
-            return ext.dequantize(data.contiguous(), _or_empty(scales), self.kernel_id, self.shape[1])
+            ids = torch.empty(0, dtype=torch.int64) if rows is None else rows.reshape(-1)
+            return ext.dequantize(self.packed, self._scales_arg, self.kernel_id, self.shape[1], self.shape[0],
+                                  ids)
+        data = self.data if rows is None else self.data[rows]
+        scales = None if self.scales is None else (self.scales if rows is None else self.scales[rows])
         return dequantize_reference(self.qtype, data, self.shape[1], scales)
 
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None, path: int | None = None) -> torch.Tensor:
-        """[..., in] -> [..., out]; path: one of PATHS' values (default KERNEL_PATH)."""
-        rows = x.reshape(-1, self.shape[1]).float()
+        """[..., in] -> [..., out]; path: one of PATHS' values (default KERNEL_PATH). Called ~120 times a decode
+        step: a 2-d float32 x goes to the kernel with no other torch op on the way (each costs ~1 µs)."""
         ext = kernel()
+        flat = x.dim() == 2
+        rows = x if flat else x.reshape(-1, self.shape[1])  # [rows, in]
+        if rows.dtype != torch.float32:
+            rows = rows.float()
         if ext is not None:
-            y = ext.quant_linear(rows, self.data, _or_empty(self.scales), self.kernel_id, self.shape[1],
-                                 KERNEL_PATH if path is None else path)
+            y = ext.quant_linear(rows, self.packed, self._scales_arg, self.kernel_id, self.shape[1], self.shape[0],
+                                 KERNEL_PATH if path is None else path)  # [rows, out]
         else:
             y = rows @ self.dequantize().T
         if bias is not None:
             y = y + bias
-        return y.view(*x.shape[:-1], self.shape[0]).to(x.dtype)
+        if not flat:
+            y = y.view(*x.shape[:-1], self.shape[0])
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -108,6 +139,33 @@ def cat(weights: list[QuantWeight]) -> QuantWeight:
         raise ValueError("only quantized weights of one type and input size fuse")
     scales = None if first.scales is None else torch.cat([w.scales for w in weights])
     return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales)
+
+
+def pack_q4(data: torch.Tensor, qtype: str) -> torch.Tensor:
+    """[out, row_bytes] Q4_0 / Q4_1 blocks -> [ceil(out / 4), 4 * row_bytes], the kernel's layout: per group of 4
+    channels, for every block its 64 nibble bytes (byte 4 * j + c = byte j of channel c's 16), then every block's 4
+    fp16 d, then (Q4_1) every block's 4 fp16 m. The same bytes; a last group short of 4 channels is padded with
+    zeros (d = m = 0), which the kernel computes but never returns."""
+    out, size = data.shape[0], GGML_BLOCKS[qtype][0]
+    head = size - 16  # d (and m): 2 bytes each
+    groups = -(-out // GROUP)
+    padded = torch.zeros(groups * GROUP, data.shape[1], dtype=torch.uint8)
+    padded[:out] = data
+    blocks = padded.view(groups, GROUP, -1, size)  # [groups, 4, blocks, size]
+    parts = [blocks[..., head:].permute(0, 2, 3, 1)]  # nibbles [groups, blocks, 16, 4]
+    parts += [blocks[..., s : s + 2].permute(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m [groups, blocks, 4, 2]
+    return torch.cat([p.reshape(groups, -1) for p in parts], dim=1).contiguous()
+
+
+def unpack_q4(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
+    """`pack_q4`'s inverse: [ceil(out / 4), 4 * row_bytes] -> [out, row_bytes], the file's bytes."""
+    groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
+    head, n = size - 16, packed.shape[1] // (GROUP * size)  # n: blocks per channel
+    nibbles = packed[:, : n * 64].view(groups, n, 16, GROUP).permute(0, 3, 1, 2)  # [groups, 4, blocks, 16]
+    scales = [packed[:, n * (64 + 4 * s) : n * (64 + 4 * s) + n * 8].view(groups, n, GROUP, 2).permute(0, 2, 1, 3)
+              for s in range(0, head, 2)]  # d, m: [groups, 4, blocks, 2]
+    blocks = torch.cat(scales + [nibbles], dim=-1)  # [groups, 4, blocks, size]
+    return blocks.reshape(groups * GROUP, -1)[:out].contiguous()
 
 
 def _or_empty(scales: torch.Tensor | None) -> torch.Tensor:

@@ -14,6 +14,15 @@
 // rows in the call or the thread; threads split output channels only.
 // From PANEL_MIN_ROWS rows on (prefill), the SIMD paths dequantize a panel of GROUP channels once into a float32
 // buffer and run only multiply-adds over it: the same values, the same sums in the same order as the tiles.
+//
+// Q4_0 and Q4_1 run from a load-time repack (quant.py `pack_q4`; qtypes Q4_0R, Q4_1R), the file's bytes reordered,
+// none added but the pad of the last group: channels in groups of 4, each group one contiguous run of
+//   [blocks][64] nibbles: byte 4 * j + c = the file's byte j of channel c's block (low nibble element j, high j + 16)
+//   [blocks][4] fp16 d, then (Q4_1) [blocks][4] fp16 m
+// so one 64-byte load holds a block of 4 channels, and the 32-bit lane j of it shifted right by 8c (by 8c + 4) has
+// element j (j + 16) of channel c in its low 4 bits, all a lane permute reads of an index: no unpacking. The AVX-512
+// tiles convert the scales of a run of blocks 16 at a time (vcvtph2ps, exact) into a float buffer and broadcast
+// them from there, so a block costs one multiply-add for its table, two shifts, two permutes and the row FMAs.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/Half.h>
@@ -32,17 +41,22 @@
 
 namespace {
 
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100 };
+enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100, Q4_0R = 102, Q4_1R = 103 };  // R: repacked
 enum Path : int64_t { AUTO = 0, SCALAR = 1, AVX2 = 2, AVX512 = 3 };
 constexpr int64_t QK = 32;      // elements per block (Q4_0, Q4_1, Q8_0; INT8 is cut the same way)
 constexpr int64_t GROUP = 8;    // output channels per unit of parallel work (a multiple of every tile's NC)
 constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, a SIMD path dequantizes a panel once (same sums)
 
-constexpr int64_t block_bytes(int64_t t) { return t == Q4_0 ? 18 : t == Q4_1 ? 20 : t == Q8_0 ? 34 : QK; }
+constexpr int64_t file_type(int64_t t) { return t == Q4_0R ? Q4_0 : t == Q4_1R ? Q4_1 : t; }
+constexpr bool repacked(int64_t t) { return t == Q4_0R || t == Q4_1R; }
+constexpr int64_t block_bytes(int64_t t) {
+  return file_type(t) == Q4_0 ? 18 : file_type(t) == Q4_1 ? 20 : t == Q8_0 ? 34 : QK;
+}
+constexpr int64_t CHANNELS_PER_GROUP = 4;  // repacked types
 
 struct Args {
   const float* x;      // [rows, in]
-  const uint8_t* w;    // [out, row_bytes]
+  const uint8_t* w;    // [out, row_bytes], repacked: [ceil(out / 4), row_bytes] (4 channels' bytes a row)
   const float* scale;  // [out] (INT8) or null
   float* y;            // [rows, out]
   int64_t rows, in, out, row_bytes, blocks;
@@ -58,25 +72,45 @@ inline float half_at(const uint8_t* p) {  // fp16 -> fp32 is exact
   return static_cast<float>(c10::Half(bits_at(p), c10::Half::from_bits()));
 }
 
+// Repacked block b of group g: its 64 nibble bytes, and channel c's fp16 d (m) at d_at(...) (+ 2 * ...).
+inline const uint8_t* nibbles_at(const Args& a, int64_t g, int64_t b) { return a.w + g * a.row_bytes + b * 64; }
+inline const uint8_t* d_at(const Args& a, int64_t g, int64_t b) { return a.w + g * a.row_bytes + a.blocks * 64 + b * 8; }
+inline const uint8_t* m_at(const Args& a, int64_t g, int64_t b) { return d_at(a, g, b) + a.blocks * 8; }
+
+// Block b of channel o as the file has it: a pointer into the weights, or (repacked types) rebuilt into buf.
+template <int64_t T>
+inline const uint8_t* file_block(const Args& a, int64_t o, int64_t b, uint8_t* buf) {
+  if (!repacked(T)) return a.w + o * a.row_bytes + b * block_bytes(T);
+  const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP, head = T == Q4_1R ? 4 : 2;
+  std::memcpy(buf, d_at(a, g, b) + 2 * c, 2);
+  if (T == Q4_1R) std::memcpy(buf + 2, m_at(a, g, b) + 2 * c, 2);
+  const uint8_t* nib = nibbles_at(a, g, b);
+  for (int j = 0; j < 16; ++j) buf[head + j] = nib[4 * j + c];
+  return buf;
+}
+
 // ---- scalar: the reference path (any CPU), and the dequantization of embedding rows ------------------------------
 
-// The 32 weights of block b of one output channel into w[32] (exactly gguf-py's values).
+// The 32 weights of block b of output channel o into w[32] (exactly gguf-py's values).
 template <int64_t T>
-inline void dequant_block(const uint8_t* row, int64_t b, float scale, float* w) {
-  const uint8_t* blk = row + b * block_bytes(T);
-  if (T == Q4_0) {
+inline void dequant_block(const Args& a, int64_t o, int64_t b, float* w) {
+  constexpr int64_t F = file_type(T);
+  uint8_t buf[20];
+  const uint8_t* blk = file_block<T>(a, o, b, buf);
+  const float scale = a.scale ? a.scale[o] : 0.0f;
+  if (F == Q4_0) {
     const float d = half_at(blk);
     for (int j = 0; j < 16; ++j) {
       w[j] = d * static_cast<float>(static_cast<int>(blk[2 + j] & 0x0F) - 8);
       w[j + 16] = d * static_cast<float>(static_cast<int>(blk[2 + j] >> 4) - 8);
     }
-  } else if (T == Q4_1) {
+  } else if (F == Q4_1) {
     const float d = half_at(blk), m = half_at(blk + 2);
     for (int j = 0; j < 16; ++j) {
       w[j] = d * static_cast<float>(blk[4 + j] & 0x0F) + m;
       w[j + 16] = d * static_cast<float>(blk[4 + j] >> 4) + m;
     }
-  } else if (T == Q8_0) {
+  } else if (F == Q8_0) {
     const float d = half_at(blk);
     for (int j = 0; j < 32; ++j) w[j] = static_cast<float>(static_cast<int8_t>(blk[2 + j])) * d;
   } else {
@@ -89,12 +123,11 @@ template <int64_t T, int NC, int NR>
 void tile_scalar(const Args& a, int64_t o0, int64_t r0) {
   for (int c = 0; c < NC; ++c) {
     const int64_t o = o0 + c;
-    const uint8_t* row = a.w + o * a.row_bytes;
-    const float scale = a.scale ? a.scale[o] : 0.0f;
+    if (o >= a.out) return;  // a repacked group's padding
     float acc[NR][16] = {};
     float w[QK];
     for (int64_t b = 0; b < a.blocks; ++b) {
-      dequant_block<T>(row, b, scale, w);
+      dequant_block<T>(a, o, b, w);
       for (int r = 0; r < NR; ++r) {
         const float* xr = a.x + (r0 + r) * a.in + b * QK;
         for (int j = 0; j < 16; ++j) acc[r][j] += w[j] * xr[j] + w[j + 16] * xr[j + 16];
@@ -118,21 +151,32 @@ inline __m128 dm_at(const uint8_t* blk) {
 }
 
 template <int64_t T>
-inline void dequant512(const uint8_t* row, int64_t b, float scale, __m512& lo, __m512& hi) {
-  const uint8_t* blk = row + b * block_bytes(T);
-  if (T == Q4_0 || T == Q4_1) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == Q4_1 ? 4 : 2))));
-    const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+inline void dequant512(const Args& a, int64_t o, int64_t b, __m512& lo, __m512& hi) {
+  constexpr int64_t F = file_type(T);
+  const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  if (repacked(T)) {  // channel c's nibbles sit at bit 8c of every lane: shift, and let the permutes mask
+    const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP;
+    const __m512i v = _mm512_loadu_si512(nibbles_at(a, g, b));
+    const __m512 d = _mm512_set1_ps(_cvtsh_ss(bits_at(d_at(a, g, b) + 2 * c)));  // F16C: exact, one instruction
+    const __m512 table = F == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_set1_ps(_cvtsh_ss(bits_at(m_at(a, g, b) + 2 * c))))
+                                   : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
+    lo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c), table);
+    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table);
+    return;
+  }
+  const uint8_t* blk = a.w + o * a.row_bytes + b * block_bytes(T);
+  if (F == Q4_0 || F == Q4_1) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (F == Q4_1 ? 4 : 2))));
     const __m128 dm = dm_at(blk);
     const __m512 d = _mm512_broadcastss_ps(dm);
     const __m512 table =
-        T == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(dm)))
+        F == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(dm)))
                   : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
     lo = _mm512_permutexvar_ps(bytes, table);
     hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
   } else {
     const uint8_t* q = T == Q8_0 ? blk + 2 : blk;
-    const __m512 d = T == Q8_0 ? _mm512_broadcastss_ps(dm_at(blk)) : _mm512_set1_ps(scale);
+    const __m512 d = T == Q8_0 ? _mm512_broadcastss_ps(dm_at(blk)) : _mm512_set1_ps(a.scale[o]);
     lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), d);
     hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), d);
   }
@@ -143,14 +187,12 @@ void tile512(const Args& a, int64_t o0, int64_t r0) {
   __m512 acc[NC][NR];
   for (int c = 0; c < NC; ++c)
     for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
-  const uint8_t* row0 = a.w + o0 * a.row_bytes;
   const float* x0 = a.x + r0 * a.in;
   for (int64_t b = 0; b < a.blocks; ++b) {
     for (int c = 0; c < NC; ++c) {
-      const uint8_t* row = row0 + c * a.row_bytes;
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes(T) + NC * a.row_bytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(a.w + (o0 + c + NC) * a.row_bytes + b * block_bytes(T)), _MM_HINT_T0);
       __m512 lo, hi;
-      dequant512<T>(row, b, a.scale ? a.scale[o0 + c] : 0.0f, lo, hi);
+      dequant512<T>(a, o0 + c, b, lo, hi);
       for (int r = 0; r < NR; ++r) {
         const float* xr = x0 + r * a.in + b * QK;
         acc[c][r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[c][r]);
@@ -160,6 +202,63 @@ void tile512(const Args& a, int64_t o0, int64_t r0) {
   }
   for (int c = 0; c < NC; ++c)
     for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
+}
+
+// n fp16 values (a multiple of 4) -> float32, 16 at a time (exact).
+inline void halves_to_floats(const uint8_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
+  for (; i < n; i += 4)
+    _mm_storeu_ps(dst + i, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 2 * i))));
+}
+
+// Repacked Q4: NC channels (whole groups of 4) x NR rows. The same values and the same sums in the same order as tile512
+// (lanes: elements j and j + 16 of a block; lo, then hi, block by block), so a row's outputs do not change with it.
+template <int64_t T, int NC, int NR>
+void tile512_q4r(const Args& a, int64_t o0, int64_t r0) {
+  static_assert(NC % CHANNELS_PER_GROUP == 0, "whole groups");
+  constexpr int NG = NC / CHANNELS_PER_GROUP;
+  constexpr int64_t RUN = 32;  // blocks whose scales are converted at once
+  __m512 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
+  const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                              : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const int64_t g0 = o0 / CHANNELS_PER_GROUP;
+  const float* x0 = a.x + r0 * a.in;
+  alignas(64) float d[NG][RUN * CHANNELS_PER_GROUP], m[NG][T == Q4_1R ? RUN * CHANNELS_PER_GROUP : 1];
+  for (int64_t b0 = 0; b0 < a.blocks; b0 += RUN) {
+    const int64_t run = std::min(RUN, a.blocks - b0);
+    for (int g = 0; g < NG; ++g) {
+      halves_to_floats(d_at(a, g0 + g, b0), run * CHANNELS_PER_GROUP, d[g]);
+      if (T == Q4_1R) halves_to_floats(m_at(a, g0 + g, b0), run * CHANNELS_PER_GROUP, m[g]);
+    }
+    for (int64_t b = 0; b < run; ++b) {
+      const float* x = x0 + (b0 + b) * QK;
+      for (int g = 0; g < NG; ++g) {
+        const uint8_t* nib = nibbles_at(a, g0 + g, b0 + b);
+        _mm_prefetch(reinterpret_cast<const char*>(nib + NG * a.row_bytes), _MM_HINT_T0);  // the next tile's
+        const __m512i v = _mm512_loadu_si512(nib);
+        for (int c = 0; c < CHANNELS_PER_GROUP; ++c) {
+          const int64_t i = b * CHANNELS_PER_GROUP + c;
+          // Q4_1: d * k + m (d * k exact: one rounding, as gguf-py's d * q + m); Q4_0: d * (q - 8), exact
+          const __m512 table = T == Q4_1R ? _mm512_fmadd_ps(_mm512_set1_ps(d[g][i]), k, _mm512_set1_ps(m[g][i]))
+                                          : _mm512_mul_ps(_mm512_set1_ps(d[g][i]), k);
+          const __m512 lo = _mm512_permutexvar_ps(c == 0 ? v : _mm512_srli_epi32(v, 8 * c), table);
+          const __m512 hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table);
+          __m512* out = acc[g * CHANNELS_PER_GROUP + c];
+          for (int r = 0; r < NR; ++r) {
+            out[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + r * a.in), out[r]);
+            out[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * a.in + 16), out[r]);
+          }
+        }
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c)
+    if (o0 + c < a.out)  // the last group's padding is never stored
+      for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
 }
 
 // Many rows (prefill): the same sums in the same order as tile512, from a panel of channels dequantized once into
@@ -197,13 +296,35 @@ constexpr PanelFn PANEL_ONE[PANEL_ROWS + 1] = {nullptr, panel512<1, 1>, panel512
 // Channels [o_begin, o_end) (at most GROUP) x every row, through a panel dequantized into wbuf [GROUP, in].
 template <int64_t T>
 void panel_group(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
+  if constexpr (repacked(T)) {  // a group at a time (o_begin is a multiple of 4): one load serves 4 channels
+    const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                                : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    for (int64_t o0 = o_begin; o0 < o_end; o0 += CHANNELS_PER_GROUP) {
+      const int64_t g = o0 / CHANNELS_PER_GROUP, n = std::min<int64_t>(CHANNELS_PER_GROUP, o_end - o0);
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const __m512i v = _mm512_loadu_si512(nibbles_at(a, g, b));
+        const __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d_at(a, g, b)))));
+        const __m512 m4 = T == Q4_1R ? _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m_at(a, g, b)))))
+                                     : _mm512_setzero_ps();
+        for (int64_t c = 0; c < n; ++c) {
+          const __m512i lane = _mm512_set1_epi32(static_cast<int>(c));
+          const __m512 d = _mm512_permutexvar_ps(lane, d4);
+          const __m512 table = T == Q4_1R ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(lane, m4)) : _mm512_mul_ps(d, k);
+          float* w = wbuf + (o0 + c - o_begin) * a.in + b * QK;
+          _mm512_storeu_ps(w, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c), table));
+          _mm512_storeu_ps(w + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table));
+        }
+      }
+    }
+  } else {
   for (int64_t o = o_begin; o < o_end; ++o)
     for (int64_t b = 0; b < a.blocks; ++b) {
       __m512 lo, hi;
-      dequant512<T>(a.w + o * a.row_bytes, b, a.scale ? a.scale[o] : 0.0f, lo, hi);
+      dequant512<T>(a, o, b, lo, hi);
       _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK, lo);
       _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 16, hi);
     }
+  }
   for (int64_t r0 = 0; r0 < a.rows; r0 += PANEL_ROWS) {
     const int nr = static_cast<int>(std::min<int64_t>(PANEL_ROWS, a.rows - r0));
     int64_t o = o_begin;
@@ -220,19 +341,34 @@ inline __m256 cvt8(__m128i bytes8, bool is_signed) {  // the low 8 bytes -> 8 fl
   return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes8) : _mm256_cvtepu8_epi32(bytes8));
 }
 
+// Channel c's 16 nibble bytes of a repacked block (bytes c, c + 4, ... of the 64): the file's bytes of its block.
+inline __m128i q4r_bytes(const uint8_t* nib, int64_t c) {
+  const __m128i pick = _mm_add_epi8(_mm_setr_epi8(0, 4, 8, 12, -128, -128, -128, -128, -128, -128, -128, -128, -128,
+                                                  -128, -128, -128), _mm_set1_epi8(static_cast<char>(c)));
+  __m128i part[4];
+  for (int i = 0; i < 4; ++i)
+    part[i] = _mm_shuffle_epi8(_mm_loadu_si128(reinterpret_cast<const __m128i*>(nib + 16 * i)), pick);
+  return _mm_unpacklo_epi64(_mm_unpacklo_epi32(part[0], part[1]), _mm_unpacklo_epi32(part[2], part[3]));
+}
+
 // Block b's values, elements 8i..8i+7 in v[i].
 template <int64_t T>
-inline void dequant256(const uint8_t* row, int64_t b, float scale, __m256* v) {
-  const uint8_t* blk = row + b * block_bytes(T);
-  if (T == Q4_0 || T == Q4_1) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (T == Q4_1 ? 4 : 2)));
+inline void dequant256(const Args& a, int64_t o, int64_t b, __m256* v) {
+  constexpr int64_t F = file_type(T);
+  const uint8_t* blk = a.w + o * a.row_bytes + b * block_bytes(T);
+  if (F == Q4_0 || F == Q4_1) {
+    const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP;
+    const __m128i bytes = repacked(T) ? q4r_bytes(nibbles_at(a, g, b), c)
+                                      : _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (F == Q4_1 ? 4 : 2)));
+    const uint8_t* d_bits = repacked(T) ? d_at(a, g, b) + 2 * c : blk;
     const __m128i mask = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(blk))));
+    const __m256 d = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(d_bits))));
     __m256 q[4] = {cvt8(lo, false), cvt8(_mm_unpackhi_epi64(lo, lo), false), cvt8(hi, false),
                    cvt8(_mm_unpackhi_epi64(hi, hi), false)};
-    if (T == Q4_1) {
-      const __m256 m = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(blk + 2))));
+    if (F == Q4_1) {
+      const uint8_t* m_bits = repacked(T) ? m_at(a, g, b) + 2 * c : blk + 2;
+      const __m256 m = _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(m_bits))));
       for (int i = 0; i < 4; ++i) v[i] = _mm256_fmadd_ps(d, q[i], m);  // d * q exact: one rounding, as gguf-py
     } else {
       const __m256 eight = _mm256_set1_ps(8.0f);
@@ -240,7 +376,7 @@ inline void dequant256(const uint8_t* row, int64_t b, float scale, __m256* v) {
     }
   } else {
     const uint8_t* q = T == Q8_0 ? blk + 2 : blk;
-    const __m256 d = T == Q8_0 ? _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(blk)))) : _mm256_set1_ps(scale);
+    const __m256 d = T == Q8_0 ? _mm256_cvtph_ps(_mm_set1_epi16(static_cast<short>(bits_at(blk)))) : _mm256_set1_ps(a.scale[o]);
     for (int i = 0; i < 4; ++i) {
       v[i] = _mm256_mul_ps(cvt8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + 8 * i)), true), d);
     }
@@ -252,14 +388,15 @@ void tile256(const Args& a, int64_t o0, int64_t r0) {
   __m256 acc[NC][NR];
   for (int c = 0; c < NC; ++c)
     for (int r = 0; r < NR; ++r) acc[c][r] = _mm256_setzero_ps();
-  const uint8_t* row0 = a.w + o0 * a.row_bytes;
   const float* x0 = a.x + r0 * a.in;
   for (int64_t b = 0; b < a.blocks; ++b) {
     for (int c = 0; c < NC; ++c) {
-      const uint8_t* row = row0 + c * a.row_bytes;
-      _mm_prefetch(reinterpret_cast<const char*>(row + b * block_bytes(T) + NC * a.row_bytes), _MM_HINT_T0);
+      const int64_t next = o0 + c + NC;
+      _mm_prefetch(reinterpret_cast<const char*>(repacked(T) ? nibbles_at(a, next / CHANNELS_PER_GROUP, b)
+                                                             : a.w + next * a.row_bytes + b * block_bytes(T)),
+                   _MM_HINT_T0);
       __m256 v[4];
-      dequant256<T>(row, b, a.scale ? a.scale[o0 + c] : 0.0f, v);
+      dequant256<T>(a, o0 + c, b, v);
       for (int r = 0; r < NR; ++r) {
         const float* xr = x0 + r * a.in + b * QK;
         for (int i = 0; i < 4; ++i) acc[c][r] = _mm256_fmadd_ps(v[i], _mm256_loadu_ps(xr + 8 * i), acc[c][r]);
@@ -267,7 +404,7 @@ void tile256(const Args& a, int64_t o0, int64_t r0) {
     }
   }
   for (int c = 0; c < NC; ++c)
-    for (int r = 0; r < NR; ++r) {  // 8 lanes -> 1, in a fixed order
+    for (int r = 0; r < NR && o0 + c < a.out; ++r) {  // 8 lanes -> 1, in a fixed order (padding never stored)
       const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc[c][r]), _mm256_extractf128_ps(acc[c][r], 1));
       const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
       a.y[(r0 + r) * a.out + o0 + c] = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
@@ -304,7 +441,7 @@ void panel_group256(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) 
   for (int64_t o = o_begin; o < o_end; ++o)
     for (int64_t b = 0; b < a.blocks; ++b) {
       __m256 v[4];
-      dequant256<T>(a.w + o * a.row_bytes, b, a.scale ? a.scale[o] : 0.0f, v);
+      dequant256<T>(a, o, b, v);
       for (int i = 0; i < 4; ++i) _mm256_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 8 * i, v[i]);
     }
   for (int64_t r0 = 0; r0 < a.rows; r0 += ROWS) {
@@ -334,6 +471,8 @@ GroupFn panel_group_for(int64_t qtype, int64_t path) {  // null: this path has n
   switch (qtype) {
     case Q4_0: return panel_for_type<Q4_0>(path);
     case Q4_1: return panel_for_type<Q4_1>(path);
+    case Q4_0R: return panel_for_type<Q4_0R>(path);
+    case Q4_1R: return panel_for_type<Q4_1R>(path);
     case Q8_0: return panel_for_type<Q8_0>(path);
     default: return panel_for_type<INT8>(path);
   }
@@ -346,12 +485,14 @@ constexpr int MAX_ROWS = 8;
 // Enough independent accumulators to hide the FMA latency, few enough to stay in registers.
 constexpr int nc512(int nr) { return nr <= 2 ? 8 : nr <= 4 ? 4 : 2; }  // 32 zmm registers
 constexpr int nc256(int nr) { return nr <= 2 ? 4 : 2; }                // 16 ymm registers
+constexpr int nc512_q4r(int nr) { return nr <= 2 ? 8 : 4; }            // whole groups of 4 channels
 
 struct Tiles {
   int max_rows;
   int nc[MAX_ROWS + 1];
   TileFn main[MAX_ROWS + 1];  // NC channels x NR rows
-  TileFn one[MAX_ROWS + 1];   // 1 channel x NR rows (the channels past the last whole tile)
+  TileFn one[MAX_ROWS + 1];   // `unit` channels x NR rows (the channels past the last whole tile)
+  int unit = 1;               // 4: tiles take whole repacked groups (the last one's padding is computed, not stored)
 };
 
 #define VERISPEC_TILES(FN, NCF, T)                                                                                    \
@@ -370,12 +511,28 @@ constexpr int nc1(int) { return 1; }
         {nullptr, FN<T, 1, 1>, FN<T, 1, 2>, FN<T, 1, 3>, FN<T, 1, 4>},                                                \
   }
 
+// Repacked Q4 on AVX-512: up to 6 rows a tile (4 channels x 6 rows: 24 accumulators).
+#define VERISPEC_TILES6_Q4R(T)                                                                                        \
+  Tiles {                                                                                                             \
+    6, {0, nc512_q4r(1), nc512_q4r(2), nc512_q4r(3), nc512_q4r(4), nc512_q4r(5), nc512_q4r(6)},                       \
+        {nullptr, tile512_q4r<T, nc512_q4r(1), 1>, tile512_q4r<T, nc512_q4r(2), 2>, tile512_q4r<T, nc512_q4r(3), 3>,  \
+         tile512_q4r<T, nc512_q4r(4), 4>, tile512_q4r<T, nc512_q4r(5), 5>, tile512_q4r<T, nc512_q4r(6), 6>},          \
+        {nullptr, tile512_q4r<T, 4, 1>, tile512_q4r<T, 4, 2>, tile512_q4r<T, 4, 3>, tile512_q4r<T, 4, 4>,             \
+         tile512_q4r<T, 4, 5>, tile512_q4r<T, 4, 6>},                                                                 \
+        CHANNELS_PER_GROUP,                                                                                           \
+  }
+
 template <int64_t T>
 const Tiles& tiles_for(int64_t path) {
   static const Tiles scalar = VERISPEC_TILES(tile_scalar, nc1, T);
 #if defined(VERISPEC_AVX512)
-  static const Tiles avx512 = VERISPEC_TILES(tile512, nc512, T);
-  if (path == AVX512) return avx512;
+  if constexpr (repacked(T)) {
+    static const Tiles avx512 = VERISPEC_TILES6_Q4R(T);
+    if (path == AVX512) return avx512;
+  } else {
+    static const Tiles avx512 = VERISPEC_TILES(tile512, nc512, T);
+    if (path == AVX512) return avx512;
+  }
 #endif
 #if defined(VERISPEC_AVX2)
   static const Tiles avx2 = VERISPEC_TILES4(tile256, nc256, T);
@@ -388,6 +545,8 @@ const Tiles& tiles(int64_t qtype, int64_t path) {
   switch (qtype) {
     case Q4_0: return tiles_for<Q4_0>(path);
     case Q4_1: return tiles_for<Q4_1>(path);
+    case Q4_0R: return tiles_for<Q4_0R>(path);
+    case Q4_1R: return tiles_for<Q4_1R>(path);
     case Q8_0: return tiles_for<Q8_0>(path);
     default: return tiles_for<INT8>(path);
   }
@@ -425,17 +584,26 @@ int64_t resolve_path(int64_t path) {
   return path;
 }
 
-// x [rows, in] float32, data [out, row_bytes] uint8, scales [out] float32 (INT8 only, else empty) -> [rows, out]
-torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in,
-                           int64_t path) {
-  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == in, "x must be float32 [rows, in]");
-  TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous(), "data must be contiguous uint8");
+// The rows data has for `out` channels of `in` inputs, and the bytes of each (repacked: 4 channels a row).
+void check_data(const torch::Tensor& data, const torch::Tensor& scales, int64_t qtype, int64_t in, int64_t out) {
+  TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous() && data.dim() == 2, "data must be contiguous uint8 2-d");
   TORCH_CHECK(in % QK == 0, "in must be a multiple of 32");
-  TORCH_CHECK(data.size(1) == in / QK * block_bytes(qtype), "data's row size does not match the type and in");
-  TORCH_CHECK(qtype != INT8 || (scales.numel() == data.size(0) && scales.dtype() == torch::kFloat32), "INT8 needs scales [out]");
+  TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype), "unknown qtype");
+  const int64_t per_row = repacked(qtype) ? CHANNELS_PER_GROUP : 1;
+  TORCH_CHECK(data.size(0) == (out + per_row - 1) / per_row, "data has ", data.size(0), " rows for ", out, " channels");
+  TORCH_CHECK(data.size(1) == per_row * (in / QK) * block_bytes(qtype), "data's row size does not match the type and in");
+  TORCH_CHECK(qtype != INT8 || (scales.numel() == out && scales.dtype() == torch::kFloat32 && scales.is_contiguous()),
+              "INT8 needs scales [out]");
+}
+
+// x [rows, in] float32, data [out, row_bytes] uint8 (repacked: [ceil(out / 4), 4 * row_bytes]), scales [out]
+// float32 (INT8 only, else empty) -> [rows, out]
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in,
+                           int64_t out, int64_t path) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == in, "x must be float32 [rows, in]");
+  check_data(data, scales, qtype, in, out);
   x = x.contiguous();
-  scales = scales.contiguous();
-  const int64_t rows = x.size(0), out = data.size(0);
+  const int64_t rows = x.size(0);
   auto y = torch::empty({rows, out}, x.options());
   const Args a{x.data_ptr<float>(), data.data_ptr<uint8_t>(), qtype == INT8 ? scales.data_ptr<float>() : nullptr,
                y.data_ptr<float>(), rows, in, out, data.size(1), in / QK};
@@ -453,37 +621,44 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
     });
     return y;
   }
+  const int64_t padded = (out + t.unit - 1) / t.unit * t.unit;  // tiles of whole groups run over the padding
   at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
-      const int64_t o_end = std::min(out, (g + 1) * GROUP);
+      const int64_t o_end = std::min(padded, (g + 1) * GROUP);
       for (int64_t r0 = 0; r0 < rows; r0 += t.max_rows) {  // the group's weights stay in L1 across row tiles
         const int nr = static_cast<int>(std::min<int64_t>(t.max_rows, rows - r0));
         int64_t o = g * GROUP;
         for (; o + t.nc[nr] <= o_end; o += t.nc[nr]) t.main[nr](a, o, r0);
-        for (; o < o_end; ++o) t.one[nr](a, o, r0);
+        for (; o < o_end; o += t.unit) t.one[nr](a, o, r0);
       }
     }
   });
   return y;
 }
 
-// data [n, row_bytes] -> [n, in] float32: the dequantized weights (the embedding's rows, tests).
-torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in) {
-  TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous(), "data must be contiguous uint8");
-  const int64_t n = data.size(0), row_bytes = data.size(1), blocks = in / QK;
+// The dequantized weights of channels `ids` (empty: all `out`) -> [n, in] float32 (the embedding's rows, tests).
+torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in, int64_t out,
+                         torch::Tensor ids) {
+  check_data(data, scales, qtype, in, out);
+  ids = ids.numel() ? ids.to(torch::kInt64).contiguous() : torch::arange(out, torch::kInt64);
+  const int64_t n = ids.numel();
+  const int64_t* id = ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(id[i] >= 0 && id[i] < out, "id ", id[i], " out of range");
   auto w = torch::empty({n, in}, torch::kFloat32);
-  const uint8_t* dp = data.data_ptr<uint8_t>();
-  const float* sp = qtype == INT8 ? scales.data_ptr<float>() : nullptr;
+  const Args a{nullptr, data.data_ptr<uint8_t>(), qtype == INT8 ? scales.data_ptr<float>() : nullptr, nullptr, 0, in,
+               out, data.size(1), in / QK};
   float* wp = w.data_ptr<float>();
   auto run = [&](auto block) {
     at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t o = begin; o < end; ++o)
-        for (int64_t b = 0; b < blocks; ++b) block(dp + o * row_bytes, b, sp ? sp[o] : 0.0f, wp + o * in + b * QK);
+      for (int64_t i = begin; i < end; ++i)
+        for (int64_t b = 0; b < a.blocks; ++b) block(a, id[i], b, wp + i * in + b * QK);
     });
   };
   switch (qtype) {
     case Q4_0: run(dequant_block<Q4_0>); break;
     case Q4_1: run(dequant_block<Q4_1>); break;
+    case Q4_0R: run(dequant_block<Q4_0R>); break;
+    case Q4_1R: run(dequant_block<Q4_1R>); break;
     case Q8_0: run(dequant_block<Q8_0>); break;
     default: run(dequant_block<INT8>); break;
   }
@@ -492,7 +667,8 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_linear", &quant_linear, "x @ dequant(W)^T, weight-only quantized", py::arg("x"), py::arg("data"),
-        py::arg("scales"), py::arg("qtype"), py::arg("in_features"), py::arg("path") = 0);
-  m.def("dequantize", &dequantize, "dequantized rows");
+        py::arg("scales"), py::arg("qtype"), py::arg("in_features"), py::arg("out_features"), py::arg("path") = 0);
+  m.def("dequantize", &dequantize, "dequantized rows", py::arg("data"), py::arg("scales"), py::arg("qtype"),
+        py::arg("in_features"), py::arg("out_features"), py::arg("ids"));
   m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (0: the best here)");
 }
