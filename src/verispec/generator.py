@@ -19,6 +19,7 @@ from transformers import PreTrainedModel
 from .config import RunnerOptions, SamplingParams, SpeculativeConfig
 from .drafters.base import Drafter
 from .drafters.build import build_drafter, model_drafter
+from .drafters.placement import check_device
 from .engine import GenerationResult, SpeculativeEngine
 from .stats import GenerationStats
 
@@ -39,20 +40,25 @@ class SpeculativeGenerator:
         runner: RunnerOptions | None = None,
         tree_nodes: int = 0,
         enable_prefix_caching: bool = True,
+        draft_device: str | torch.device | None = None,
     ) -> None:
         """runner: which model runner executes the models (RunnerOptions: backend "auto" | "native" | "hf",
         compile True / False / None for the measured default); tree_nodes: token trees of up to that many draft
         tokens per round, for drafters that propose trees (a draft head; default 0: chains of K);
-        enable_prefix_caching: prompts that start like earlier ones reuse their prefix's KV (docs/server.md)."""
+        enable_prefix_caching: prompts that start like earlier ones reuse their prefix's KV (docs/server.md);
+        draft_device: where a draft model runs (default: `device`, else where it is): its draft tokens and q cross
+        to the target's device once per round (drafters/placement.py)."""
+        if draft_device is not None:
+            draft_device = check_device(draft_device)
         if device is not None:
             target_model = target_model.to(device)
-            if isinstance(draft_model, PreTrainedModel):
-                draft_model = draft_model.to(device)
+        if isinstance(draft_model, PreTrainedModel) and (draft_device or device) is not None:
+            draft_model = draft_model.to(draft_device or device)
         self.tokenizer = tokenizer
         if isinstance(draft_model, PreTrainedModel):
             drafter: Drafter | None = model_drafter(target_model, draft_model, max_len)
         elif isinstance(draft_model, str):  # a --draft-model value: 'ngram', 'self:int8', 'ngram+self:int4', a path
-            drafter = build_drafter(draft_model, target_model, tokenizer, max_len).drafter
+            drafter = build_drafter(draft_model, target_model, tokenizer, max_len, device=draft_device).drafter
         else:
             drafter = draft_model
         self.spec = spec or SpeculativeConfig(num_draft_tokens=K, tree_nodes=tree_nodes)
@@ -75,13 +81,15 @@ class SpeculativeGenerator:
         tree_nodes: int = 0,
         weights: str = "fp32",
         quantization: str = "none",
+        draft_device: str | None = None,
     ) -> SpeculativeGenerator:
         """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
 
         `draft` is a model (same forms), a draft head ('head:PATH', 'verispec-head-smollm2-135m'), or a drafter
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
         dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why). weights='gguf': a GGUF
-        target's own quantized blocks (float32); quantization='int8': weight-only int8 (a different model)."""
+        target's own quantized blocks (float32); quantization='int8': weight-only int8 (a different model).
+        draft_device: where a draft model runs (default: `device`)."""
         from .models import load_model, load_tokenizer, quantize_target, resolve_target_dtype
 
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
@@ -89,7 +97,8 @@ class SpeculativeGenerator:
                                         (runner or RunnerOptions()).backend)
         target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)
         tokenizer = load_tokenizer(target)
-        drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype, device=device).drafter
+        drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype,
+                                device=draft_device or device).drafter
         return cls(target_model, drafter, tokenizer, K=K, max_len=max_len, spec=spec, runner=runner,
                    tree_nodes=tree_nodes)
 

@@ -45,3 +45,17 @@ def test_bench_serve_writes_its_report(model_dirs, tmp_path):
     text = (out / "report.md").read_text()
     assert "| clients |" in text and "### Goals" in text and (out / run["plot"]).stat().st_size > 1000
     assert (out / f"server_{dtype_name(choose_dtype('cpu')[0])}.log").exists()  # the 'auto' dtype here
+
+
+@pytest.mark.parametrize("flags, system", [([], None), (["--shared-system-prompt"], "builtin"),
+                                           (["--shared-system-prompt", "--system-prompt", "Be brief."], "Be brief."),
+                                           (["--system-prompt", "Be brief."], None)])
+def test_shared_system_prompt_goes_before_every_request_of_the_sweep(flags, system):
+    from verispec.bench.prompts import SYSTEM_PROMPT
+    from verispec.bench.serve_load import config_from_args
+    from verispec.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--serve", "--concurrency", "1,8,16", "--limit", "1", *flags])
+    config = config_from_args(args)
+    assert config.system == (SYSTEM_PROMPT if system == "builtin" else system)
+    assert config.concurrency == [1, 8, 16]

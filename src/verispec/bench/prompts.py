@@ -15,6 +15,18 @@ from pathlib import Path
 DEFAULT_PROMPTS_NAME = "spec_bench_dev.jsonl"
 JSON_EXTRACTION = "json-extraction"  # `verispec bench --json-schema json-extraction`: the packaged set below
 PROMPTS_ENV = "VERISPEC_BENCH_PROMPTS"
+# A shared system prompt of about 250 tokens (SmolLM2's tokenizer), as chat deployments prepend to every request.
+SYSTEM_PROMPT = (
+    "You are a careful, friendly assistant working for a small company's help desk. Answer the user's question "
+    "directly and precisely. Prefer short sentences and plain words. When the question is about a procedure, give "
+    "the steps in order, one per line, and say what the user should see after each step. When the question is about "
+    "a fact, give the fact first and a one-sentence explanation after it. If the question is ambiguous, answer the "
+    "most likely reading and say in one sentence which reading you chose. Never invent product names, prices, "
+    "dates or policies: if you do not know, say so and suggest where the user could find out. Do not repeat the "
+    "question. Do not apologise unless something went wrong. Use metric units. Write numbers as digits. Keep code "
+    "in code blocks with the language named. Be kind, be brief, and be correct; correctness matters most of all, "
+    "then brevity, then style."
+)
 
 
 class PromptError(ValueError):

@@ -9,7 +9,8 @@ concurrency to the next. Client i sends its first request i x L / C seconds afte
 of a request alone, measured at C = 1), as independent users arrive; a lockstep burst would mostly measure how C
 prompts queue for their prefill behind one another.
 
-Requests: the prompts' first turns as chat messages, greedy, exactly --max-new-tokens tokens each (`ignore_eos`),
+Requests: the prompts' first turns as chat messages (after a shared system message with --shared-system-prompt,
+which the server's prefix cache then serves), greedy, exactly --max-new-tokens tokens each (`ignore_eos`),
 streamed with usage. Per request: TTFT = first content chunk - send; TPOT = (last content chunk - first content
 chunk) / (completion tokens - 1). Per run: throughput = completion tokens / (last answer - first send); p50 and
 p99 of TTFT and TPOT over its requests; the chosen-K distribution from the server's /metrics; each greedy output
@@ -63,6 +64,7 @@ class ServeLoadConfig:
     threads: int | None = None  # the server's --threads
     repeats: int = 2  # runs per concurrency and mode, in A B B A order
     serve_args: tuple[str, ...] = ()  # more `verispec serve` flags
+    system: str | None = None  # a system message every request of the sweep starts with (--shared-system-prompt)
 
 
 @dataclass
@@ -218,6 +220,7 @@ def summarize(records: list[RequestRecord], seconds: float, reference: dict[int,
         "mean_accepted_length": round(tokens / rounds, 4) if rounds else None,
         "draft_tokens": sum(r.metrics.get("draft_tokens", 0) for r in ok),
         "accepted_tokens": sum(r.metrics.get("accepted_tokens", 0) for r in ok),
+        "cached_tokens": sum(r.cached for r in ok),  # prompt tokens served from the server's prefix cache
         "identical_to_alone": sum(r.text == reference[r.prompt] for r in compared),
         "compared": len(compared),
     }
@@ -235,6 +238,7 @@ def run_serve_load(config: ServeLoadConfig, log=print) -> dict:
         "requests_per_run": {str(c): max(len(config.prompts), 2 * c) for c in config.concurrency},
         "repeats": config.repeats,
         "model": config.model, "draft_model": config.draft, "serve_args": list(config.serve_args),
+        "system_prompt_chars": len(config.system or ""),
     }, "runs": []}
     config.out.mkdir(parents=True, exist_ok=True)
     for dtype in config.dtypes:
@@ -253,7 +257,7 @@ def _run_dtype(config: ServeLoadConfig, dtype: str, log) -> dict:
         run["server_command"] = shlex.join(["verispec", *server.command[3:]])
         log(f"[bench --serve] {dtype}: {run['server_command']}")
         for mode in MODES:  # warm-up: loads the drafter, first calls of each kernel
-            asyncio.run(drive(server.url, server.model_id, config.prompts[:1], 1, 1, mode, 8, 0.0))
+            asyncio.run(drive(server.url, server.model_id, config.prompts[:1], 1, 1, mode, 8, 0.0, config.system))
         references: dict[str, dict[int, str]] = {}
         solo_latency: dict[str, float] = {}
         for step, concurrency in enumerate(config.concurrency):
@@ -266,7 +270,8 @@ def _run_dtype(config: ServeLoadConfig, dtype: str, log) -> dict:
                     requests = max(len(config.prompts), 2 * concurrency)
                     before = server.chosen_k()
                     records, seconds = asyncio.run(drive(server.url, server.model_id, config.prompts, concurrency,
-                                                         requests, mode, config.max_new_tokens, stagger))
+                                                         requests, mode, config.max_new_tokens, stagger,
+                                                         config.system))
                     runs[mode][0].extend(records)
                     runs[mode][1] += seconds
                     runs[mode][2].update({k: n - before.get(k, 0) for k, n in server.chosen_k().items()})
@@ -314,7 +319,7 @@ def dtypes_from_args(args) -> list[str]:
 def config_from_args(args) -> ServeLoadConfig:
     """`verispec bench --serve`'s flags (parsed by cli/bench.py) as a ServeLoadConfig; CliError on bad ones."""
     from ..cli import CliError
-    from .prompts import PromptError, load_prompts, select_prompts
+    from .prompts import SYSTEM_PROMPT, PromptError, load_prompts, select_prompts
 
     if args.demo or args.batch_sizes:
         raise CliError("--serve does not combine with --demo or --batch-sizes: drop one of them")
@@ -332,6 +337,7 @@ def config_from_args(args) -> ServeLoadConfig:
         model=args.model, draft=args.draft_model, dtypes=dtypes, prompts=prompts, concurrency=concurrency,
         max_new_tokens=args.max_new_tokens or 128, out=args.out, device=args.device, threads=args.threads,
         serve_args=serve_args, repeats=args.serve_repeats,
+        system=(args.system_prompt or SYSTEM_PROMPT) if getattr(args, "shared_system_prompt", False) else None,
     )
     if args.threads:  # the machine line (and its bandwidth figure) with the server's thread count
         import torch

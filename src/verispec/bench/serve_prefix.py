@@ -22,21 +22,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .prompts import BenchPrompt
+from .prompts import SYSTEM_PROMPT, BenchPrompt
 from .serve_load import ServeLoadConfig, ServerProcess, config_from_args, drive, summarize
 
-# A shared system prompt of about 250 tokens (SmolLM2's tokenizer), as chat deployments prepend to every request.
-SYSTEM_PROMPT = (
-    "You are a careful, friendly assistant working for a small company's help desk. Answer the user's question "
-    "directly and precisely. Prefer short sentences and plain words. When the question is about a procedure, give "
-    "the steps in order, one per line, and say what the user should see after each step. When the question is about "
-    "a fact, give the fact first and a one-sentence explanation after it. If the question is ambiguous, answer the "
-    "most likely reading and say in one sentence which reading you chose. Never invent product names, prices, "
-    "dates or policies: if you do not know, say so and suggest where the user could find out. Do not repeat the "
-    "question. Do not apologise unless something went wrong. Use metric units. Write numbers as digits. Keep code "
-    "in code blocks with the language named. Be kind, be brief, and be correct; correctness matters most of all, "
-    "then brevity, then style."
-)
 
 
 def _p50(records) -> float | None:

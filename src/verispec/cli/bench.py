@@ -98,7 +98,11 @@ def add_parser(sub) -> None:
                         "speculation: TTFT uncached vs cached, throughput at the largest --concurrency "
                         "(bench/serve_prefix.py)")
     g.add_argument("--system-prompt", default=None, metavar="TEXT",
-                   help="the shared system prompt of --prefix-cache (default: a built-in one of ~250 tokens)")
+                   help="the shared system prompt of --prefix-cache and --shared-system-prompt (default: a "
+                        "built-in one of ~250 tokens)")
+    g.add_argument("--shared-system-prompt", action="store_true",
+                   help="with --serve: every request of the concurrency sweep starts with the same system message "
+                        "(--system-prompt), as chat deployments send")
     g.add_argument("--replicas", default=None, metavar="LIST",
                    help="with --serve: replica counts on Ray Serve to compare, e.g. 1,2 (each --threads threads; "
                         "clients: --concurrency, default 16; bench/serve_replicas.py)")

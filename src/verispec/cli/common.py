@@ -243,3 +243,23 @@ def apply_runtime(args: argparse.Namespace) -> None:
         torch.set_num_threads(args.threads)
     if args.draft_tokens < 1:
         raise CliError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
+
+
+def add_draft_device_arg(group) -> None:
+    """`--draft-device` (generate, serve): where a draft model runs, apart from the target's --device."""
+    group.add_argument("--draft-device", default=None, metavar="DEVICE",
+                       help="device of the draft model, e.g. cuda:1 (default: --device): its draft tokens and q "
+                            "cross to the target's device once per round; a draft head or twin stays on --device")
+
+
+def draft_device(args: argparse.Namespace) -> str | None:
+    """--draft-device checked (CliError naming the fix for a device this machine lacks), or None: --device."""
+    from ..drafters.placement import check_device
+
+    if args.draft_device is None:
+        return None
+    try:
+        check_device(args.draft_device, "--draft-device")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return args.draft_device

@@ -15,7 +15,9 @@ from ..runtime.runner import runner_info
 from ..stats import GenerationStats
 from . import CliError
 from .common import (
+    add_draft_device_arg,
     add_model_args,
+    draft_device,
     add_sampling_args,
     add_speculation_args,
     apply_runtime,
@@ -33,6 +35,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("generate", help="generate text for one prompt, or a file of prompts as one batch",
                        description=__doc__)
     add_model_args(p)
+    add_draft_device_arg(p)
     add_speculation_args(p)
     add_sampling_args(p)
     source = p.add_mutually_exclusive_group(required=True)
@@ -65,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     SpeculativeConfig(**spec_kwargs(args))
     warn_if_lossy(args)
     dtype = args.torch_dtype  # --dtype, resolved by apply_runtime
+    drafter_device = draft_device(args) or args.device
     target = load_model(args.model, dtype=dtype, device=args.device)
     try:
         quantize_target(target, args.model, args.weights, args.quantization)
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     tokenizer = load_tokenizer(args.model)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.
     try:
-        loaded = build_drafter(args.draft_model, target, tokenizer, args.max_len, dtype=dtype, device=args.device,
+        loaded = build_drafter(args.draft_model, target, tokenizer, args.max_len, dtype=dtype, device=drafter_device,
                                on_error="fallback", target_name=args.model)
     except ModelLoadError as exc:
         if getattr(args, "draft_model_given", False):

@@ -13,10 +13,12 @@ import socket
 import sys
 
 from . import CliError
-from .serve_replicas import add_scale_args, check_draft_device, run_replicas, wants_replicas
+from .serve_replicas import add_scale_args, run_replicas, wants_replicas
 from .common import (
     positive_int,
+    add_draft_device_arg,
     add_model_args,
+    draft_device,
     add_speculation_args,
     apply_runtime,
     setup_logging,
@@ -31,6 +33,7 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API", description=__doc__)
     add_model_args(p)
+    add_draft_device_arg(p)
     add_speculation_args(p)
     s = p.add_argument_group("server")
     s.add_argument("--enable-speculative", action="store_true",
@@ -124,7 +127,6 @@ def run(args: argparse.Namespace) -> int:
     from ..server.shutdown import GracefulServer
 
     apply_runtime(args)
-    check_draft_device(args)
     setup_logging()
     logging.getLogger("verispec").info("dtype %s", args.dtype_reason)
     spec = SpeculativeConfig(**spec_kwargs(args))
@@ -133,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
         draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=args.torch_dtype,
         weights=args.weights, quantization=args.quantization,
-        device=args.device, max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
+        device=args.device, draft_device=draft_device(args), max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,
         runner=runner_options(args), api_key=args.api_key, allowed_draft_models=args.allowed_draft_models,

@@ -29,9 +29,6 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
                    help="Ray CPUs reserved per replica (default: --threads, else 1)")
     r.add_argument("--replica-gpus", type=float, default=0.0, metavar="GPUS",
                    help="Ray GPUs reserved per replica (default 0)")
-    r.add_argument("--draft-device", default=None, metavar="DEVICE",
-                   help="device of the drafter; the engine runs it on the target's --device for now, so only "
-                        "that device is accepted")
     r.add_argument("--ray-dashboard", action="store_true",
                    help="with a local Ray, start its dashboard too (off by default: it costs ~ 300 MB)")
 
@@ -39,12 +36,6 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
 def wants_replicas(args: argparse.Namespace) -> bool:
     return args.replicas is not None or args.ray_address is not None or \
         args.min_replicas is not None or args.max_replicas is not None
-
-
-def check_draft_device(args: argparse.Namespace) -> None:
-    if args.draft_device is not None and args.draft_device != args.device:
-        raise CliError(f"--draft-device {args.draft_device} differs from --device {args.device}: the engine runs "
-                       "the drafter on the target's device for now; leave --draft-device out or give the same one")
 
 
 def run_replicas(args: argparse.Namespace, config) -> int:

@@ -28,6 +28,7 @@ from .head import head_drafter
 from .model import ModelDrafter
 from .named import NAMED_DRAFTERS
 from .ngram import NgramDrafter
+from .placement import check_device, on_target_device
 from .spec import NONE, DraftStage, DrafterSpec, parse_drafter_spec
 from .twin import twin_drafter
 
@@ -81,7 +82,7 @@ def build_drafter(
     """Build the drafter `spec` names (a DrafterSpec, or a `--draft-model` value parsed here) next to `target`.
 
     max_len: the user's longest sequence (the engine's max_len); caches are sized from it here. dtype, device: of
-    a draft model to load (default: the target's). on_error: "raise" or "fallback" (module docstring).
+    a draft model to load (default: the target's; a draft head or twin must stay on the target's, placement.py). on_error: "raise" or "fallback" (module docstring).
     draft_model: the already loaded model the spec's model stage names. target_name: what the user called the
     target (for 'auto'; default: the target config's name_or_path). free_bytes overrides the measured free memory
     (tests). Raises ModelLoadError (a ValueError) for a draft path that does not exist and ValueError for a draft
@@ -91,6 +92,8 @@ def build_drafter(
         raise ValueError(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     spec = parse_drafter_spec(spec)
     weight = next(target.parameters())
+    if device is not None:
+        device = check_device(device)
     build = _Build(target, tokenizer, cache_len(max_len), dtype or weight.dtype, device or weight.device, on_error,
                    draft_model, target_name, check_memory, free_bytes, search_dirs)
     loads = [_build_stage(stage, build) for stage in spec.stages]
@@ -110,6 +113,8 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     name = stage.name
     if stage.kind == "named":
         return DrafterLoad(NAMED_DRAFTERS[name](build.target, build.tokenizer, build.cache_len), name, name)
+    if stage.kind in ("head", "twin"):  # both share the target's tensors
+        on_target_device("draft head" if stage.kind == "head" else "twin", name, build.device, build.target)
     if stage.kind == "head":  # a few MB on the target's own embeddings: a mismatch is the user's to fix
         return DrafterLoad(head_drafter(stage.head_dir, build.target, build.cache_len, name), name, name)
     if stage.kind == "auto":

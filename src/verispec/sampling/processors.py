@@ -15,7 +15,7 @@ skipped on the host side (python flags), so an all-greedy batch costs a float ca
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 from torch import Tensor
@@ -164,6 +164,14 @@ class SamplingBatch:
     """Some row uses min-p."""
     vocab_size: int
     """Tokens of the tokenizer; logits are sliced to this many columns."""
+
+    def to(self, device: torch.device | str) -> SamplingBatch:
+        """The same batch with its tensors on `device` (a draft model on another device than the target's); itself
+        where they are there already."""
+        if self.temperature.device == torch.device(device):
+            return self
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), Tensor)})
 
     @classmethod
     def stack(cls, rows: Sequence[RowSamplingState], vocab_size: int, device: torch.device | str) -> SamplingBatch:

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..config import RunnerOptions, SpeculativeConfig
+from ..drafters.placement import check_device
 from ..drafters.spec import NONE
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype
 from .protocol import MAX_CHOICES
@@ -43,7 +44,10 @@ class ServerConfig:
     quantization: str = "none"
     """'int8': the target's linears quantized per output channel (a different model than the original)."""
     device: str = "cpu"
-    """Torch device of the models."""
+    """Torch device of the target (and of the drafters, unless draft_device says otherwise)."""
+    draft_device: str | None = None
+    """Torch device of the draft models (--draft-device; drafters/placement.py); None: `device`. A draft head or
+    twin stays on `device` (it shares the target's tensors)."""
     max_cached_drafters: int = 4
     """Drafters named by requests that stay loaded (least recently used ones are dropped); the default stays."""
     max_num_seqs: int = 16
@@ -96,6 +100,8 @@ class ServerConfig:
             object.__setattr__(self, "dtype_reason", reason)
         if self.max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
+        if self.draft_device is not None:
+            check_device(self.draft_device, "draft_device")  # ValueError naming the fix, before anything loads
         if self.max_cached_drafters < 0:
             raise ValueError(f"max_cached_drafters must be >= 0, got {self.max_cached_drafters}")
         if not self.model:

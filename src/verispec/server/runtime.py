@@ -199,7 +199,8 @@ class ServedModel:
         logger.info("loading drafter %s", name)
         default = name == self.config.draft_model
         loaded = build_drafter(name, self.target, self.tokenizer, self.config.max_len, dtype=self.config.dtype,
-                               device=self.config.device, on_error="fallback" if default else "raise",
+                               device=self.config.draft_device or self.config.device,
+                               on_error="fallback" if default else "raise",
                                target_name=self.config.model)
         if default and loaded.num_draft_tokens and self.config.draft_tokens_from_pair:
             self.spec = replace(self.spec, num_draft_tokens=loaded.num_draft_tokens)

@@ -1,0 +1,55 @@
+"""Where a draft model runs (`--draft-device`, `draft_device=`): its own device, checked before anything loads.
+
+A draft model (model.py) may live on another device than the target: per round, the committed tokens it feeds
+cross to it once, and its draft tokens and q come back once (ModelDrafter's docstring). Drafters that read or share
+the target's own tensors stay on the target's device: a draft head (the target's hidden states and embedding) and
+the twin (the target's embedding; its quantized kernels run on the CPU).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def check_device(device: str | torch.device, name: str = "draft_device") -> torch.device:
+    """`device` as a torch.device this machine has; ValueError naming the fix otherwise (`name`: how the caller
+    calls it, e.g. '--draft-device')."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"{name} {device!r} is not a torch device: give e.g. 'cpu', 'cuda' or 'cuda:1'") from None
+    if dev.type == "cpu":
+        return dev
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} {device!r}: no CUDA device is available here; use 'cpu', or leave it out to "
+                             "run the drafter on the target's device")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
+                             f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        return dev
+    available = getattr(getattr(torch, dev.type, None), "is_available", None)
+    if available is None or not available():
+        raise ValueError(f"{name} {device!r}: no {dev.type} device is available here; use 'cpu' or 'cuda[:N]', or "
+                         "leave it out to run the drafter on the target's device")
+    return dev
+
+
+def on_target_device(kind: str, name: str, device: str | torch.device, target) -> None:
+    """ValueError when a drafter that shares the target's tensors (`kind`: 'draft head' or 'twin') is asked to run
+    on another `device` than the target's."""
+    target_device = next(target.parameters()).device
+    if not same_device(device, target_device):
+        raise ValueError(f"{name}: a {kind} shares the target's tensors, so it runs on the target's device "
+                         f"({target_device}), not {device}: leave the draft device out, or draft with a draft model")
+
+
+def same_device(a: str | torch.device, b: str | torch.device) -> bool:
+    """'cuda' and 'cuda:0' are the same device where the current CUDA device is 0."""
+    a, b = torch.device(a), torch.device(b)
+    if a.type != b.type:
+        return False
+    if a.type == "cuda":
+        current = torch.cuda.current_device() if torch.cuda.is_available() else 0
+        return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
+    return a.index == b.index or a.type == "cpu"
