@@ -17,6 +17,11 @@ from pathlib import Path
 
 import torch
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: torch's own lock file only
+    fcntl = None
+
 _BUILT: dict[str, object] = {}  # name -> module, or False when it could not be built
 
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
@@ -64,8 +69,19 @@ def _load(name: str, source: Path, extra: list[str]):
     flags = CFLAGS + extra
     folder, key = _folder(name, source, flags)
     folder.mkdir(parents=True, exist_ok=True)
-    return load(name=f"verispec_{name}_{key}", sources=[str(source)], build_directory=str(folder),
-                extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
+    # Compiled from a copy inside its folder: the build file names the source's path, so two checkouts with the same
+    # source would otherwise rebuild each other's kernel.
+    text, copy = source.read_text(), folder / source.name
+    if not copy.exists() or copy.read_text() != text:
+        copy.write_text(text)
+    with open(folder / "verispec.lock", "w") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the OS releases it if the builder dies
+        # torch's own lock file, left behind by a process killed mid-build, would make every later one wait forever;
+        # under our lock nobody else is building.
+        (folder / "lock").unlink(missing_ok=True)
+        return load(name=f"verispec_{name}_{key}", sources=[str(copy)], build_directory=str(folder),
+                    extra_cflags=flags, extra_ldflags=["-fopenmp"], verbose=False)
 
 
 def is_cached(name: str) -> bool:
