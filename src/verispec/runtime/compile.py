@@ -35,8 +35,16 @@ def cache_dir() -> Path:
 
 
 def use_disk_cache() -> Path:
-    """Point Inductor's caches at verispec's folder (unless the user set TORCHINDUCTOR_CACHE_DIR) -> the folder."""
-    folder = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir())))
+    """Point Inductor's caches at verispec's folder (unless the user set TORCHINDUCTOR_CACHE_DIR) -> the folder.
+
+    Importing torch._dynamo writes Inductor's default (/tmp/torchinductor_<user>) into TORCHINDUCTOR_CACHE_DIR, so
+    a value equal to that default is taken as unset; Inductor reads the variable at each cache lookup."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not given or os.path.abspath(given) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())
+    folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
     torch._inductor.config.fx_graph_cache = True
     torch._functorch.config.enable_autograd_cache = True
