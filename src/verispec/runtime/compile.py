@@ -65,3 +65,10 @@ def compiled_forward(model_forward):
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         _COMPILED = torch.compile(model_forward, dynamic=None)
     return _COMPILED
+
+
+def cache_counts() -> dict[str, int]:
+    """This process's Inductor FX graph cache hits and misses so far (a graph loaded vs generated and built)."""
+    from torch._dynamo.utils import counters
+
+    return {"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}
