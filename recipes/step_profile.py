@@ -1,13 +1,14 @@
 """Time (and optionally profile) the native target's decode step on the embedded default, per dtype.
 
-    PYTHONPATH=src python recipes/step_profile.py --dtypes float32,bfloat16 --tokens 32 [--profile] [--compile]
-        [--kernels off,on] [--invariant off,on] [--verify 5]
+    PYTHONPATH=src python recipes/step_profile.py --dtypes float32,bfloat16 --tokens 32 [--profile]
+        [--compile off,on] [--batch 1,16] [--kernels off,on] [--invariant off,on] [--verify 5]
         [--linears off,avx512]   (runtime/dense.py's paths, "off": oneDNN's packed linears; side by side)
 
-Greedy decoding of one short prompt, batch 1: ms per decode step (prefill excluded), the weight bytes read per
-step and the floor they imply at --gbps; with --verify K, also ms per verify pass of K tokens (rolled back).
-Configurations (dtype x the C++ layer kernels (`runtime/fused.py`) off/on x batch-invariant off/on) alternate in
-one process, so their ratios are measured side by side.
+Greedy decoding of one short prompt, batch 1 (or --batch rows of it): ms per decode step (prefill excluded), the
+weight bytes read per step and the floor they imply at --gbps; with --verify K, also ms per verify pass of K tokens
+(rolled back). Configurations (dtype x batch x eager/compiled (`runtime/compile.py`) x the C++ layer kernels
+(`runtime/fused.py`) off/on x batch-invariant off/on) alternate in one process, so their ratios are measured side
+by side; compiled ones print their compile seconds (first calls of each shape class, the disk cache as found).
 """
 
 from __future__ import annotations
@@ -24,28 +25,29 @@ from verispec.runtime.native import NativeRunner
 
 
 def decode(runner: NativeRunner, prompt: torch.Tensor, tokens: int) -> tuple[float, list[int]]:
-    """-> (ms per decode step, the greedy tokens)."""
+    """prompt [rows, n] -> (ms per decode step, row 0's greedy tokens)."""
     runner.reset()
     out = runner.forward(prompt, last_only=True)
-    token = out.logits[0, -1].argmax()
-    produced = [int(token)]
+    token = out.logits[:, -1].argmax(-1, keepdim=True)  # [rows, 1]
+    produced = [int(token[0])]
     start = time.perf_counter()
     for _ in range(tokens):
-        out = runner.forward(token.view(1, 1))
-        token = out.logits[0, -1].argmax()
-        produced.append(int(token))
+        out = runner.forward(token)
+        token = out.logits[:, -1].argmax(-1, keepdim=True)
+        produced.append(int(token[0]))
     return (time.perf_counter() - start) * 1e3 / tokens, produced
 
 
 def verify(runner: NativeRunner, prompt: torch.Tensor, width: int, passes: int) -> float:
-    """-> ms per verify pass of `width` tokens after the prompt (each rolled back: the cache length is reset)."""
+    """-> ms per verify pass of `width` tokens a row after the prompt (each rolled back: the lengths are reset)."""
     runner.reset()
     runner.forward(prompt, last_only=True)
     fed = prompt[:, :width]
     start = time.perf_counter()
     for _ in range(passes):
         runner.forward(fed)
-        runner.truncate(prompt.shape[1])
+        for slot in range(prompt.shape[0]):
+            runner.truncate(prompt.shape[1], slot)
     return (time.perf_counter() - start) * 1e3 / passes
 
 
@@ -55,7 +57,9 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
-    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--compile", nargs="?", const="on", default="off",
+                        help="the whole step torch.compiled: off, on, or off,on (side by side)")
+    parser.add_argument("--batch", default="1", help="rows decoded together: 1, 16, or 1,16 (side by side)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gbps", type=float, default=35.0)
     parser.add_argument("--max-len", type=int, default=2048, help="KV cache entries per slot (CLI default 2048)")
@@ -67,7 +71,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     prompt = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]])
     runners = {}
-    configs = []
+    configs = []  # (label, invariant, kernels, rows, compiled)
     for linears in args.linears.split(","):
         if linears:
             os.environ[dense.PATH_ENV] = linears
@@ -75,42 +79,51 @@ def main() -> None:
         for name in args.dtypes.split(","):
             hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, name))
             for invariant in args.invariant.split(","):
-                runner = NativeRunner.from_hf(hf, args.max_len, compile=args.compile,
-                                              batch_invariant=invariant == "on")
-                label = f"{name} {linears}".strip()
-                runners[label, invariant] = runner
-                for kernels in args.kernels.split(","):
-                    fused.ENABLED = kernels == "on"
-                    decode(runner, prompt, 4)  # warm-up (and compile)
-                    configs.append((label, invariant, kernels))
+                for rows in map(int, args.batch.split(",")):
+                    for compiled in args.compile.split(","):
+                        runner = NativeRunner.from_hf(hf, args.max_len, rows, compile=compiled == "on",
+                                                      batch_invariant=invariant == "on")
+                        label = f"{name} {linears}".strip()
+                        runners[label, invariant, rows, compiled] = runner
+                        for kernels in args.kernels.split(","):
+                            fused.ENABLED = kernels == "on"
+                            decode(runner, prompt.expand(rows, -1), 4)  # warm-up (and compile)
+                            if args.verify:
+                                verify(runner, prompt.expand(rows, -1), args.verify, 2)
+                            configs.append((label, invariant, kernels, rows, compiled))
     best: dict[tuple, float] = {}
     best_verify: dict[tuple, float] = {}
+    key = lambda config: (config[0], config[1], config[3], config[4])  # noqa: E731 (the runner of a config)
     for _ in range(args.repeats):
         for config in configs:
             fused.ENABLED = config[2] == "on"
-            runner = runners[config[:2]]
-            ms, produced = decode(runner, prompt, args.tokens)
+            runner = runners[key(config)]
+            rows_prompt = prompt.expand(config[3], -1)
+            ms, produced = decode(runner, rows_prompt, args.tokens)
             best[config] = min(ms, best.get(config, ms))
             if args.verify:
-                ms = verify(runner, prompt, args.verify, args.tokens)
+                ms = verify(runner, rows_prompt, args.verify, args.tokens)
                 best_verify[config] = min(ms, best_verify.get(config, ms))
     for config in configs:
-        name, invariant, kernels = config
+        name, invariant, kernels, rows, compiled = config
         fused.ENABLED = kernels == "on"
-        runner = runners[config[:2]]
+        runner = runners[key(config)]
         size = sum(t.numel() * t.element_size() for t in runner.model.parameters())
         floor = size / args.gbps / 1e6
         wide = f"  verify x{args.verify} {best_verify[config]:.2f} ms" if args.verify else ""
-        print(f"{name} invariant={invariant} kernels={kernels}: {best[config]:.2f} ms/token{wide}  weights "
-              f"{size / 1e6:.0f} MB  floor {floor:.2f} ms at {args.gbps} GB/s ({best[config] / floor:.2f}x)  "
-              f"tokens {decode(runner, prompt, 8)[1]}")
+        eager = best.get((name, invariant, kernels, rows, "off"))
+        versus = f" ({eager / best[config]:.2f}x eager)" if compiled == "on" and eager else ""
+        built = f" compile {runner.compile_s:.1f} s" if compiled == "on" else ""
+        print(f"{name} batch={rows} compile={compiled}{built} invariant={invariant} kernels={kernels}: "
+              f"{best[config]:.2f} ms/step{versus}{wide}  weights {size / 1e6:.0f} MB  floor {floor:.2f} ms at "
+              f"{args.gbps} GB/s ({best[config] / floor:.2f}x)  tokens {decode(runner, prompt.expand(rows, -1), 8)[1]}")
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
         for config in configs:
             fused.ENABLED = config[2] == "on"
             with profile(activities=[ProfilerActivity.CPU]) as prof:
-                decode(runners[config[:2]], prompt, 16)
+                decode(runners[key(config)], prompt.expand(config[3], -1), 16)
             print(f"== {config} (17 forwards)")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
 

@@ -19,3 +19,14 @@ def test_cache_folder_is_keyed_and_made(monkeypatch, tmp_path):
 def test_a_users_inductor_cache_wins(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
     assert compile_mod.use_disk_cache() == tmp_path / "mine"
+
+
+def test_inductors_own_default_is_not_the_users_choice(monkeypatch, tmp_path):
+    """Importing torch._dynamo writes Inductor's default folder into TORCHINDUCTOR_CACHE_DIR: that is not a choice."""
+    import torch._dynamo  # noqa: F401  (what sets the variable)
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+    assert compile_mod.use_disk_cache() == compile_mod.cache_dir()
+    assert compile_mod.cache_dir().parent == tmp_path / "compile"

@@ -12,6 +12,7 @@ import torch
 from ..drafters.build import build_drafter
 from ..drafters.spec import parse_drafter_spec
 from ..config import RunnerOptions
+from ..runtime.compile import cache_counts
 from ..runtime.runner import runner_info
 from ..models import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
@@ -109,6 +110,8 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
             section, records = run_suite(models, encoded, settings)
             base = section["results"][OVERALL][BASELINE]
         runner["compile_s"] = round(models.engine.target.compile_s, 1)  # first calls of new shapes, warm-ups included
+        if runner["compiled"]:
+            runner["compile_cache"] = cache_counts()  # graphs loaded from / written to the disk cache so far
         run = {"dtype": dtype, "runner": runner, **section, "floor": decode_floor(
             model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
             base["seconds"])}

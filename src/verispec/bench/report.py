@@ -144,7 +144,9 @@ def render_markdown(report: dict) -> str:
             r = run["runner"]
             lines += [f"- runner: {r['backend']}{' compiled' if r['compiled'] else ' eager'}"
                       f"{_packing(r.get('packed_weights'))}; compile time "
-                      f"{r.get('compile_s', 0):.1f} s (first calls of each new shape)"]
+                      f"{r.get('compile_s', 0):.1f} s (first calls of each new shape)"
+                      + (f"; Inductor's disk cache: {r['compile_cache']['hits']} graph(s) loaded, "
+                         f"{r['compile_cache']['misses']} generated" if r.get("compile_cache") else "")]
         if run.get("floor"):
             lines += [f"- {floor_line(run['floor'])}. {FLOOR_NOTE}"]
         if "batching" in run:

@@ -35,8 +35,16 @@ def cache_dir() -> Path:
 
 
 def use_disk_cache() -> Path:
-    """Point Inductor's caches at verispec's folder (unless the user set TORCHINDUCTOR_CACHE_DIR) -> the folder."""
-    folder = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_dir())))
+    """Point Inductor's caches at verispec's folder (unless the user set TORCHINDUCTOR_CACHE_DIR) -> the folder.
+
+    Importing torch._dynamo writes Inductor's default (/tmp/torchinductor_<user>) into TORCHINDUCTOR_CACHE_DIR, so
+    a value equal to that default is taken as unset; Inductor reads the variable at each cache lookup."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    given = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not given or os.path.abspath(given) == os.path.abspath(default_cache_dir()):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir())
+    folder = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
     folder.mkdir(parents=True, exist_ok=True)
     torch._inductor.config.fx_graph_cache = True
     torch._functorch.config.enable_autograd_cache = True
@@ -57,3 +65,10 @@ def compiled_forward(model_forward):
         torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
         _COMPILED = torch.compile(model_forward, dynamic=None)
     return _COMPILED
+
+
+def cache_counts() -> dict[str, int]:
+    """This process's Inductor FX graph cache hits and misses so far (a graph loaded vs generated and built)."""
+    from torch._dynamo.utils import counters
+
+    return {"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}

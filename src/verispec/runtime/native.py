@@ -3,9 +3,9 @@ optionally torch.compiled. The engine cannot tell the two apart: same slots, sam
 
 Compilation (`compile=True`): the whole step (`llama.model_forward`: every layer and the LM head) is one compiled
 program per shape class (`compile.py`: rows and fed tokens 1 or many, the attended length dynamic), cached on disk
-under ~/.cache/verispec/compile so a later process loads rather than compiles. Off by default: not yet measured
-faster than eager on a quiet CPU (the step is the weights' memory traffic through oneDNN); CUDA graphs are not
-wired in.
+under ~/.cache/verispec/compile so a later process loads rather than compiles. Off by default: with verispec's C++
+kernels the compiled step measured slower than eager (docs/runner.md, "Compiled step"); CUDA graphs are not wired
+in.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from . import fused
+from .compile import cache_counts
 from .kv_cache import SlotCache, attention_mask
 from .llama import LlamaModel, LlamaSpec, UnsupportedModel
 from .base import RunnerOutput, SlotRunner
@@ -28,9 +30,9 @@ _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> (
 
 
 def default_compile(hf_model) -> bool:
-    """Whether to torch.compile by default: the measured choice per device (README, "Runner"): off on CPU, where
-    the compiled layer step measured 0.97-1.1x eager at batch 1 and costs ~20 s of compilation per process; off on
-    CUDA until measured there."""
+    """Whether to torch.compile by default: the measured choice per device (docs/runner.md, "Compiled step"): off
+    on CPU, where the whole compiled step measured 0.72-0.95x eager (decode steps and verify passes, bf16 and fp32,
+    verispec's C++ kernels on) and its first compile takes minutes; off on CUDA until measured there."""
     return False
 
 
@@ -116,6 +118,8 @@ class NativeRunner(SlotRunner):
         self.vocab_size = model.spec.vocab_size
         self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
         self.compiled = compile
+        if compile:  # built before the first trace: Dynamo cannot trace the build (a graph break)
+            fused.kernel()
         self.batch_invariant = batch_invariant  # attention in one fixed order (runtime/invariant.py)
         self.hf_model = None  # the Hugging Face model this twin was built from, if any
         self.compile_s = 0.0  # seconds spent in first calls of new shapes (compilation)
@@ -177,9 +181,11 @@ class NativeRunner(SlotRunner):
         shape = (min(batch, 2), min(n, 2), 0 if select is None else min(select.shape[1], 2))
         first = self.compiled and shape not in self._shapes
         if first:
-            logger.info("compiling the native step for %s row(s) x %s token(s) (once per shape class; cached on "
-                        "disk for later processes)", "1" if batch == 1 else "many", "1" if n == 1 else "many")
+            what = f"{'1' if batch == 1 else 'many'} row(s) x {'1' if n == 1 else 'many'} token(s)"
+            logger.info("compiling the native step for %s (once per shape class; cached on disk for later "
+                        "processes)", what)
             self._shapes.add(shape)
+            before = cache_counts()
         if self.compiled:  # dynamic from the first call of a class (not after a second, specialised compile)
             torch._dynamo.mark_dynamic(mask, 3)
             for tensor in (token_ids, positions, write_index, mask):
@@ -197,6 +203,10 @@ class NativeRunner(SlotRunner):
         self.last_forward_s = time.perf_counter() - start
         if first:
             self.compile_s += self.last_forward_s
+            after = cache_counts()
+            logger.info("compiled the native step for %s in %.1f s (Inductor's disk cache: %d graph(s) loaded, "
+                        "%d generated)", what, self.last_forward_s, after["hits"] - before["hits"],
+                        after["misses"] - before["misses"])
         return RunnerOutput(logits, hidden if want_hidden or all_hidden else None)
 
 

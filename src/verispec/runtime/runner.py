@@ -10,6 +10,7 @@ from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
 from .base import RunnerOutput, SlotRunner
+from .compile import cache_counts
 from .dtype import choose_dtype, dtype_name, kernels_built
 from .hf_runner import ModelRunner
 from .native import NativeRunner, UnsupportedModel, default_compile
@@ -26,6 +27,8 @@ def runner_info(runner) -> dict:
     info = {"backend": runner.backend, "compiled": runner.compiled, "compile_s": round(runner.compile_s, 2),
             "dtype": dtype_name(runner.dtype), "device": str(runner.device),
             "dtype_auto": dtype_name(auto), "dtype_auto_reason": why}
+    if runner.compiled:  # the process's Inductor graphs loaded from / written to the disk cache (compile.py)
+        info["compile_cache"] = cache_counts()
     if runner.backend == "native":
         info["packed_weights"] = runner.model.layers[0].packed
         info["batch_invariant"] = runner.batch_invariant
