@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..config import RunnerOptions
+from ..memory import twin_bytes
 from ..runtime.llama import LlamaModel, LlamaSpec, UnsupportedModel
 from ..runtime.native import NativeRunner, native_twin_of, rope_table, weights_of
 from ..runtime.quant import BLOCK, quantize_linears
@@ -61,6 +62,13 @@ def parse_twin(name: str) -> tuple[str, int | None]:
         raise ValueError(f"--draft-model {name!r}: the twin's reduced LM head is written ':vN' with N >= "
                          f"{MIN_HEAD_TOKENS} token ids, e.g. {TWIN_PREFIX}{fmt}:v8192, got {head!r}")
     return TWIN_FORMATS[fmt], int(head[1:])
+
+
+def twin_memory_bytes(name: str, target_config, max_len: int, slots: int, dtype: torch.dtype) -> int:
+    """Bytes the twin `name` adds beside its target, from the target's config (memory.twin_bytes): its quantized
+    weights and its KV cache of `slots` slots of `max_len` entries; for the memory checks before building it."""
+    qtype, head_tokens = parse_twin(name)
+    return twin_bytes(target_config, qtype, head_tokens, max_len, slots, dtype)
 
 
 def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None) -> LlamaModel:
