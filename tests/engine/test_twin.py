@@ -16,6 +16,7 @@ from verispec.drafters.twin import TwinDrafter
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.native import NativeRunner, use_quantized_weights
 from verispec.runtime.quant import QuantWeight
+from verispec.stats import GenerationStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUNNERS = {"native": RunnerOptions(backend="auto", compile=False), "hf": RunnerOptions(backend="hf")}
@@ -213,3 +214,39 @@ def test_api_by_name(targets, tokenizer):
     assert result.stats.mean_accepted_length > 1.5
     with pytest.raises(ValueError, match="unknown twin format"):
         SpeculativeGenerator(targets["qwen2"], "self:int3", tokenizer)
+
+
+@pytest.mark.parametrize("twin_forward_s, twin_wins", [(0.001, True), (0.05, False)])
+def test_a_cascade_routes_to_the_twin_by_tokens_per_cost(targets, tokenizer, monkeypatch, twin_forward_s, twin_wins):
+    """Issue 22's policy with the twin: a free random stage (never accepted) beside the twin, costs on a virtual
+    clock (a target forward 5 ms). A twin forward of 1 ms pays (high acceptance): the router gives it most rounds;
+    at 50 ms a draft token it does not pay, and it drafts only the probes. Output equals the target alone."""
+    from gates import virtual_costs
+    from verispec.drafters.cascade import CascadeDrafter
+    from verispec.drafters.random import RandomDrafter
+
+    target = targets["llama"]
+    twin = TwinDrafter(target, "self:int8", 256)
+    cascade = CascadeDrafter([RandomDrafter(target.config.vocab_size), twin])
+    engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(adaptive=True), max_len=256)
+    clock = virtual_costs(monkeypatch, engine)
+    forward = twin.runner.forward
+
+    def costed(tokens, *args, **kwargs):
+        clock.advance(twin_forward_s)
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(twin.runner, "forward", costed)
+    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    stats = GenerationStats()  # of the speculative requests only
+    for text in TEXTS[:3]:
+        prompt = tokenizer(text)["input_ids"]
+        result = engine.generate(prompt, params)
+        assert result.token_ids == engine.generate(prompt, params, use_drafter=False).token_ids
+        stats.merge(result.stats)
+    drafted = stats.rounds_by_stage
+    if twin_wins:
+        assert drafted["self:int8"] > 3 * drafted.get("random", 0), drafted
+        assert stats.mean_accepted_length > 2.0, stats.mean_accepted_length
+    else:
+        assert drafted.get("self:int8", 0) < 0.25 * stats.rounds, (drafted, stats.rounds)
