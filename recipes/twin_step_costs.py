@@ -1,6 +1,10 @@
 """Cost per draft token of the twin configurations beside the target's one-token and five-token (a K = 4 verify) steps:
 10 forwards each, median of 3 interleaved repeats, bf16 target, 2 threads (docs/speculation.md, "Reduced LM head").
 Usage: python recipes/twin_step_costs.py"""
+import statistics
+import time
+
+import torch
 from verispec.models import load_model, load_tokenizer, DEFAULT_TARGET
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
