@@ -1,8 +1,10 @@
 """The target's quantized twins beside the target alone and the default cascade, in one process: greedy, fp32,
 batch 1, K = 4 fixed and adaptive, every method interleaved prompt by prompt (docs/speculation.md, "The target's own
-quantized twin"). Usage: python recipes/twin_side_by_side.py THREADS PROMPTS NEW_TOKENS (e.g. 1 4 48): the first
-prompt of the first PROMPTS categories of the bench's prompts file (or a 4th argument), as chat."""
-import json, sys, time
+quantized twin"). Usage: python recipes/twin_side_by_side.py THREADS PROMPTS NEW_TOKENS [PROMPTS_FILE] (e.g. 1 4 48):
+the first prompt of the first PROMPTS categories of the bench's prompts file, as chat. Environment: TWIN_NAMES (the
+drafters, comma-separated; default self:int8,self:int4,self:q4_0 and the default cascade), TWIN_DTYPE (float32 or
+bfloat16; default float32)."""
+import json, os, sys, time
 import torch
 from verispec.models import load_model, load_tokenizer, DEFAULT_TARGET, DEFAULT_DRAFTER
 from verispec.bench.prompts import default_prompts_path
@@ -18,11 +20,11 @@ for r in rows:
     if r["category"] not in seen:
         seen.add(r["category"]); prompts.append(r)
 prompts = prompts[:n_prompts]
-target = load_model(DEFAULT_TARGET, dtype=torch.float32)
+target = load_model(DEFAULT_TARGET, dtype=getattr(torch, os.environ.get("TWIN_DTYPE", "float32")))
 tok = load_tokenizer(DEFAULT_TARGET)
 ids = [tok.apply_chat_template([{"role": "user", "content": p["turns"][0]}], add_generation_prompt=True, tokenize=True) for p in prompts]
 ids = [list(i["input_ids"]) if isinstance(i, dict) or hasattr(i, "keys") else list(i) for i in ids]
-names = ["self:int8", "self:int4", "self:q4_0", DEFAULT_DRAFTER]
+names = os.environ.get("TWIN_NAMES", f"self:int8,self:int4,self:q4_0,{DEFAULT_DRAFTER}").split(",")
 drafters = {}
 for n in names:
     t = time.perf_counter(); drafters[n] = build_drafter(n, target, tok, 1024).drafter; print(n, "built in", round(time.perf_counter() - t, 1), "s", flush=True)
@@ -51,5 +53,6 @@ for name, (sec, n, st, outs) in acc.items():
                     draft_ms_per_draft_token=round(1000 * st.draft_s / max(st.draft_tokens, 1), 2),
                     verify_ms_per_round=round(1000 * st.verify_s / st.rounds, 2), draft_tokens=st.draft_tokens, rounds=st.rounds)
     print(json.dumps(line), flush=True)
-for n in names[:3]:
-    print(n, "twin bytes", drafters[n].weight_bytes())
+for n in names:
+    if hasattr(drafters[n], "weight_bytes"):
+        print(n, "twin bytes", drafters[n].weight_bytes())

@@ -5,6 +5,10 @@ needed = draft weights + KV caches of the target and the draft at max_len, where
 exactly that). It is compared against free memory: `torch.cuda.mem_get_info` on a GPU, psutil's available
 memory on the host (else /proc/meminfo MemAvailable). The target is loaded before the draft, so its weights are
 already missing from the free figure.
+
+The target's quantized twin (`--draft-model self:FORMAT`, drafters/twin.py) has no files: `twin_bytes` counts its
+weights from the target's config (its quantized linears and LM head; the embedding is the target's) and its KV
+cache (the target's size per slot).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .runtime.quant import BLOCK, GGML_BLOCKS
 
 # Bytes per element of the safetensors dtype names (the header stores these strings).
 _SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
@@ -150,3 +156,38 @@ def check_draft_memory(
         f"{gib(free)} of {where} memory is free"
     )
     return MemoryCheck(fits, needed, free, detail)
+
+
+def quantized_bytes(out_features: int, in_features: int, qtype: str) -> int:
+    """Bytes of one `[out, in]` weight quantized as runtime/quant.py stores it: "int8" one byte per weight and a
+    float32 scale per output channel; a GGUF block type its blocks of BLOCK inputs."""
+    if qtype.lower() == "int8":
+        return out_features * (in_features + 4)
+    return out_features * (in_features // BLOCK) * GGML_BLOCKS[qtype][0]
+
+
+def twin_weight_bytes(target_config, qtype: str, head_tokens: int | None = None) -> int:
+    """Bytes of the twin's own weights (drafters/twin.py, `weight_bytes()` once built): every layer's linears and
+    the LM head (`head_tokens` rows of it when reduced, plus their ids) in `qtype`, the norms and biases in
+    float32; the embedding is the target's. Needs no weights: read from the target's config."""
+    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
+    hidden, inter, vocab = text.hidden_size, text.intermediate_size, text.vocab_size
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or hidden // heads
+    attention = heads * head_dim
+    qkv = attention + 2 * kv_heads * head_dim
+    layer = (quantized_bytes(qkv, hidden, qtype) + quantized_bytes(hidden, attention, qtype)
+             + quantized_bytes(2 * inter, hidden, qtype) + quantized_bytes(hidden, inter, qtype))
+    small = 2 * hidden + (qkv if getattr(text, "model_type", "") == "qwen2" else 0)  # norms (+ qkv bias) per layer
+    head_rows = vocab if head_tokens is None else min(head_tokens, vocab)
+    head = quantized_bytes(head_rows, hidden, qtype) + (0 if head_tokens is None else 8 * head_rows)
+    return text.num_hidden_layers * (layer + 4 * small) + 4 * hidden + head
+
+
+def twin_bytes(target_config, qtype: str, head_tokens: int | None, max_len: int, slots: int,
+               dtype: torch.dtype = torch.float32) -> int:
+    """What the twin adds beside its target: its weights and its KV cache of `slots` slots of `max_len` entries
+    (the target's layers, heads and dtype)."""
+    return twin_weight_bytes(target_config, qtype, head_tokens) + slots * kv_cache_bytes(target_config, max_len,
+                                                                                          dtype)

@@ -77,3 +77,54 @@ def test_unknown_sizes_do_not_block(saved):
     config = models["llama"].config
     unknown = check_draft_memory(root / "no_weights_here", config, config, 512, free_bytes=1)
     assert unknown.fits and "skipped" in unknown.detail
+
+
+@pytest.mark.parametrize("name, qtype, head", [("self:int8", "int8", None), ("self:int4", "Q4_1", None),
+                                               ("self:q8_0", "Q8_0", None), ("self:int8:v20", "int8", 20),
+                                               ("self:q4_0:v40", "Q4_0", 40)])
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_twin_bytes_from_the_config_equal_the_built_twins(name, qtype, head, arch):
+    """The quantized twin has no files: its size comes from the target's config, exactly what it holds once built
+    (drafters/twin.py), and its KV cache is the target's per slot."""
+    from conftest import tiny_qwen2
+    from verispec.drafters.twin import TwinDrafter, twin_memory_bytes
+
+    target = (tiny_llama if arch == "llama" else tiny_qwen2)(3, hidden=64)
+    built = TwinDrafter(target, name, 64).weight_bytes()
+    assert memory.twin_weight_bytes(target.config, qtype, head) == built
+    assert twin_memory_bytes(name, target.config, 100, 3, torch.bfloat16) == built + 3 * kv_cache_bytes(
+        target.config, 100, torch.bfloat16)
+
+
+def test_a_twin_that_does_not_fit_is_left_out_of_a_cascade_with_a_warning(tokenizer):
+    from verispec.drafters.build import build_drafter
+    from verispec.drafters.twin import TwinDrafter
+
+    target = tiny_llama(3, hidden=64)
+    short = build_drafter("ngram+self:int8", target, tokenizer, 64, on_error="fallback", free_bytes=1024)
+    assert short.name == "ngram" and "self:int8 not used (not enough memory: the twin needs" in short.warning
+    roomy = build_drafter("ngram+self:int8", target, tokenizer, 64, on_error="fallback", free_bytes=2**34)
+    assert roomy.warning is None and isinstance(roomy.drafter.stages[1], TwinDrafter)
+
+
+def test_the_servers_guard_counts_a_twin_and_refuses_one_that_does_not_fit(monkeypatch):
+    """server/runtime.py's guard before a request's drafter loads: the twin's weights and its KV cache for every
+    slot count (it has no files to read); 503 when they do not fit, nothing checked for n-gram."""
+    from types import SimpleNamespace
+
+    from verispec.server import runtime
+    from verispec.server.errors import APIError
+
+    target = tiny_llama(3, hidden=64)
+    served = SimpleNamespace(config=SimpleNamespace(max_len=64, dtype=torch.float32, device="cpu"), target=target,
+                             max_num_seqs=4, _cache={}, engine=SimpleNamespace(target=SimpleNamespace(
+                                 cache=SimpleNamespace(layers=[]))))
+    spoken_for = 4 * runtime.kv_slot_bytes(served.config, target)  # the target's slots, not allocated yet
+    need = memory.twin_bytes(target.config, "int8", None, runtime.cache_len(64), 4, torch.float32)
+    monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: int((need + spoken_for) / memory.HEADROOM) + 64)
+    runtime.ServedModel._make_room(served, "twin", "ngram+self:int8")  # fits, just
+    monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: int((need + spoken_for) / memory.HEADROOM) - 64)
+    with pytest.raises(APIError) as info:
+        runtime.ServedModel._make_room(served, "twin", "ngram+self:int8")
+    assert info.value.status == 503 and "`twin` needs" in str(info.value.message)
+    runtime.ServedModel._make_room(served, "ngram", "ngram")  # nothing to count

@@ -16,6 +16,7 @@ from verispec.drafters.twin import TwinDrafter
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.native import NativeRunner, use_quantized_weights
 from verispec.runtime.quant import QuantWeight
+from verispec.stats import GenerationStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 RUNNERS = {"native": RunnerOptions(backend="auto", compile=False), "hf": RunnerOptions(backend="hf")}
@@ -46,7 +47,7 @@ def twins(engine) -> list[TwinDrafter]:
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
-@pytest.mark.parametrize("name", ["self:int8", "self:int4", "ngram+self:int4", "suffix+self:q8_0"])
+@pytest.mark.parametrize("name", ["self:int8", "self:int4", "ngram+self:int4", "suffix+self:q8_0", "self:int8:v40"])
 def test_greedy_equals_target_alone(targets, tokenizer, arch, runner, name):
     """Twin alone and in cascades (suffix drafts token trees with tree_nodes, so twin chains are verified as
     trees in the same steps), a batch of rows of different lengths."""
@@ -82,10 +83,10 @@ def test_rows_of_a_batch_equal_their_prompt_alone_greedy_and_seeded(targets, tok
 SAMPLED_VOCAB, SAMPLES = 4, 3000
 
 
-def sampled_tvd(wrong_q: bool = False):
+def sampled_tvd(wrong_q: bool = False, name: str = "self:q4_0"):
     """-> (TVD of the sampled first three tokens from the exact target distribution, GenerationStats): a peaky
     random target in Q4_0 blocks (one block per row: a coarse twin, so the residual path runs too). wrong_q: the
-    twin reports a uniform q instead of the distribution it drew from (the negative control)."""
+    twin reports a uniform q instead of the distribution it drew from (the negative control). name: the twin."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -93,7 +94,7 @@ def sampled_tvd(wrong_q: bool = False):
         vocab_size=SAMPLED_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
         num_key_value_heads=1, initializer_range=0.5, max_position_embeddings=64, eos_token_id=None,
         bos_token_id=None, pad_token_id=None)).eval()
-    drafter = TwinDrafter(target, "self:q4_0", 128)
+    drafter = TwinDrafter(target, name, 128)
     if wrong_q:
         propose = drafter.propose
         drafter.propose = lambda batch: [replace(d, probs=None if d.probs is None else torch.full_like(d.probs, 0.25))
@@ -112,6 +113,14 @@ def test_sampling_with_the_twin_follows_the_target_distribution():
     tvd, stats = sampled_tvd()
     assert 0.05 < stats.acceptance_rate < 0.995, stats.acceptance_rate
     assert stats.draft_tokens > SAMPLES  # the twin really drafted
+    assert tvd < tvd_bound(SAMPLED_VOCAB**3, SAMPLES), tvd
+
+
+def test_sampling_with_a_reduced_head_follows_the_target_distribution():
+    """The twin's LM head reduced to tokens 0 and 1 (of 4): q is zero on tokens 2 and 3, which the target still
+    emits through the residual (recovered tokens), so the output follows the target's distribution."""
+    tvd, stats = sampled_tvd(name="self:q4_0:v2")
+    assert 0.05 < stats.acceptance_rate < 0.995, stats.acceptance_rate
     assert tvd < tvd_bound(SAMPLED_VOCAB**3, SAMPLES), tvd
 
 
@@ -148,9 +157,34 @@ def test_release_rebinds_to_the_targets_native_embedding(targets, tokenizer):
     assert engine.generate(prompt, SamplingParams(max_new_tokens=16)).token_ids == before
 
 
+def test_a_reduced_head_drafts_from_its_subset_only(targets, tokenizer):
+    """`self:int8:v20`: logits of the first 20 ids and the end-of-sequence id, -inf elsewhere, in fewer bytes; the
+    kept logits are the full head's."""
+    from verispec.drafters.twin_head import ReducedHead
+
+    target = targets["llama"]
+    full, reduced = TwinDrafter(target, "self:int8", 64), TwinDrafter(target, "self:int8:v20", 64)
+    assert isinstance(reduced.model.lm_head.weight, ReducedHead)
+    eos = target.config.eos_token_id
+    kept = sorted(set(range(20)) | {eos})
+    assert reduced.model.lm_head.weight.ids.tolist() == kept
+    assert reduced.weight_bytes() < full.weight_bytes()
+    tokens = torch.tensor([tokenizer("the cat sat")["input_ids"]])
+    logits = {}
+    for name, twin in (("full", full), ("reduced", reduced)):
+        twin.runner.reserve(1)
+        logits[name] = twin.runner.forward(tokens, start_slot=0, last_only=True).logits[0, -1]  # [vocab]
+    outside = torch.ones(logits["full"].numel(), dtype=torch.bool)
+    outside[kept] = False
+    assert torch.isneginf(logits["reduced"][outside]).all()
+    assert torch.equal(logits["reduced"][kept], logits["full"][kept])
+
+
 @pytest.mark.parametrize("value, message", [
     ("self:int3", "unknown twin format 'int3'; choose from self:int8, self:int4"),
     ("ngram+self:", "unknown twin format ''"),
+    ("self:int8:8192", "reduced LM head is written ':vN'"),
+    ("self:int4:v0", "reduced LM head is written ':vN'"),
 ])
 def test_bad_formats_name_the_choices(tokenizer, targets, value, message):
     with pytest.raises(ValueError, match=message):
@@ -180,3 +214,39 @@ def test_api_by_name(targets, tokenizer):
     assert result.stats.mean_accepted_length > 1.5
     with pytest.raises(ValueError, match="unknown twin format"):
         SpeculativeGenerator(targets["qwen2"], "self:int3", tokenizer)
+
+
+@pytest.mark.parametrize("twin_forward_s, twin_wins", [(0.001, True), (0.05, False)])
+def test_a_cascade_routes_to_the_twin_by_tokens_per_cost(targets, tokenizer, monkeypatch, twin_forward_s, twin_wins):
+    """Issue 22's policy with the twin: a free random stage (never accepted) beside the twin, costs on a virtual
+    clock (a target forward 5 ms). A twin forward of 1 ms pays (high acceptance): the router gives it most rounds;
+    at 50 ms a draft token it does not pay, and it drafts only the probes. Output equals the target alone."""
+    from gates import virtual_costs
+    from verispec.drafters.cascade import CascadeDrafter
+    from verispec.drafters.random import RandomDrafter
+
+    target = targets["llama"]
+    twin = TwinDrafter(target, "self:int8", 256)
+    cascade = CascadeDrafter([RandomDrafter(target.config.vocab_size), twin])
+    engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(adaptive=True), max_len=256)
+    clock = virtual_costs(monkeypatch, engine)
+    forward = twin.runner.forward
+
+    def costed(tokens, *args, **kwargs):
+        clock.advance(twin_forward_s)
+        return forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(twin.runner, "forward", costed)
+    params = SamplingParams(max_new_tokens=60, ignore_eos=True)
+    stats = GenerationStats()  # of the speculative requests only
+    for text in TEXTS[:3]:
+        prompt = tokenizer(text)["input_ids"]
+        result = engine.generate(prompt, params)
+        assert result.token_ids == engine.generate(prompt, params, use_drafter=False).token_ids
+        stats.merge(result.stats)
+    drafted = stats.rounds_by_stage
+    if twin_wins:
+        assert drafted["self:int8"] > 3 * drafted.get("random", 0), drafted
+        assert stats.mean_accepted_length > 2.0, stats.mean_accepted_length
+    else:
+        assert drafted.get("self:int8", 0) < 0.25 * stats.rounds, (drafted, stats.rounds)

@@ -30,7 +30,7 @@ from .named import NAMED_DRAFTERS
 from .ngram import NgramDrafter
 from .placement import check_device, on_target_device
 from .spec import NONE, DraftStage, DrafterSpec, parse_drafter_spec
-from .twin import twin_drafter
+from .twin import twin_drafter, twin_memory_bytes
 
 logger = logging.getLogger("verispec")
 ON_ERROR = ("raise", "fallback")
@@ -120,6 +120,9 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     if stage.kind == "auto":
         return _auto(build)
     if stage.kind == "twin":  # the target's own weights, quantized: a target that cannot have one is the user's to fix
+        check = _twin_memory(name, build) if build.on_error == "fallback" else None  # as a model's (module doc)
+        if check is not None and not check.fits:
+            return DrafterLoad(None, NONE, name, warning=f"draft model {name} not used (not enough memory: {check})")
         return DrafterLoad(twin_drafter(build.target, name, build.cache_len), name, name)
     if build.draft_model is not None:
         return DrafterLoad(_loaded_drafter(build, build.draft_model, name), name, name)
@@ -132,6 +135,21 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     if drafter is None:
         return DrafterLoad(None, NONE, name, warning=f"draft model {name} not used ({reason})")
     return DrafterLoad(drafter, name, name)
+
+
+def _twin_memory(name: str, build: _Build):
+    """The memory check of the twin `name` (its quantized weights and one slot of KV cache, memory.twin_bytes)
+    against free memory; None when not checked (check_memory off, or free memory unknown)."""
+    from ..memory import HEADROOM, MemoryCheck, free_memory_bytes, gib
+
+    if not build.check_memory:
+        return None
+    needed = twin_memory_bytes(name, build.target.config, build.cache_len, 1, build.dtype)
+    free = free_memory_bytes(build.device) if build.free_bytes is None else build.free_bytes
+    if free is None:
+        return None
+    return MemoryCheck(needed <= HEADROOM * free, needed, free,
+                       f"the twin needs {gib(needed)} (quantized weights and KV cache) and {gib(free)} is free")
 
 
 def _auto(build: _Build) -> DrafterLoad:

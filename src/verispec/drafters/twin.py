@@ -12,7 +12,8 @@ where the target runs on Hugging Face modeling) and the rotary tables. Its own: 
 byte per weight, Q4_1 0.625, Q4_0 0.56, Q8_0 1.06), the norms, and its KV cache (the target's size per slot).
 
 Formats (`self:FORMAT`): int8 (per channel), int4 (Q4_1: Q4_0 was measured lower acceptance at the same cost,
-docs/speculation.md), q4_0, q4_1, q8_0. The twin quantizes the target's weights as loaded, so it needs them: a
+docs/speculation.md), q4_0, q4_1, q8_0. `self:FORMAT:vN` reduces the LM head to the first N token ids (and the
+end-of-sequence ids): fewer bytes per draft token, q a distribution over that subset (twin_head.py). The twin quantizes the target's weights as loaded, so it needs them: a
 target already on quantized weights (--weights gguf, --quantization int8) or whose weights were released to its
 native runner has none left to quantize (ValueError).
 """
@@ -23,15 +24,19 @@ import torch
 from torch import nn
 
 from ..config import RunnerOptions
+from ..memory import twin_bytes
 from ..runtime.llama import LlamaModel, LlamaSpec, UnsupportedModel
 from ..runtime.native import NativeRunner, native_twin_of, rope_table, weights_of
 from ..runtime.quant import BLOCK, quantize_linears
 from .model import ModelDrafter
+from .twin_head import reduce_head
 
 TWIN_PREFIX = "self:"
 # self:FORMAT -> the quantization of runtime/quant.py (`quantize_linears`' qtype)
 TWIN_FORMATS = {"int8": "int8", "int4": "Q4_1", "q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
 EMBED = "model.embed_tokens.weight"
+HEAD = "lm_head.weight"
+MIN_HEAD_TOKENS = 1
 
 
 def is_twin(name: str) -> bool:
@@ -41,16 +46,35 @@ def is_twin(name: str) -> bool:
 
 def twin_qtype(name: str) -> str:
     """'self:int8' -> 'int8', 'self:int4' -> 'Q4_1'; ValueError naming the formats for any other 'self:' value."""
-    fmt = name[len(TWIN_PREFIX):].strip().lower()
+    return parse_twin(name)[0]
+
+
+def parse_twin(name: str) -> tuple[str, int | None]:
+    """'self:int8' -> ('int8', None); 'self:int4:v8192' -> ('Q4_1', 8192): the quantization and the reduced LM
+    head's token count (None: the whole vocabulary). ValueError naming the choices for anything else."""
+    fmt, _, head = name[len(TWIN_PREFIX):].strip().lower().partition(":")
     if fmt not in TWIN_FORMATS:
         raise ValueError(f"--draft-model {name!r}: unknown twin format {fmt!r}; choose from "
                          f"{', '.join(TWIN_PREFIX + f for f in TWIN_FORMATS)}")
-    return TWIN_FORMATS[fmt]
+    if not head:
+        return TWIN_FORMATS[fmt], None
+    if not (head.startswith("v") and head[1:].isdigit() and int(head[1:]) >= MIN_HEAD_TOKENS):
+        raise ValueError(f"--draft-model {name!r}: the twin's reduced LM head is written ':vN' with N >= "
+                         f"{MIN_HEAD_TOKENS} token ids, e.g. {TWIN_PREFIX}{fmt}:v8192, got {head!r}")
+    return TWIN_FORMATS[fmt], int(head[1:])
 
 
-def twin_model(target, qtype: str, max_len: int) -> LlamaModel:
-    """The target's native model with its linears and LM head quantized to `qtype`; the embedding and the rotary
-    tables are the target's own tensors (no copy). ValueError when the target cannot have a twin."""
+def twin_memory_bytes(name: str, target_config, max_len: int, slots: int, dtype: torch.dtype) -> int:
+    """Bytes the twin `name` adds beside its target, from the target's config (memory.twin_bytes): its quantized
+    weights and its KV cache of `slots` slots of `max_len` entries; for the memory checks before building it."""
+    qtype, head_tokens = parse_twin(name)
+    return twin_bytes(target_config, qtype, head_tokens, max_len, slots, dtype)
+
+
+def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None) -> LlamaModel:
+    """The target's native model with its linears and LM head quantized to `qtype` (the head reduced to
+    `head_tokens` token ids when given); the embedding and the rotary tables are the target's own tensors (no
+    copy). ValueError when the target cannot have a twin."""
     if getattr(target, "_verispec_released", False):
         raise ValueError("the target's own weights are no longer loaded (it runs on quantized weights, --weights "
                          "gguf / --quantization, or they were released to its native runner): the twin "
@@ -70,7 +94,11 @@ def twin_model(target, qtype: str, max_len: int) -> LlamaModel:
                          f"{', '.join(odd)}: use a draft model or ngram")
     weights = weights_of(target)
     embed = weights[EMBED]  # [vocab, hidden]: shared (an untied LM head is quantized like any linear)
-    quantized = quantize_linears({k: v for k, v in weights.items() if k != EMBED}, qtype)
+    keep = {k: v for k, v in weights.items() if k != EMBED and (head_tokens is None or k != HEAD)}
+    quantized = quantize_linears(keep, qtype)
+    if head_tokens is not None:
+        quantized[HEAD] = reduce_head(weights[HEAD], head_tokens, _eos_ids(config),
+                                      lambda rows: quantize_linears({HEAD: rows}, qtype)[HEAD])
     quantized[EMBED] = embed.to("meta")  # LlamaModel clones what it is given: a meta tensor costs nothing
     shared = native_twin_of(target)
     if shared is not None and shared.cos.shape[0] >= max_len:
@@ -81,6 +109,12 @@ def twin_model(target, qtype: str, max_len: int) -> LlamaModel:
     model = LlamaModel(spec, quantized, rope, pack=False)
     model.embed = _parameter(embed)
     return model
+
+
+def _eos_ids(config) -> list[int]:
+    """The end-of-sequence ids of a model config (one id, a list, or none)."""
+    eos = getattr(config, "eos_token_id", None)
+    return [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
 
 
 def _parameter(tensor: torch.Tensor) -> nn.Parameter:
@@ -95,8 +129,8 @@ class TwinDrafter(ModelDrafter):
     def __init__(self, target, name: str, max_len: int, num_slots: int = 1) -> None:
         self.target = target  # the Hugging Face model the twin came from: its embedding is shared
         self.name = name
-        self.qtype = twin_qtype(name)
-        self.model = twin_model(target, self.qtype, max_len)
+        self.qtype, self.head_tokens = parse_twin(name)
+        self.model = twin_model(target, self.qtype, max_len, self.head_tokens)
         self.max_len = max_len
         self.options: RunnerOptions | None = None
         self.runner = NativeRunner(self.model, target.config, max_len, num_slots)

@@ -23,6 +23,7 @@ from ..drafters.base import Drafter
 from ..drafters.build import build_drafter
 from ..drafters.suffix import shared_cache
 from ..drafters.spec import NONE, parse_drafter_spec
+from ..drafters.twin import twin_memory_bytes
 from ..engine import SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
 from ..memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
@@ -167,16 +168,21 @@ class ServedModel:
     def _make_room(self, name: str, value: str) -> None:
         """Check that a model drafter fits in free memory before it loads (its weights, and its KV cache for every
         slot), dropping cached drafters when that makes it fit. Raises APIError 503 when it cannot."""
-        model = parse_drafter_spec(value).model
-        if model is None:  # n-gram and other drafters without weights
+        spec = parse_drafter_spec(value)
+        # The target's quantized twins: counted from the target's config (their weights and KV caches).
+        needed = sum(twin_memory_bytes(stage.name, self.target.config, cache_len(self.config.max_len),
+                                       self.max_num_seqs, self.config.dtype)
+                     for stage in spec.stages if stage.kind == "twin")
+        if spec.model is not None:
+            path = resolve_model_path(spec.model)
+            config = read_model_config(path)
+            weights = weights_bytes(path, self.config.dtype)
+            if config is None or weights is None:
+                return  # unknown size: loading reports any real problem
+            needed += weights + self.max_num_seqs * kv_cache_bytes(config, cache_len(self.config.max_len),
+                                                                   self.config.dtype)
+        if not needed:  # n-gram and other drafters without weights
             return
-        path = resolve_model_path(model)
-        config = read_model_config(path)
-        weights = weights_bytes(path, self.config.dtype)
-        if config is None or weights is None:
-            return  # unknown size: loading reports any real problem
-        needed = weights + self.max_num_seqs * kv_cache_bytes(config, cache_len(self.config.max_len),
-                                                              self.config.dtype)
         while True:
             free = free_memory_bytes(self.config.device)
             # The target's cache grows into its slots later: what it has not taken yet is spoken for.

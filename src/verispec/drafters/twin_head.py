@@ -1,0 +1,67 @@
+"""The twin's reduced LM head (`self:int8:v8192`): the twin proposes only from a fixed subset of the vocabulary.
+
+The LM head is the largest single weight of a small model (SmolLM2-135M: 49152 x 576, 21% of its linear weights),
+and a draft rarely needs the rare tokens: the twin computes logits for `ids` only (a `[n, hidden]` quantized
+weight, n = the subset's size) and gives every other token -inf. Its q is then a proper distribution over the
+subset (zero elsewhere), so rejection sampling stays exact (the residual max(0, p - q) keeps all of p's mass
+outside the subset), and greedy output is exact by verification; only acceptance can fall, where the target's
+choice lies outside the subset.
+
+The subset is the first n token ids plus the special tokens the target ends on: byte-level BPE vocabularies
+(Llama 3, Qwen2, SmolLM2) number tokens in merge order, which roughly follows frequency in the tokenizer's training
+text, so the first ids are the common ones (measured: docs/speculation.md, "The twin").
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def subset_ids(vocab_size: int, size: int, always: list[int]) -> torch.Tensor:
+    """[n] ascending token ids: 0..size-1 and the `always` ids (end-of-sequence), within the vocabulary."""
+    extra = [i for i in always if size <= i < vocab_size]
+    return torch.tensor(sorted(set(range(min(size, vocab_size))) | set(extra)), dtype=torch.long)
+
+
+class ReducedHead:
+    """Stands where the LM head's `[vocab, hidden]` weight does (as runtime/quant.py's QuantWeight does) and answers
+    `F.linear`: logits of `ids` from `weight` (their rows, quantized), -inf for every other token."""
+
+    def __init__(self, weight, ids: torch.Tensor, vocab_size: int) -> None:
+        self.weight = weight  # [n, hidden]: QuantWeight (or a float tensor) of the subset's rows
+        self.ids = ids  # [n] long, ascending
+        self.shape = torch.Size((vocab_size, weight.shape[1]))
+        self.dtype = weight.dtype
+        self.device = ids.device
+
+    def __repr__(self) -> str:
+        return f"ReducedHead({self.ids.numel()} of {self.shape[0]} tokens, {self.weight!r})"
+
+    @property
+    def nbytes(self) -> int:
+        own = self.weight.nbytes if not isinstance(self.weight, torch.Tensor) else self.weight.numel() * \
+            self.weight.element_size()
+        return own + self.ids.numel() * self.ids.element_size()
+
+    def linear(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., hidden] -> [..., vocab]: the subset's logits in place, -inf elsewhere."""
+        subset = F.linear(x, self.weight)  # [..., n]
+        logits = subset.new_full((*x.shape[:-1], self.shape[0]), float("-inf"))  # [..., vocab]
+        return logits.index_copy_(-1, self.ids, subset)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.linear:
+            bias = args[2] if len(args) > 2 else kwargs.get("bias")
+            assert bias is None  # an LM head has none
+            return args[1].linear(args[0])
+        raise TypeError(f"ReducedHead does not support {getattr(func, '__name__', func)}")
+
+
+def reduce_head(head: torch.Tensor, size: int, always: list[int], quantize) -> ReducedHead:
+    """The LM head `head` [vocab, hidden] reduced to `subset_ids(vocab, size, always)`, its rows quantized by
+    `quantize` (a `[out, in] -> QuantWeight` function)."""
+    ids = subset_ids(head.shape[0], size, always)
+    return ReducedHead(quantize(head[ids]), ids.to(head.device), head.shape[0])
