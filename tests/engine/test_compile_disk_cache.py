@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from verispec.runtime.ext import cache_root
@@ -38,6 +39,7 @@ def run_child(cache_root: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # two processes compile (~1.5 min on 2 cores): .ci/run runs it beside the compiled runner's tests
 def test_a_second_process_loads_the_compiled_step_from_disk(tmp_path):
     # The C++ kernels stay where they are built (a fresh cache root would rebuild them: minutes); only the compiled
     # graphs go to the new folder.
