@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_host_syncs import run_rows
 
-from verispec.config import SamplingParams, SpeculativeConfig
+from verispec.config import SpeculativeConfig
 from verispec.drafters import model as model_module
 from verispec.drafters.build import build_drafter
 from verispec.drafters.model import ModelDrafter
@@ -63,15 +64,7 @@ def test_tokens_and_q_cross_once_each_way_per_step(trained_pair, tokenizer, monk
     drafter = ModelDrafter(draft, 256 + CACHE_SLACK)
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=K), max_len=256,
                                max_batch_size=len(sampled))
-    prompt = tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    for i, is_sampled in enumerate(sampled):
-        params = SamplingParams(max_new_tokens=60, ignore_eos=True)
-        if is_sampled:
-            params = SamplingParams(max_new_tokens=60, ignore_eos=True, temperature=1.0, seed=i, coupled=False)
-        engine.add_request(prompt, params)
-    for _ in range(2):
-        engine.step()
-    assert len(engine.running) == len(sampled)
+    run_rows(engine, tokenizer, sampled)  # admitted and prefilled: the next steps are plain rounds
     crossings = Crossings(monkeypatch)
     vocab = draft.config.vocab_size
     for _ in range(3):
