@@ -234,9 +234,20 @@ def target_dtype(args: argparse.Namespace, dtype: str) -> tuple[torch.dtype, str
                                 getattr(args, "runner", "auto"))
 
 
+def check_device_flag(flag: str, device: str, hint: str = "") -> str:
+    """`device` (the value of `flag`: '--device', '--draft-device') checked by `placement.check_device` (index range,
+    other device types); CliError (exit 2) with its message otherwise."""
+    from ..drafters.placement import check_device
+
+    try:
+        check_device(device, flag, hint)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return device
+
+
 def apply_runtime(args: argparse.Namespace) -> None:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
+    check_device_flag("--device", args.device)
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
         args.torch_dtype, args.dtype_reason = target_dtype(args, args.dtype)
     if args.threads:
@@ -254,12 +265,8 @@ def add_draft_device_arg(group) -> None:
 
 def draft_device(args: argparse.Namespace) -> str | None:
     """--draft-device checked (CliError naming the fix for a device this machine lacks), or None: --device."""
-    from ..drafters.placement import check_device
+    from ..drafters.placement import DRAFT_HINT
 
     if args.draft_device is None:
         return None
-    try:
-        check_device(args.draft_device, "--draft-device")
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    return args.draft_device
+    return check_device_flag("--draft-device", args.draft_device, DRAFT_HINT)
