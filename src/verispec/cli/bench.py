@@ -20,7 +20,8 @@ from ..config import StructuredOutput
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
 from . import CliError
 from ..runtime.dtype import DTYPE_CHOICES, dtype_name
-from .common import add_runner_args, add_weights_args, positive_int, runner_options, target_dtype, target_weights
+from .common import (add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options,
+                     target_dtype, target_weights)
 
 DTYPE_NAMES = DTYPE_CHOICES
 DEFAULT_KS = "1,2,3,4,6,8"
@@ -125,8 +126,7 @@ def build_config(args: argparse.Namespace):
     from ..bench.methods import parse_ks, parse_methods
     from ..bench.peers import resolve_peers
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
+    check_device_flag("--device", args.device)
     try:
         families = parse_methods(args.methods)
         ks = parse_ks(args.k) if args.k is not None else None

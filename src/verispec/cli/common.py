@@ -247,9 +247,20 @@ def target_weights(args: argparse.Namespace, dtype: str, hf_methods: bool = Fals
         raise CliError(str(exc)) from None
 
 
+def check_device_flag(flag: str, device: str, hint: str = "") -> str:
+    """`device` (the value of `flag`: '--device', '--draft-device') checked by `placement.check_device` (index range,
+    other device types); CliError (exit 2) with its message otherwise."""
+    from ..drafters.placement import check_device
+
+    try:
+        check_device(device, flag, hint)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return device
+
+
 def apply_runtime(args: argparse.Namespace) -> None:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
+    check_device_flag("--device", args.device)
     if getattr(args, "weights", None) is not None:  # 'auto' -> gguf or fp32, once: args.weights_reason says why
         args.weights, args.weights_reason = target_weights(args, getattr(args, "dtype", "auto"))
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
@@ -269,12 +280,8 @@ def add_draft_device_arg(group) -> None:
 
 def draft_device(args: argparse.Namespace) -> str | None:
     """--draft-device checked (CliError naming the fix for a device this machine lacks), or None: --device."""
-    from ..drafters.placement import check_device
+    from ..drafters.placement import DRAFT_HINT
 
     if args.draft_device is None:
         return None
-    try:
-        check_device(args.draft_device, "--draft-device")
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    return args.draft_device
+    return check_device_flag("--draft-device", args.draft_device, DRAFT_HINT)

@@ -3,7 +3,8 @@
 A draft model (model.py) may live on another device than the target: per round, the committed tokens it feeds
 cross to it once, and its draft tokens and q come back once (ModelDrafter's docstring). Drafters that read or share
 the target's own tensors stay on the target's device: a draft head (the target's hidden states and embedding) and
-the twin (the target's embedding; its quantized kernels run on the CPU).
+the twin (the target's embedding; its quantized kernels run on the CPU). `check_device` also checks the target's
+`--device` in the CLI.
 """
 
 from __future__ import annotations
@@ -11,9 +12,13 @@ from __future__ import annotations
 import torch
 
 
-def check_device(device: str | torch.device, name: str = "draft_device") -> torch.device:
+DRAFT_HINT = "leave it out to run the drafter on the target's device"
+
+
+def check_device(device: str | torch.device, name: str = "draft_device", hint: str = DRAFT_HINT) -> torch.device:
     """`device` as a torch.device this machine has; ValueError naming the fix otherwise (`name`: how the caller
-    calls it, e.g. '--draft-device')."""
+    calls it, e.g. '--draft-device' or '--device'; `hint`: a way out besides another device, '' for none)."""
+    other = f", or {hint}" if hint else ""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -22,16 +27,15 @@ def check_device(device: str | torch.device, name: str = "draft_device") -> torc
         return dev
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name} {device!r}: no CUDA device is available here; use 'cpu', or leave it out to "
-                             "run the drafter on the target's device")
+            raise ValueError(f"{name} {device!r}: no CUDA device is available here; use 'cpu'{other}")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"{name} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                              f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
         return dev
     available = getattr(getattr(torch, dev.type, None), "is_available", None)
     if available is None or not available():
-        raise ValueError(f"{name} {device!r}: no {dev.type} device is available here; use 'cpu' or 'cuda[:N]', or "
-                         "leave it out to run the drafter on the target's device")
+        raise ValueError(f"{name} {device!r}: no {dev.type} device is available here; use 'cpu' or "
+                         f"'cuda[:N]'{other}")
     return dev
 
 
