@@ -8,6 +8,7 @@ import torch
 from conftest import tiny_gpt2, tiny_llama
 from verispec import memory
 from verispec.memory import check_draft_memory, free_memory_bytes, kv_cache_bytes, weights_bytes
+from verispec.runtime.llama import LlamaSpec
 
 
 def unique_param_bytes(model, bytes_per_element=4):
@@ -91,7 +92,7 @@ def test_twin_bytes_from_the_config_equal_the_built_twins(name, qtype, head, arc
 
     target = (tiny_llama if arch == "llama" else tiny_qwen2)(3, hidden=64)
     built = TwinDrafter(target, name, 64).weight_bytes()
-    assert memory.twin_weight_bytes(target.config, qtype, head) == built
+    assert memory.twin_weight_bytes(LlamaSpec.from_config(target.config, 64), qtype, head) == built
     assert twin_memory_bytes(name, target.config, 100, 3, torch.bfloat16) == built + 3 * kv_cache_bytes(
         target.config, 100, torch.bfloat16)
 
