@@ -20,6 +20,7 @@ from .config import RunnerOptions, SamplingParams, SpeculativeConfig
 from .drafters.base import Drafter
 from .drafters.build import build_drafter, model_drafter
 from .drafters.placement import check_device
+from .drafters.spec import parse_drafter_spec
 from .engine import GenerationResult, SpeculativeEngine
 from .stats import GenerationStats
 
@@ -95,7 +96,8 @@ class SpeculativeGenerator:
         from .models import load_model, load_tokenizer, quantize_target, resolve_target_dtype, resolve_weights
 
         backend = (runner or RunnerOptions()).backend
-        weights, _ = resolve_weights(weights, target, dtype, device, quantization, backend)
+        reads = isinstance(draft, str) and draft != "auto" and parse_drafter_spec(draft).reads_target_weights
+        weights, _ = resolve_weights(weights, target, dtype, device, quantization, backend, drafter_reads_weights=reads)
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
         dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization, backend)
         target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)

@@ -8,7 +8,10 @@ import torch
 
 from verispec.cli import build_parser
 from verispec.cli.bench import build_config
-from verispec.models import DEFAULT_TARGET, embedded_gguf_path, resolve_target_dtype, resolve_weights
+from verispec.cli.common import apply_runtime
+from verispec.drafters.build import build_drafter
+from verispec.models import (DEFAULT_TARGET, embedded_gguf_path, load_model, load_tokenizer, quantize_target,
+                             resolve_target_dtype, resolve_weights)
 from verispec.runtime import gguf_weights, quant
 from verispec.server.config import ServerConfig
 
@@ -35,6 +38,7 @@ def test_the_embedded_files_block_types_are_read_from_its_header():
     ({"runner": "hf"}, "Hugging Face modeling"),
     ({"hf_methods": True}, "Hugging Face modeling"),
     ({"device": "cuda"}, "CPU only"),
+    ({"drafter_reads_weights": True}, "draft head or the twin"),
 ])
 def test_anything_that_asks_for_the_float_conversion_gets_it(asked, reason):
     weights, why = resolve_weights("auto", DEFAULT_TARGET, **asked)
@@ -69,3 +73,17 @@ def test_server_and_bench_resolve_auto_with_a_reason():
     assert bench.weights == expected
     bench, _ = build_config(parser.parse_args(["bench", "--methods", "target", "--dtypes", "float32,bfloat16"]))
     assert bench.weights == "fp32"
+
+
+def test_a_head_or_twin_drafter_keeps_the_float_weights_and_a_head_on_gguf_weights_is_refused():
+    parser = build_parser()
+    for drafter in ("verispec-head-smollm2-135m", "ngram+self:int8"):
+        args = parser.parse_args(["generate", "--prompt", "x", "--draft-model", drafter])
+        apply_runtime(args)
+        assert args.weights == "fp32" and "draft head or the twin" in args.weights_reason
+    assert ServerConfig(model=DEFAULT_TARGET, draft_model="self:int4").weights == "fp32"
+    if quant.kernel() is None:
+        return
+    target = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, "gguf")
+    with pytest.raises(ValueError, match="--weights fp32"):
+        build_drafter("verispec-head-smollm2-135m", target, load_tokenizer(DEFAULT_TARGET), 64)

@@ -238,11 +238,15 @@ def target_dtype(args: argparse.Namespace, dtype: str) -> tuple[torch.dtype, str
 
 def target_weights(args: argparse.Namespace, dtype: str, hf_methods: bool = False) -> tuple[str, str]:
     """--weights ('auto' or a name) resolved for the target, dtype, device and runner the arguments name."""
+    from ..drafters.spec import parse_drafter_spec
     from ..models import resolve_weights
 
     try:
+        draft = getattr(args, "draft_model", None)
+        reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights
         return resolve_weights(args.weights, getattr(args, "model", DEFAULT_TARGET), dtype, args.device,
-                               getattr(args, "quantization", "none"), getattr(args, "runner", "auto"), hf_methods)
+                               getattr(args, "quantization", "none"), getattr(args, "runner", "auto"), hf_methods,
+                               reads)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from ..runtime.native import model_device
+
 
 DRAFT_HINT = "leave it out to run the drafter on the target's device"
 
@@ -42,7 +44,7 @@ def check_device(device: str | torch.device, name: str = "draft_device", hint: s
 def on_target_device(kind: str, name: str, device: str | torch.device, target) -> None:
     """ValueError when a drafter that shares the target's tensors (`kind`: 'draft head' or 'twin') is asked to run
     on another `device` than the target's."""
-    target_device = next(target.parameters()).device
+    target_device = model_device(target)  # (a target on GGUF weights holds meta tensors: its twin's device)
     if not same_device(device, target_device):
         raise ValueError(f"{name}: a {kind} shares the target's tensors, so it runs on the target's device "
                          f"({target_device}), not {device}: leave the draft device out, or draft with a draft model")

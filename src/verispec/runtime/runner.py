@@ -13,7 +13,7 @@ from .base import RunnerOutput, SlotRunner
 from .compile import cache_counts
 from .dtype import choose_dtype, dtype_name, kernels_built
 from .hf_runner import ModelRunner
-from .native import NativeRunner, UnsupportedModel, default_compile, native_twin_of
+from .native import NativeRunner, UnsupportedModel, default_compile, model_device
 
 __all__ = ["DEFAULT_OPTIONS", "ModelRunner", "NativeRunner", "RunnerOutput", "SlotRunner", "make_runner",
            "runner_info"]
@@ -51,9 +51,7 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
             compile = default_compile(model) if options.compile is None else options.compile
             invariant = options.batch_invariant
             if invariant is None:  # on where verispec's C++ kernels run: free there (config.RunnerOptions)
-                twin = native_twin_of(model) if getattr(model, "_verispec_released", False) else None
-                device = twin.cos.device if twin is not None else model.device  # (released weights: meta)
-                invariant = device.type == "cpu" and kernels_built()
+                invariant = model_device(model).type == "cpu" and kernels_built()
             return NativeRunner.from_hf(model, max_len, num_slots, compile=compile, batch_invariant=invariant)
         except UnsupportedModel as exc:
             if options.backend == "native":

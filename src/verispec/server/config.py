@@ -9,7 +9,7 @@ import torch
 
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.placement import check_device
-from ..drafters.spec import NONE
+from ..drafters.spec import NONE, parse_drafter_spec
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype, resolve_weights
 from .protocol import MAX_CHOICES
 
@@ -97,8 +97,10 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         if self.weights == "auto" or not self.weights_reason:  # 'auto' -> gguf or fp32 (replace() keeps a resolved one)
+            draft = self.draft_model
+            reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights  # head, twin
             weights, reason = resolve_weights(self.weights, self.model, self.dtype, self.device, self.quantization,
-                                              self.runner.backend)
+                                              self.runner.backend, drafter_reads_weights=reads)
             object.__setattr__(self, "weights", weights)
             object.__setattr__(self, "weights_reason", reason)
         if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
