@@ -7,15 +7,17 @@
 // The packed tensor is [N, K] or [N, Ke] elements, so N and Ke are its shape.
 //
 // Row invariance by construction: every output element (r, n) has one accumulator, started at 0 and updated once
-// per k (fp32: a fused multiply-add of w[n, k] x[r, k]; bf16: one vdpbf16ps step per pair of k, the odd product
-// first, then the even one, as the instruction does), in increasing k, whatever the number of rows M, the row's
-// place in a register tile, the tile shape, and the thread count (threads split output blocks only). The bias
+// per k (fp32: a fused multiply-add of w[n, k] x[r, k]; bf16: per pair of k, the odd product first, then the even
+// one, as vdpbf16ps does: the AVX-512 path runs them as two FMAs, see there), in increasing k, whatever the number of rows M, the row's
+// place in a register tile, the tile shape, K passes (sums wait in fp32 between them: exact), and the thread count
+// (threads split output blocks only). The bias
 // is added in fp32 after the sum; bf16 output is rounded once (to nearest even). A row's result is therefore
 // the same bits in a 1-row call as in any M-row call. Paths: fp32 gives the same bits on every path (the same
-// FMA chain); bf16 paths agree except where denormals occur (vdpbf16ps flushes them).
+// FMA chain); bf16 paths agree except where denormals occur (AVX-512 flushes them as vdpbf16ps does).
 //
 // Paths (argument `path`; dense.py picks the best built one or VERISPEC_DENSE_PATH forces another):
-//   2 AVX-512: fp32 FMA, bf16 vdpbf16ps where built with AVX512_BF16 (else the AVX2 bf16 code)
+//   2 AVX-512: FMA for both dtypes (bf16 with vdpbf16ps's rules), bf16 where built with AVX512_BF16 (else the
+//     AVX2 bf16 code: it keeps denormals)
 //   1 AVX2 + FMA: both dtypes (bf16 -> fp32 by a 16-bit shift, exact)
 //   0 scalar: std::fma, the reference order in plain C++
 #include <torch/extension.h>
@@ -196,10 +198,11 @@ void avx2_rows(const Problem<T>& p, int64_t r0, int64_t rows, int64_t j) {
 // speed on CPUs where vdpbf16ps issues at a quarter of the FMA rate. vdpbf16ps treats denormal inputs as zero and
 // flushes denormal results; the bf16 FMAs run with MXCSR's DAZ and FTZ set for the same bits.
 //
-// A tile is R rows x C blocks (R x C zmm accumulators). Few rows (< BIG_ROWS): C = 4 and the whole K in one pass
-// (memory-bound: four independent chains a row). Many rows: C = 2 and K in passes whose weight panel (2 blocks x
+// A tile is R rows x C blocks (R x C zmm accumulators). fp32, and bf16 with few rows (< BIG_ROWS): C = 4 and the
+// whole K in one pass (few rows are memory-bound: four independent chains a row). bf16 with many rows: C = 2 and K in passes whose weight panel (2 blocks x
 // the pass's inputs) stays in L1 while all the chunk's row tiles (12 rows each) use it; between passes a tile's
-// accumulators wait in an fp32 scratch (exact), so each output is still one accumulator over k in order.
+// accumulators wait in an fp32 scratch (exact), so each output is still one accumulator over k in order. A pass's
+// rows go in tiles of equal height.
 constexpr int64_t BIG_ROWS = 8;
 constexpr int64_t PANEL_BYTES = 24 << 10;  // weights of one pass of a 2-block group: L1 holds it and the tile's rows
 constexpr int64_t PART_WIDTH = 4 * BW;  // scratch columns a row (the widest group)
@@ -296,7 +299,7 @@ void avx512_tile(const Problem<c10::BFloat16>& p, const Pass& s, int64_t r0, int
   finish(p, acc, s, r0, j, mask);
 }
 
-// Rows [r0, r0 + left) of a pass, left < R, as one tile of exactly `left` rows.
+// Rows [r0, r0 + left) of a pass, left <= R, as one tile of exactly `left` rows.
 template <typename T, int R, int C, bool TAIL>
 void avx512_rest(const Problem<T>& p, const Pass& s, int64_t r0, int64_t left, int64_t j) {
   if constexpr (R > 0) {
@@ -305,11 +308,16 @@ void avx512_rest(const Problem<T>& p, const Pass& s, int64_t r0, int64_t left, i
   }
 }
 
+// A pass's rows in tiles of at most R rows, of equal height within one (16 rows: 8 + 8, not 12 + 4: a short tile
+// has too few independent chains to keep the FMA units busy).
 template <typename T, int R, int C, bool TAIL>
 void avx512_rows(const Problem<T>& p, const Pass& s, int64_t rows, int64_t j) {
-  int64_t r = 0;
-  for (; r + R <= rows; r += R) avx512_tile<R, C, TAIL>(p, s, r, j);
-  if (r < rows) avx512_rest<T, R - 1, C, TAIL>(p, s, r, rows - r, j);
+  const int64_t tiles = (rows + R - 1) / R, base = rows / tiles, taller = rows % tiles;
+  for (int64_t t = 0, r = 0; t < tiles; ++t) {
+    const int64_t height = base + (t < taller ? 1 : 0);
+    avx512_rest<T, R, C, TAIL>(p, s, r, height, j);
+    r += height;
+  }
 }
 
 // Blocks [j, j + C) of a chunk's rows, K in passes of at most `step` inputs (step even for bf16).
@@ -329,7 +337,7 @@ template <typename T>
 void avx512_chunk(const Problem<T>& p, const Pass& s, int64_t rows, int64_t j0, int64_t j1) {
   const int64_t full_end = std::min(j1, p.N / BW);
   int64_t j = j0;
-  if (rows < BIG_ROWS) {
+  if (std::is_same_v<T, float> || rows < BIG_ROWS) {  // fp32: 6 x 4 tiles measured faster at every row count
     constexpr int R = std::is_same_v<T, float> ? 6 : 5;  // 6 x 4 + 4 or 5 x 4 + 8 of the 32 zmm registers
     for (; j + 4 <= full_end; j += 4) avx512_group<T, R, 4, false>(p, s, rows, j, p.Ke);
     for (; j + 2 <= full_end; j += 2) avx512_group<T, R, 2, false>(p, s, rows, j, p.Ke);
