@@ -2,6 +2,7 @@
 on the embedded target's (SmolLM2-135M) linear shapes, fp32 and bf16, at several row counts.
 
     PYTHONPATH=src python recipes/dense_bench.py [--threads 2] [--rows 1,2,5,16,128,512] [--dtypes float32,bfloat16]
+        [--threads 1 --cpu-time]   (a shared machine: process CPU time, which waiting for a busy core does not count)
 
 Shapes: hidden 576, 9 query heads and 3 KV heads of 64 (qkv 576 -> 960), MLP 1536 (gate_up 576 -> 3072, down
 1536 -> 576), vocabulary 49152 (the tied LM head). Each call takes the next of several copies of the weight,
@@ -24,7 +25,7 @@ from verispec.runtime.llama import try_pack
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 
 
-def timed(fns, calls: int) -> list[float]:
+def timed(fns, calls: int, clock=time.perf_counter) -> list[float]:
     """Best µs of `calls` calls of each function, the functions taking turns (this machine is shared: the minimum
     is the time a call takes when nothing else runs, and turns spread the noise evenly)."""
     for fn in fns:
@@ -33,9 +34,9 @@ def timed(fns, calls: int) -> list[float]:
     best = [float("inf")] * len(fns)
     for _ in range(calls):
         for i, fn in enumerate(fns):
-            start = time.perf_counter()
+            start = clock()
             fn()
-            best[i] = min(best[i], time.perf_counter() - start)
+            best[i] = min(best[i], clock() - start)
     return [b * 1e6 for b in best]
 
 
@@ -58,14 +59,17 @@ def main() -> None:
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--working-set", type=int, default=320, help="MB of weight copies cycled through per kernel")
     ap.add_argument("--calls", type=int, default=60)
+    ap.add_argument("--cpu-time", action="store_true", help="process CPU time instead of wall time (for 1 thread)")
     args = ap.parse_args()
+    clock = time.process_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     bandwidth = max(measure_bandwidth(repeats=1) for _ in range(5)) / 1e9
-    print(f"threads {args.threads}; flags {' '.join(cpu_flags())}; read bandwidth {bandwidth:.1f} GB/s "
+    print(f"threads {args.threads}; {'CPU' if args.cpu_time else 'wall'} time; flags {' '.join(cpu_flags())}; "
+          f"read bandwidth {bandwidth:.1f} GB/s "
           f"(best torch sum of 512 MB); µs per call (best of turns); GB/s = weight bytes / time")
-    print("| dtype | linear | [out, in] | rows | ours µs | GB/s | % bw | oneDNN µs | GB/s | oneDNN / ours |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| dtype | linear | [out, in] | rows | ours µs | GB/s | % bw | GFLOP/s | oneDNN µs | GB/s | oneDNN / ours |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for dtype in [getattr(torch, name) for name in args.dtypes.split(",")]:
         for name in args.shapes.split(","):
             out, size = SHAPES[name]
@@ -83,9 +87,9 @@ def main() -> None:
                 if theirs is not None:
                     fns.append(rotating(theirs, lambda w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [],
                                                                                                "")))
-                us, *them = timed(fns, calls)
+                us, *them = timed(fns, calls, clock)
                 line = f"| {str(dtype)[6:]} | {name} | {[out, size]} | {rows} | {us:.0f} | {nbytes / us / 1e3:.1f} | " \
-                       f"{100 * nbytes / us / 1e3 / bandwidth:.0f} |"
+                       f"{100 * nbytes / us / 1e3 / bandwidth:.0f} | {2 * rows * out * size / us / 1e3:.0f} |"
                 if not them:
                     print(line + " - | - | - |")
                     continue

@@ -141,3 +141,54 @@ def test_rows_past_one_chunk_are_their_one_row_calls():
     packed = dense.pack(weight)
     alone = torch.cat([dense.linear(x[i : i + 1], packed, bias) for i in range(100)])  # [100, out]
     assert torch.equal(dense.linear(x, packed, bias), alone)
+
+
+# The embedded target's shapes ([out, in]: qkv, o, down, and a narrow tail) and row counts that cross every tiling
+# boundary: few-row tiles (< 8 rows: 4 blocks, whole K), 12-row tiles over K passes (2 blocks; 8+ rows), row chunks
+# (at most 1 MB of fp32 rows: 455 rows of 576 inputs), and their remainders.
+MODEL_SHAPES = [(960, 576), (576, 576), (576, 1536), (40, 577)]
+ROW_COUNTS = [1, 2, 5, 7, 8, 9, 12, 13, 16, 23, 24, 25, 64, 127, 128, 200, 455, 456, 512, 600]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("out, size", MODEL_SHAPES)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_many_rows_are_bitwise_their_one_row_calls_and_the_reference_order(dtype, out, size, threads):
+    """Up to 600 rows on the best path: every row is its 1-row call's bits, and those are the scalar path's (the
+    reference order: one accumulator a output, k in order; bf16 as vdpbf16ps, the odd product first), so the
+    tiling never changes a bit."""
+    weight, x, bias = data(out, size, max(ROW_COUNTS), dtype, seed=6)
+    packed = dense.pack(weight)
+    best = paths(dtype)[0]
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        alone = torch.cat([dense.linear(x[i : i + 1], packed, bias, best) for i in range(x.shape[0])])  # [600, out]
+        sample = slice(3, None, 29)  # 21 rows through the scalar path (slow; each row its own, by construction)
+        assert torch.equal(alone[sample], dense.linear(x[sample], packed, bias, 0))
+        for m in ROW_COUNTS:
+            start = (7 * m) % (x.shape[0] - m + 1)  # rows from the middle too, not only the first ones
+            assert torch.equal(dense.linear(x[start : start + m], packed, bias, best), alone[start : start + m]), m
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 16, 100])
+def test_bf16_denormals_follow_vdpbf16ps_on_the_best_path(rows):
+    """The AVX-512 bf16 path keeps vdpbf16ps's rules (its bits before it ran as FMAs): denormal inputs count as
+    zero, and sums below fp32's normal range flush to zero. The AVX2 path keeps denormals (the contrast: these
+    data do reach them)."""
+    if paths(torch.bfloat16)[0] != dense.PATHS["avx512"]:
+        pytest.skip("no AVX512_BF16 here")
+    weight, x, _ = data(48, 96, rows, torch.bfloat16, seed=7)
+    packed = dense.pack(weight)
+    tiny = (x.float() * 1e-39).to(torch.bfloat16)  # [rows, in] denormal bf16 inputs (and zeros)
+    assert (tiny != 0).any()
+    assert torch.equal(dense.linear(tiny, packed, None), torch.zeros(rows, 48, dtype=torch.bfloat16))
+    assert (dense.linear(tiny, packed, None, dense.PATHS["avx2"]) != 0).any()
+    assert torch.equal(dense.linear(x + tiny, packed, None), dense.linear(x, packed, None))
+    small = (x.float() * 2e-19).to(torch.bfloat16)  # products about 1e-38 (weights ~0.1): sums at the boundary
+    small_weight = dense.pack((weight.float() * 1e-19).to(torch.bfloat16))
+    y, kept = dense.linear(small, small_weight, None).float(), dense.linear(small, small_weight, None, 1).float()
+    assert (kept.abs() < 2.0**-126).logical_and(kept != 0).any()  # denormal sums exist without the flush
+    assert not (y.abs() < 2.0**-126).logical_and(y != 0).any()  # and none with it

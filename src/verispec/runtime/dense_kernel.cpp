@@ -7,15 +7,17 @@
 // The packed tensor is [N, K] or [N, Ke] elements, so N and Ke are its shape.
 //
 // Row invariance by construction: every output element (r, n) has one accumulator, started at 0 and updated once
-// per k (fp32: a fused multiply-add of w[n, k] x[r, k]; bf16: one vdpbf16ps step per pair of k, the odd product
-// first, then the even one, as the instruction does), in increasing k, whatever the number of rows M, the row's
-// place in a register tile, the tile shape, and the thread count (threads split output blocks only). The bias
+// per k (fp32: a fused multiply-add of w[n, k] x[r, k]; bf16: per pair of k, the odd product first, then the even
+// one, as vdpbf16ps does: the AVX-512 path runs them as two FMAs, see there), in increasing k, whatever the number of rows M, the row's
+// place in a register tile, the tile shape, K passes (sums wait in fp32 between them: exact), and the thread count
+// (threads split output blocks only). The bias
 // is added in fp32 after the sum; bf16 output is rounded once (to nearest even). A row's result is therefore
 // the same bits in a 1-row call as in any M-row call. Paths: fp32 gives the same bits on every path (the same
-// FMA chain); bf16 paths agree except where denormals occur (vdpbf16ps flushes them).
+// FMA chain); bf16 paths agree except where denormals occur (AVX-512 flushes them as vdpbf16ps does).
 //
 // Paths (argument `path`; dense.py picks the best built one or VERISPEC_DENSE_PATH forces another):
-//   2 AVX-512: fp32 FMA, bf16 vdpbf16ps where built with AVX512_BF16 (else the AVX2 bf16 code)
+//   2 AVX-512: FMA for both dtypes (bf16 with vdpbf16ps's rules), bf16 where built with AVX512_BF16 (else the
+//     AVX2 bf16 code: it keeps denormals)
 //   1 AVX2 + FMA: both dtypes (bf16 -> fp32 by a 16-bit shift, exact)
 //   0 scalar: std::fma, the reference order in plain C++
 #include <torch/extension.h>
@@ -24,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -188,120 +192,209 @@ void avx2_rows(const Problem<T>& p, int64_t r0, int64_t rows, int64_t j) {
 
 #if defined(__AVX512F__)
 // --------------------------------------------------------------------------------------------------- AVX-512
-// A tile of R rows x C blocks (C zmm weights a step, R x C accumulators). TAIL: one block narrower than 16
-// (masked loads and stores, weight stride = its width).
+// Both dtypes run fp32 FMAs on fp32 rows: bf16 rows are widened once per chunk (exact), bf16 weights per load (the
+// pair's odd value masked, the even one shifted up: exact), and each pair is two FMAs, the odd product first, then
+// the even one: vdpbf16ps's own order and rounding (a product of two bf16 values is exact in fp32), at twice its
+// speed on CPUs where vdpbf16ps issues at a quarter of the FMA rate. vdpbf16ps treats denormal inputs as zero and
+// flushes denormal results; the bf16 FMAs run with MXCSR's DAZ and FTZ set for the same bits.
+//
+// A tile is R rows x C blocks (R x C zmm accumulators). fp32, and bf16 with few rows (< BIG_ROWS): C = 4 and the
+// whole K in one pass (few rows are memory-bound: four independent chains a row). bf16 with many rows: C = 2 and K in passes whose weight panel (2 blocks x
+// the pass's inputs) stays in L1 while all the chunk's row tiles (12 rows each) use it; between passes a tile's
+// accumulators wait in an fp32 scratch (exact), so each output is still one accumulator over k in order. A pass's
+// rows go in tiles of equal height.
+constexpr int64_t BIG_ROWS = 8;
+constexpr int64_t PANEL_BYTES = 24 << 10;  // weights of one pass of a 2-block group: L1 holds it and the tile's rows
+constexpr int64_t PART_WIDTH = 4 * BW;  // scratch columns a row (the widest group)
+
+// One pass of a chunk of rows: rows x[r * ldx + k] (fp32), inputs [k0, k1), output rows row0 + r.
+struct Pass {
+  const float* x;
+  int64_t ldx, row0, k0, k1;
+  float* part;  // [rows][PART_WIDTH] sums between passes
+  bool first, last;
+};
+
+inline __m512 odd_f32(__m512i pairs) {
+  return _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline __m512 even_f32(__m512i pairs) { return _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16)); }
+
+template <int R, int C>
+inline void start(__m512 (&acc)[R][C], const Pass& s, int64_t r0) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c)
+      acc[r][c] = s.first ? _mm512_setzero_ps() : _mm512_loadu_ps(s.part + (r0 + r) * PART_WIDTH + c * BW);
+}
+
+template <typename T, int R, int C>
+inline void finish(const Problem<T>& p, const __m512 (&acc)[R][C], const Pass& s, int64_t r0, int64_t j,
+                   __mmask16 mask) {
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) {
+      if (!s.last) {
+        _mm512_storeu_ps(s.part + (r0 + r) * PART_WIDTH + c * BW, acc[r][c]);
+        continue;
+      }
+      __m512 v = acc[r][c];
+      if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.bias + (j + c) * BW));
+      const int64_t at = (s.row0 + r0 + r) * p.N + (j + c) * BW;
+      if constexpr (std::is_same_v<T, float>) {
+        _mm512_mask_storeu_ps(p.y + at, mask, v);
+      } else {
+#if defined(__AVX512BF16__)
+        _mm256_mask_storeu_epi16(reinterpret_cast<bf16*>(p.y) + at, mask, (__m256i)_mm512_cvtneps_pbh(v));
+#endif
+      }
+    }
+}
+
+// TAIL: one block narrower than 16 (masked loads and stores, weight stride = its width).
 template <int R, int C, bool TAIL>
-void avx512_tile(const Problem<float>& p, int64_t r0, int64_t j) {
+void avx512_tile(const Problem<float>& p, const Pass& s, int64_t r0, int64_t j) {
   const int64_t width = TAIL ? p.N - j * BW : BW;
   const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
   __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  start(acc, s, r0);
   const float* w = p.w + j * p.block_stride();
-  const float* x = p.x + r0 * p.ldx;
-  for (int64_t k = 0; k < p.K; ++k) {
+  const float* x = s.x + r0 * s.ldx;
+  for (int64_t k = s.k0; k < s.k1; ++k) {
     __m512 wv[C];
     for (int c = 0; c < C; ++c)
       wv[c] = TAIL ? _mm512_maskz_loadu_ps(mask, w + k * width) : _mm512_loadu_ps(w + c * p.block_stride() + k * BW);
     for (int r = 0; r < R; ++r) {
-      const __m512 xb = _mm512_set1_ps(x[r * p.ldx + k]);
+      const __m512 xb = _mm512_set1_ps(x[r * s.ldx + k]);
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(wv[c], xb, acc[r][c]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) {
-      float* y = p.y + (r0 + r) * p.N + (j + c) * BW;
-      __m512 v = acc[r][c];
-      if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.bias + (j + c) * BW));
-      _mm512_mask_storeu_ps(y, mask, v);
-    }
+  finish(p, acc, s, r0, j, mask);
 }
 
-#if defined(__AVX512BF16__)
 template <int R, int C, bool TAIL>
-void avx512_tile(const Problem<c10::BFloat16>& p, int64_t r0, int64_t j) {
+void avx512_tile(const Problem<c10::BFloat16>& p, const Pass& s, int64_t r0, int64_t j) {
   const int64_t width = TAIL ? p.N - j * BW : BW;
   const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
   __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
+  start(acc, s, r0);
   const bf16* w = reinterpret_cast<const bf16*>(p.w) + j * p.block_stride();
-  const bf16* x = reinterpret_cast<const bf16*>(p.x) + r0 * p.ldx;
-  const int64_t pairs = p.K / 2;
-  auto step = [&](int64_t kp, const uint32_t* xpair) {
-    __m512i wv[C];
-    for (int c = 0; c < C; ++c)
-      wv[c] = TAIL ? _mm512_maskz_loadu_epi32(mask, w + kp * 2 * width)
-                   : _mm512_loadu_si512(w + c * p.block_stride() + kp * 2 * BW);
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(xpair[r]));
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)wv[c], xb);
-    }
-  };
-  uint32_t xpair[R];
-  for (int64_t kp = 0; kp < pairs; ++kp) {
-    for (int r = 0; r < R; ++r) std::memcpy(&xpair[r], x + r * p.ldx + 2 * kp, 4);
-    step(kp, xpair);
-  }
-  if (p.K % 2) {  // the last k alone: its pair partner is 0 (and the packed weight's padding is 0)
-    for (int r = 0; r < R; ++r) xpair[r] = x[r * p.ldx + p.K - 1];
-    step(pairs, xpair);
-  }
-  for (int r = 0; r < R; ++r)
+  const float* x = s.x + r0 * s.ldx;
+  const unsigned csr = _mm_getcsr();
+  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ: vdpbf16ps's denormal rules
+  for (int64_t k = s.k0; k < s.k1; k += 2) {  // one pair: the block's 16 columns x (k, k + 1), interleaved
+    __m512 odd[C], even[C];
     for (int c = 0; c < C; ++c) {
-      bf16* y = reinterpret_cast<bf16*>(p.y) + (r0 + r) * p.N + (j + c) * BW;
-      __m512 v = acc[r][c];
-      if (p.bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, p.bias + (j + c) * BW));
-      _mm256_mask_storeu_epi16(y, mask, (__m256i)_mm512_cvtneps_pbh(v));
+      const __m512i v = TAIL ? _mm512_maskz_loadu_epi32(mask, w + k * width)
+                             : _mm512_loadu_si512(w + c * p.block_stride() + k * BW);
+      odd[c] = odd_f32(v);
+      even[c] = even_f32(v);
     }
+    for (int r = 0; r < R; ++r) {
+      const __m512 xo = _mm512_set1_ps(x[r * s.ldx + k + 1]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(odd[c], xo, acc[r][c]);
+      const __m512 xe = _mm512_set1_ps(x[r * s.ldx + k]);
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(even[c], xe, acc[r][c]);
+    }
+  }
+  _mm_setcsr(csr);
+  finish(p, acc, s, r0, j, mask);
 }
-#endif
 
-template <typename T, int C, bool TAIL>
-void avx512_rows(const Problem<T>& p, int64_t r0, int64_t rows, int64_t j) {
-  constexpr int R = 6;  // 6 x 4 accumulators + 4 weights + 1 broadcast: 29 of the 32 zmm registers
-  int64_t r = r0;
-  for (; r + R <= r0 + rows; r += R) avx512_tile<R, C, TAIL>(p, r, j);
-  switch (r0 + rows - r) {
-    case 5: avx512_tile<5, C, TAIL>(p, r, j); break;
-    case 4: avx512_tile<4, C, TAIL>(p, r, j); break;
-    case 3: avx512_tile<3, C, TAIL>(p, r, j); break;
-    case 2: avx512_tile<2, C, TAIL>(p, r, j); break;
-    case 1: avx512_tile<1, C, TAIL>(p, r, j); break;
-    default: break;
+// Rows [r0, r0 + left) of a pass, left <= R, as one tile of exactly `left` rows.
+template <typename T, int R, int C, bool TAIL>
+void avx512_rest(const Problem<T>& p, const Pass& s, int64_t r0, int64_t left, int64_t j) {
+  if constexpr (R > 0) {
+    if (left == R) avx512_tile<R, C, TAIL>(p, s, r0, j);
+    else avx512_rest<T, R - 1, C, TAIL>(p, s, r0, left, j);
   }
 }
 
-// Blocks [j0, j1) of rows [r0, r0 + rows): groups of up to 4 full blocks, then the tail block if it is here.
+// A pass's rows in tiles of at most R rows, of equal height within one (16 rows: 8 + 8, not 12 + 4: a short tile
+// has too few independent chains to keep the FMA units busy).
+template <typename T, int R, int C, bool TAIL>
+void avx512_rows(const Problem<T>& p, const Pass& s, int64_t rows, int64_t j) {
+  const int64_t tiles = (rows + R - 1) / R, base = rows / tiles, taller = rows % tiles;
+  for (int64_t t = 0, r = 0; t < tiles; ++t) {
+    const int64_t height = base + (t < taller ? 1 : 0);
+    avx512_rest<T, R, C, TAIL>(p, s, r, height, j);
+    r += height;
+  }
+}
+
+// Blocks [j, j + C) of a chunk's rows, K in passes of at most `step` inputs (step even for bf16).
+template <typename T, int R, int C, bool TAIL>
+void avx512_group(const Problem<T>& p, Pass s, int64_t rows, int64_t j, int64_t step) {
+  for (int64_t k0 = 0; k0 < p.Ke; k0 += step) {
+    s.k0 = k0;
+    s.k1 = std::min(p.Ke, k0 + step);
+    s.first = k0 == 0;
+    s.last = s.k1 == p.Ke;
+    avx512_rows<T, R, C, TAIL>(p, s, rows, j);
+  }
+}
+
+// Blocks [j0, j1) of a chunk's rows: groups of C full blocks, then single ones, then the tail block if here.
 template <typename T>
-void avx512_blocks(const Problem<T>& p, int64_t r0, int64_t rows, int64_t j0, int64_t j1) {
+void avx512_chunk(const Problem<T>& p, const Pass& s, int64_t rows, int64_t j0, int64_t j1) {
   const int64_t full_end = std::min(j1, p.N / BW);
   int64_t j = j0;
-  for (; j + 4 <= full_end; j += 4) avx512_rows<T, 4, false>(p, r0, rows, j);
-  switch (full_end - j) {
-    case 3: avx512_rows<T, 3, false>(p, r0, rows, j); break;
-    case 2: avx512_rows<T, 2, false>(p, r0, rows, j); break;
-    case 1: avx512_rows<T, 1, false>(p, r0, rows, j); break;
-    default: break;
+  if (std::is_same_v<T, float> || rows < BIG_ROWS) {  // fp32: 6 x 4 tiles measured faster at every row count
+    constexpr int R = std::is_same_v<T, float> ? 6 : 5;  // 6 x 4 + 4 or 5 x 4 + 8 of the 32 zmm registers
+    for (; j + 4 <= full_end; j += 4) avx512_group<T, R, 4, false>(p, s, rows, j, p.Ke);
+    for (; j + 2 <= full_end; j += 2) avx512_group<T, R, 2, false>(p, s, rows, j, p.Ke);
+    for (; j < full_end; ++j) avx512_group<T, R, 1, false>(p, s, rows, j, p.Ke);
+    if (j1 > full_end) avx512_group<T, R, 1, true>(p, s, rows, full_end, p.Ke);
+    return;
   }
-  if (j1 > full_end) avx512_rows<T, 1, true>(p, r0, rows, full_end);
+  constexpr int64_t unit = std::is_same_v<T, float> ? 1 : 2;
+  const int64_t most = std::max(unit, PANEL_BYTES / (2 * BW * static_cast<int64_t>(sizeof(T))) / unit * unit);
+  const int64_t passes = (p.Ke + most - 1) / most, step = ((p.Ke + passes - 1) / passes + unit - 1) / unit * unit;
+  for (; j + 2 <= full_end; j += 2) avx512_group<T, 12, 2, false>(p, s, rows, j, step);  // 24 + 2 or 4 zmm
+  for (; j < full_end; ++j) avx512_group<T, 12, 1, false>(p, s, rows, j, step);
+  if (j1 > full_end) avx512_group<T, 12, 1, true>(p, s, rows, full_end, step);
+}
+
+// One thread's share on AVX-512: rows in equal chunks of at most X_CHUNK_BYTES of fp32 rows (the weights stream
+// once per chunk), bf16 rows widened to fp32 first (a zero after the last input where K is odd).
+template <typename T>
+void avx512_blocks(const Problem<T>& p, int64_t j0, int64_t j1) {
+  thread_local std::vector<float> widened, part;
+  const int64_t most = std::max<int64_t>(BIG_ROWS, X_CHUNK_BYTES / (p.Ke * 4));
+  const int64_t chunks = (p.M + most - 1) / most, chunk = (p.M + chunks - 1) / chunks;
+  if (static_cast<int64_t>(part.size()) < chunk * PART_WIDTH) part.resize(chunk * PART_WIDTH);
+  for (int64_t r0 = 0; r0 < p.M; r0 += chunk) {
+    const int64_t rows = std::min(chunk, p.M - r0);
+    Pass s{nullptr, p.ldx, r0, 0, 0, part.data(), true, true};
+    if constexpr (std::is_same_v<T, float>) {
+      s.x = p.x + r0 * p.ldx;
+    } else {
+      if (static_cast<int64_t>(widened.size()) < rows * p.Ke) widened.resize(rows * p.Ke);
+      const bf16* x = reinterpret_cast<const bf16*>(p.x);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* out = widened.data() + r * p.Ke;
+        for (int64_t k = 0; k < p.K; ++k) out[k] = bf16_to_f32(x[(r0 + r) * p.ldx + k]);
+        if (p.Ke > p.K) out[p.K] = 0.f;
+      }
+      s.x = widened.data();
+      s.ldx = p.Ke;
+    }
+    avx512_chunk(p, s, rows, j0, j1);
+  }
 }
 #endif
 
 // The AVX-512 code for T where it is built (fp32: AVX-512F; bf16: AVX512_BF16): false where it is not.
-inline bool avx512_blocks_if_built(const Problem<float>& p, int64_t r0, int64_t rows, int64_t j0, int64_t j1) {
+inline bool avx512_blocks_if_built(const Problem<float>& p, int64_t j0, int64_t j1) {
 #if defined(__AVX512F__)
-  avx512_blocks(p, r0, rows, j0, j1);
+  avx512_blocks(p, j0, j1);
   return true;
 #else
   return false;
 #endif
 }
 
-inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t r0, int64_t rows, int64_t j0,
-                                   int64_t j1) {
+inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t j0, int64_t j1) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-  avx512_blocks(p, r0, rows, j0, j1);
+  avx512_blocks(p, j0, j1);
   return true;
 #else
   return false;
@@ -311,13 +404,13 @@ inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t r0, 
 // One thread's share: output blocks [j0, j1) of every row, on `path` or the best built path below it.
 template <typename T>
 void run_blocks(const Problem<T>& p, int64_t path, int64_t j0, int64_t j1) {
+  if (path >= 2 && avx512_blocks_if_built(p, j0, j1)) return;
   // Rows in equal chunks of at most X_CHUNK_BYTES of x (the weights stream once per chunk: a small last chunk
   // would pay a whole pass for a few rows).
   const int64_t most = std::max<int64_t>(6, X_CHUNK_BYTES / (p.K * static_cast<int64_t>(sizeof(T))));
   const int64_t chunks = (p.M + most - 1) / most, chunk = (p.M + chunks - 1) / chunks;
   for (int64_t r0 = 0; r0 < p.M; r0 += chunk) {
     const int64_t rows = std::min(chunk, p.M - r0);
-    if (path >= 2 && avx512_blocks_if_built(p, r0, rows, j0, j1)) continue;
 #if defined(__AVX2__) && defined(__FMA__)
     if (path >= 1) {
       for (int64_t j = j0; j < j1; ++j) {
