@@ -20,6 +20,7 @@ from .config import RunnerOptions, SamplingParams, SpeculativeConfig
 from .drafters.base import Drafter
 from .drafters.build import build_drafter, model_drafter
 from .drafters.placement import check_device
+from .drafters.spec import parse_drafter_spec
 from .engine import GenerationResult, SpeculativeEngine
 from .stats import GenerationStats
 
@@ -79,7 +80,7 @@ class SpeculativeGenerator:
         spec: SpeculativeConfig | None = None,
         runner: RunnerOptions | None = None,
         tree_nodes: int = 0,
-        weights: str = "fp32",
+        weights: str = "auto",
         quantization: str = "none",
         draft_device: str | None = None,
     ) -> SpeculativeGenerator:
@@ -87,14 +88,18 @@ class SpeculativeGenerator:
 
         `draft` is a model (same forms), a draft head ('head:PATH', 'verispec-head-smollm2-135m'), or a drafter
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
-        dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why). weights='gguf': a GGUF
-        target's own quantized blocks (float32); quantization='int8': weight-only int8 (a different model).
+        dtype, its name, or 'auto' (default; runtime/dtype.py says what it picks and why). weights: 'auto'
+        (default) a GGUF target's own quantized blocks (float32 compute; the embedded default is a GGUF file) where
+        verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`models.resolve_weights`);
+        'fp32' the float conversion, 'gguf' the blocks; quantization='int8': weight-only int8 (a different model).
         draft_device: where a draft model runs (default: `device`)."""
-        from .models import load_model, load_tokenizer, quantize_target, resolve_target_dtype
+        from .models import load_model, load_tokenizer, quantize_target, resolve_target_dtype, resolve_weights
 
+        backend = (runner or RunnerOptions()).backend
+        reads = isinstance(draft, str) and draft != "auto" and parse_drafter_spec(draft).reads_target_weights
+        weights, _ = resolve_weights(weights, target, dtype, device, quantization, backend, drafter_reads_weights=reads)
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
-        dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization,
-                                        (runner or RunnerOptions()).backend)
+        dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization, backend)
         target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype,

@@ -7,8 +7,8 @@ memory on the host (else /proc/meminfo MemAvailable). The target is loaded befor
 already missing from the free figure.
 
 The target's quantized twin (`--draft-model self:FORMAT`, drafters/twin.py) has no files: `twin_bytes` counts its
-weights from the target's config (its quantized linears and LM head; the embedding is the target's) and its KV
-cache (the target's size per slot).
+weights from the target's `LlamaSpec` (its quantized linears and LM head; the embedding is the target's) and its
+KV cache (the target's size per slot).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from .runtime.llama import LlamaSpec
 from .runtime.quant import BLOCK, GGML_BLOCKS
 
 # Bytes per element of the safetensors dtype names (the header stores these strings).
@@ -166,28 +167,26 @@ def quantized_bytes(out_features: int, in_features: int, qtype: str) -> int:
     return out_features * (in_features // BLOCK) * GGML_BLOCKS[qtype][0]
 
 
-def twin_weight_bytes(target_config, qtype: str, head_tokens: int | None = None) -> int:
+def twin_weight_bytes(spec: LlamaSpec, qtype: str, head_tokens: int | None = None) -> int:
     """Bytes of the twin's own weights (drafters/twin.py, `weight_bytes()` once built): every layer's linears and
     the LM head (`head_tokens` rows of it when reduced, plus their ids) in `qtype`, the norms and biases in
-    float32; the embedding is the target's. Needs no weights: read from the target's config."""
-    text = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config
-    hidden, inter, vocab = text.hidden_size, text.intermediate_size, text.vocab_size
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or hidden // heads
-    attention = heads * head_dim
-    qkv = attention + 2 * kv_heads * head_dim
+    float32; the embedding is the target's. Needs no weights: the shapes are the target's `LlamaSpec` (the one the
+    twin is built on)."""
+    hidden, inter, vocab = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+    attention = spec.num_heads * spec.head_dim
+    qkv = attention + 2 * spec.num_kv_heads * spec.head_dim  # the fused q/k/v linear's output width
     layer = (quantized_bytes(qkv, hidden, qtype) + quantized_bytes(hidden, attention, qtype)
              + quantized_bytes(2 * inter, hidden, qtype) + quantized_bytes(hidden, inter, qtype))
-    small = 2 * hidden + (qkv if getattr(text, "model_type", "") == "qwen2" else 0)  # norms (+ qkv bias) per layer
+    small = 2 * hidden + (qkv if spec.qkv_bias else 0)  # norms (+ qkv bias) per layer
     head_rows = vocab if head_tokens is None else min(head_tokens, vocab)
     head = quantized_bytes(head_rows, hidden, qtype) + (0 if head_tokens is None else 8 * head_rows)
-    return text.num_hidden_layers * (layer + 4 * small) + 4 * hidden + head
+    return spec.num_layers * (layer + 4 * small) + 4 * hidden + head
 
 
 def twin_bytes(target_config, qtype: str, head_tokens: int | None, max_len: int, slots: int,
                dtype: torch.dtype = torch.float32) -> int:
     """What the twin adds beside its target: its weights and its KV cache of `slots` slots of `max_len` entries
-    (the target's layers, heads and dtype)."""
-    return twin_weight_bytes(target_config, qtype, head_tokens) + slots * kv_cache_bytes(target_config, max_len,
-                                                                                          dtype)
+    (the target's layers, heads and dtype). UnsupportedModel (a ValueError) where the target is outside the
+    native family, which the twin runs on."""
+    spec = LlamaSpec.from_config(target_config, max_len)
+    return twin_weight_bytes(spec, qtype, head_tokens) + slots * kv_cache_bytes(target_config, max_len, dtype)

@@ -155,7 +155,8 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
     return model
 
 
-WEIGHTS = ("fp32", "gguf")  # --weights: the fp32 conversion (default) or a GGUF file's own quantized weights
+WEIGHTS = ("auto", "fp32", "gguf")  # --weights: a GGUF target's own blocks where they run (auto), the float
+# conversion (fp32), or the GGUF blocks (gguf)
 QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output channel (a different model)
 
 
@@ -179,21 +180,73 @@ def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, t
     does not run natively (its config is read only then). -> (dtype, why)."""
     from .runtime.dtype import resolve_dtype
 
+    if weights == "auto":
+        weights, _ = resolve_weights(weights, target, dtype, device, quantization, runner)
     quantized = is_quantized(weights, quantization)
     native = dtype != "auto" or quantized or in_native_family(target, runner)
     return resolve_dtype(dtype, device, quantized, native)
 
 
+def target_gguf_file(name_or_path: str | os.PathLike) -> Path | None:
+    """The GGUF file a target is loaded from (the embedded default's, or a .gguf path); None for a folder."""
+    if str(name_or_path) == DEFAULT_TARGET:
+        return embedded_gguf_path()
+    path = resolve_model_path(name_or_path)
+    return path if path.suffix == ".gguf" else None
+
+
+def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.dtype = "auto",
+                    device: str | torch.device = "cpu", quantization: str = "none", runner: str = "auto",
+                    hf_methods: bool = False, drafter_reads_weights: bool = False) -> tuple[str, str]:
+    """`--weights auto` -> 'gguf' or 'fp32', and why: a GGUF target (the embedded default is one) runs its own
+    blocks where verispec's GGUF kernel runs them (CPU, native runner, block types it has, the kernel built) and
+    nothing asked for the float conversion (an explicit --dtype, --quantization, Hugging Face runs, a draft head or
+    twin, which read the target's float weights: `drafter_reads_weights`); the values
+    are those of the fp32 conversion, at a quarter of the bytes (docs/runner.md). 'fp32' / 'gguf' are kept.
+    ValueError naming the choices for an unknown value."""
+    if weights not in WEIGHTS:
+        raise ValueError(f"unknown weights {weights!r}: choose from {', '.join(WEIGHTS)}")
+    if weights != "auto":
+        return weights, f"{weights}: asked for"
+    why = "fp32 (the float conversion): "
+    if quantization != "none":
+        return "fp32", why + f"--quantization {quantization} quantizes the float conversion"
+    if not (isinstance(dtype, str) and dtype == "auto"):
+        return "fp32", why + f"the dtype was asked for ({str(dtype).removeprefix('torch.')})"
+    if torch.device(device).type != "cpu":
+        return "fp32", why + "the GGUF kernel runs on the CPU only"
+    if drafter_reads_weights:
+        return "fp32", why + "the drafter (a draft head or the twin) reads the target's float weights"
+    if hf_methods or not in_native_family(target, runner):
+        return "fp32", why + "Hugging Face modeling runs the target, which has no GGUF kernel"
+    try:
+        gguf_file = target_gguf_file(target)
+    except (ValueError, ModelLoadError):  # not found: loading reports it
+        return "fp32", why + "the target's file could not be read"
+    if gguf_file is None:
+        return "fp32", why + "the target is not a GGUF file"
+    from .runtime import quant
+    from .runtime.gguf_weights import unsupported_types
+
+    runs, other = unsupported_types(gguf_file)
+    if other:
+        return "fp32", why + f"the GGUF file holds {', '.join(other)} blocks, which the GGUF kernel does not run"
+    if quant.kernel() is None:
+        return "fp32", why + "the GGUF kernel is not built here (no C++ compiler?)"
+    return "gguf", (f"gguf: the target's GGUF file as stored ({', '.join(runs) or 'float'} blocks): the fp32 "
+                    "conversion's weight values at a fraction of the bytes (--weights fp32 runs the conversion)")
+
+
 def is_quantized(weights: str, quantization: str) -> bool:
     """Whether --weights / --quantization put the target on quantized weights (which compute in float32)."""
-    return weights != "fp32" or quantization != "none"
+    return weights == "gguf" or quantization != "none"
 
 
 def check_weights(name_or_path: str | os.PathLike, weights: str, quantization: str, dtype: torch.dtype) -> Path | None:
     """--weights / --quantization checked against the target; -> its GGUF file for `--weights gguf`, else None.
     ValueError naming the fix for a combination that does not run."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"unknown weights {weights!r}: choose from {', '.join(WEIGHTS)}")
+    if weights not in WEIGHTS or weights == "auto":  # 'auto' is resolved first (resolve_weights)
+        raise ValueError(f"unknown weights {weights!r}: choose from {', '.join(WEIGHTS[1:])}")
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"unknown quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
     if weights == "fp32" and quantization == "none":
@@ -204,11 +257,10 @@ def check_weights(name_or_path: str | os.PathLike, weights: str, quantization: s
         raise ValueError(f"quantized weights compute in float32, not {dtype}: pass --dtype float32")
     if weights == "fp32":
         return None
-    if str(name_or_path) == DEFAULT_TARGET:
-        return embedded_gguf_path()
-    path = resolve_model_path(name_or_path)
-    if path.suffix != ".gguf":
-        raise ValueError(f"--weights gguf needs a .gguf target (or the embedded default), not {path}")
+    path = target_gguf_file(name_or_path)
+    if path is None:
+        raise ValueError(f"--weights gguf needs a .gguf target (or the embedded default), not "
+                         f"{resolve_model_path(name_or_path)}")
     return path
 
 

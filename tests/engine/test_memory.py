@@ -8,6 +8,7 @@ import torch
 from conftest import tiny_gpt2, tiny_llama
 from verispec import memory
 from verispec.memory import check_draft_memory, free_memory_bytes, kv_cache_bytes, weights_bytes
+from verispec.runtime.llama import LlamaSpec
 
 
 def unique_param_bytes(model, bytes_per_element=4):
@@ -91,7 +92,7 @@ def test_twin_bytes_from_the_config_equal_the_built_twins(name, qtype, head, arc
 
     target = (tiny_llama if arch == "llama" else tiny_qwen2)(3, hidden=64)
     built = TwinDrafter(target, name, 64).weight_bytes()
-    assert memory.twin_weight_bytes(target.config, qtype, head) == built
+    assert memory.twin_weight_bytes(LlamaSpec.from_config(target.config, 64), qtype, head) == built
     assert twin_memory_bytes(name, target.config, 100, 3, torch.bfloat16) == built + 3 * kv_cache_bytes(
         target.config, 100, torch.bfloat16)
 
@@ -107,18 +108,29 @@ def test_a_twin_that_does_not_fit_is_left_out_of_a_cascade_with_a_warning(tokeni
     assert roomy.warning is None and isinstance(roomy.drafter.stages[1], TwinDrafter)
 
 
+def served_model(target, **config):
+    """A `ServedModel` with what its drafter guard reads (`_make_room`): config, target, slots, an empty cache, and a
+    target cache that has allocated nothing yet."""
+    from types import SimpleNamespace
+
+    from verispec.server import runtime
+
+    served = runtime.ServedModel.__new__(runtime.ServedModel)
+    served.config = SimpleNamespace(**{"max_len": 64, "dtype": torch.float32, "device": "cpu", "draft_device": None,
+                                       **config})
+    served.target, served.max_num_seqs, served._cache = target, 4, {}
+    served.engine = SimpleNamespace(target=SimpleNamespace(cache=SimpleNamespace(layers=[])))
+    return served
+
+
 def test_the_servers_guard_counts_a_twin_and_refuses_one_that_does_not_fit(monkeypatch):
     """server/runtime.py's guard before a request's drafter loads: the twin's weights and its KV cache for every
     slot count (it has no files to read); 503 when they do not fit, nothing checked for n-gram."""
-    from types import SimpleNamespace
-
     from verispec.server import runtime
     from verispec.server.errors import APIError
 
     target = tiny_llama(3, hidden=64)
-    served = SimpleNamespace(config=SimpleNamespace(max_len=64, dtype=torch.float32, device="cpu"), target=target,
-                             max_num_seqs=4, _cache={}, engine=SimpleNamespace(target=SimpleNamespace(
-                                 cache=SimpleNamespace(layers=[]))))
+    served = served_model(target)
     spoken_for = 4 * runtime.kv_slot_bytes(served.config, target)  # the target's slots, not allocated yet
     need = memory.twin_bytes(target.config, "int8", None, runtime.cache_len(64), 4, torch.float32)
     monkeypatch.setattr(runtime, "free_memory_bytes", lambda device: int((need + spoken_for) / memory.HEADROOM) + 64)
@@ -128,3 +140,37 @@ def test_the_servers_guard_counts_a_twin_and_refuses_one_that_does_not_fit(monke
         runtime.ServedModel._make_room(served, "twin", "ngram+self:int8")
     assert info.value.status == 503 and "`twin` needs" in str(info.value.message)
     runtime.ServedModel._make_room(served, "ngram", "ngram")  # nothing to count
+
+
+def test_the_servers_guard_reads_free_memory_on_the_draft_device(monkeypatch, saved):
+    """A draft model on its own device (--draft-device) is checked against that device's free memory, not the
+    target's; the target's slots still to come are spoken for on the target's device only."""
+    from verispec.server import runtime
+    from verispec.server.errors import APIError
+
+    root, _ = saved
+    served = served_model(tiny_llama(3, hidden=64), draft_device="cuda:1")
+    draft = str(root / "llama")
+    need = weights_bytes(root / "llama") + 4 * kv_cache_bytes(tiny_llama(40).config, runtime.cache_len(64))
+    asked = []
+
+    def free_on(target_free, draft_free):
+        def free(device):
+            asked.append(str(device))
+            return {"cpu": target_free, "cuda:1": draft_free}[str(device)]
+        return free
+
+    monkeypatch.setattr(runtime, "free_memory_bytes", free_on(1024, int(need / memory.HEADROOM) + 64))
+    runtime.ServedModel._make_room(served, "draft", draft)  # fits on cuda:1, however full the target's device is
+    assert asked == ["cuda:1"]
+    monkeypatch.setattr(runtime, "free_memory_bytes", free_on(2**40, int(need / memory.HEADROOM) - 64))
+    with pytest.raises(APIError) as info:
+        runtime.ServedModel._make_room(served, "draft", draft)
+    assert info.value.status == 503 and "on cuda:1" in str(info.value.message)
+    served.config.draft_device = None  # on the target's device: its slots still to come count against it
+    spoken_for = 4 * runtime.kv_slot_bytes(served.config, served.target)
+    monkeypatch.setattr(runtime, "free_memory_bytes", free_on(int((need + spoken_for) / memory.HEADROOM) - 64, 0))
+    with pytest.raises(APIError):
+        runtime.ServedModel._make_room(served, "draft", draft)
+    monkeypatch.setattr(runtime, "free_memory_bytes", free_on(int((need + spoken_for) / memory.HEADROOM) + 64, 0))
+    runtime.ServedModel._make_room(served, "draft", draft)

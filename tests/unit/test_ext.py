@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from verispec.runtime import ext
@@ -38,8 +40,6 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next(tmp_path, monkeypa
     lock, which the OS releases with its process; the source is compiled from a copy in the folder."""
     if dense_kernel() is None:
         pytest.skip("no C++ compiler here")
-    from pathlib import Path
-
     source = Path(ext.__file__).with_name("layer_kernel.cpp")
     folder, _ = ext._folder("layer", source, ext.CFLAGS)
     if not ext.is_cached("layer"):
@@ -48,3 +48,58 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next(tmp_path, monkeypa
     ext._BUILT.pop("layer", None)
     assert ext.build("layer", "layer_kernel.cpp") is not None  # would wait forever on torch's lock
     assert not (folder / "lock").exists() and (folder / "layer_kernel.cpp").read_text() == source.read_text()
+
+
+def _split_kernel(folder):
+    """A kernel in three files: main.cpp includes part.h, which includes part.cpp; <vector> and a quoted name not
+    beside it are the compiler's to find."""
+    (folder / "main.cpp").write_text('#include <vector>\n#include "part.h"\n#include "torch/extension.h"\nint f();\n')
+    (folder / "part.h").write_text('#pragma once\n  # include "part.cpp"\nint g();\n')
+    (folder / "part.cpp").write_text('#include "part.h"\nint g() { return 1; }\n')
+    return folder / "main.cpp"
+
+
+def test_the_key_changes_with_every_included_file(tmp_path):
+    """A kernel split into several files rebuilds when any of them changes: the key hashes each local include,
+    recursively (no compiler runs here)."""
+    source = _split_kernel(tmp_path)
+    assert ext.local_includes(source) == [Path("part.h"), Path("part.cpp")]
+    keys = {ext.cache_key(source, ext.CFLAGS)}
+    assert ext.cache_key(source, ext.CFLAGS) in keys  # the same files give the same key
+    for name in ["part.cpp", "part.h", "main.cpp"]:  # part.cpp is only reached through part.h
+        (tmp_path / name).write_text((tmp_path / name).read_text() + "// changed\n")
+        keys.add(ext.cache_key(source, ext.CFLAGS))
+    assert len(keys) == 4
+
+
+def test_a_kernel_without_local_includes_keeps_its_key(tmp_path):
+    """Counting includes does not move the key of a single-file kernel (the caches already built stay valid)."""
+    import hashlib
+
+    import torch
+
+    source = tmp_path / "one.cpp"
+    source.write_text('#include <torch/extension.h>\n#include "not_here.h"\nint f();\n')
+    text = source.read_text() + torch.__version__ + ext.cpu_flags_line() + " ".join(ext.CFLAGS)
+    assert ext.local_includes(source) == []
+    assert ext.cache_key(source, ext.CFLAGS) == hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def test_the_build_folder_gets_a_copy_of_every_included_file(tmp_path):
+    (tmp_path / "src").mkdir()
+    source = _split_kernel(tmp_path / "src")
+    folder = tmp_path / "build"
+    folder.mkdir()
+    copy = ext.copy_sources(source, folder)
+    assert copy == folder / "main.cpp"
+    for name in ["main.cpp", "part.h", "part.cpp"]:
+        assert (folder / name).read_text() == (source.parent / name).read_text()
+
+
+def test_an_include_outside_the_kernels_folder_is_refused(tmp_path):
+    (tmp_path / "shared.h").write_text("int h();\n")
+    (tmp_path / "kernel").mkdir()
+    source = tmp_path / "kernel" / "k.cpp"
+    source.write_text('#include "../shared.h"\n')
+    with pytest.raises(ValueError, match="outside"):
+        ext.local_includes(source)

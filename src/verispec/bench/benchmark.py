@@ -42,6 +42,7 @@ class BenchConfig:
     vllm_python: str | None = None  # a vLLM virtualenv's python: the same as peers={"vllm": vllm_python}
     peers: dict[str, str] = field(default_factory=dict)  # peer engine -> its virtualenv's python (bench/peers.py)
     weights: str = "fp32"  # the target's weights: the float conversion, or "gguf" (its GGUF file's own blocks)
+    weights_reason: str = ""  # why (the CLI resolves --weights auto: models.resolve_weights)
     quantization: str = "none"  # "int8": the target's linears per channel (a different model)
 
     def __post_init__(self):
@@ -80,7 +81,8 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 def new_report(config: BenchConfig, prompts_file: str) -> dict:
     machine = describe_machine(config.device)
     settings = {**config.settings.to_dict(), "prompts_file": prompts_file, "categories": config.categories,
-                "limit_per_category": config.limit, "dtypes": config.dtypes,
+                "limit_per_category": config.limit, "dtypes": config.dtypes, "weights": config.weights,
+                "weights_reason": config.weights_reason,
                 "limit_note": "all prompts" if config.limit is None else f"first {config.limit} per category"}
     return {"machine": machine, "settings": settings,
             "models": {"target": config.target, "draft": config.draft}, "runs": []}
@@ -91,6 +93,7 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     prompts, prompts_file = selected_prompts(config)
     report = new_report(config, prompts_file)
     log(f"[bench] machine: {machine_line(report['machine'])}")
+    log(f"[bench] weights: {config.weights_reason or config.weights}")
     settings = config.settings
     sweep = (f"batch sizes {','.join(map(str, settings.batch_sizes))}, methods {','.join(settings.batch_methods())}"
              if settings.batch_sizes else

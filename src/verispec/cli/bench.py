@@ -20,7 +20,8 @@ from ..config import StructuredOutput
 from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
 from . import CliError
 from ..runtime.dtype import DTYPE_CHOICES, dtype_name
-from .common import add_runner_args, add_weights_args, positive_int, runner_options, target_dtype
+from .common import (add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options,
+                     target_dtype, target_weights)
 
 DTYPE_NAMES = DTYPE_CHOICES
 DEFAULT_KS = "1,2,3,4,6,8"
@@ -125,8 +126,7 @@ def build_config(args: argparse.Namespace):
     from ..bench.methods import parse_ks, parse_methods
     from ..bench.peers import resolve_peers
 
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
+    check_device_flag("--device", args.device)
     try:
         families = parse_methods(args.methods)
         ks = parse_ks(args.k) if args.k is not None else None
@@ -137,8 +137,12 @@ def build_config(args: argparse.Namespace):
     bad = [d for d in dtypes if d not in DTYPE_NAMES]
     if bad:
         raise CliError(f"unknown dtype {', '.join(bad)} in --dtypes: choose from {', '.join(DTYPE_NAMES)}")
+    hf_methods = any(f.startswith("hf") for f in families)
+    # 'auto' weights: the GGUF blocks only where one dtype, auto, runs and no Hugging Face method compares
+    args.weights, args.weights_reason = target_weights(args, dtypes[0] if len(dtypes) == 1 else "float32",
+                                                       hf_methods)
     quantized = is_quantized(args.weights, args.quantization)  # computes in float32
-    if quantized and any(f.startswith("hf") for f in families):
+    if quantized and hf_methods:
         raise CliError("--weights gguf and --quantization run on verispec's native runner only: pass --methods "
                        "without the hf-* methods (e.g. --methods target,adaptive)")
     dtypes = [dtype_name(target_dtype(args, d)[0]) for d in dtypes]
@@ -185,7 +189,8 @@ def build_config(args: argparse.Namespace):
     config = BenchConfig(target=args.model, draft=draft, prompts_file=args.prompts,
                          categories=_list(args.categories), limit=args.limit, dtypes=list(dict.fromkeys(dtypes)),
                          device=args.device, out=args.out, settings=settings, runner=runner_options(args),
-                         peers=peers, weights=args.weights, quantization=args.quantization)
+                         peers=peers, weights=args.weights, weights_reason=args.weights_reason,
+                         quantization=args.quantization)
     return config, ks
 
 

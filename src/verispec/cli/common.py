@@ -50,10 +50,12 @@ def add_weights_args(group) -> None:
     """--weights and --quantization (models.quantize_target)."""
     from ..models import QUANTIZATIONS, WEIGHTS
 
-    group.add_argument("--weights", choices=WEIGHTS, default="fp32",
-                       help="target weights: 'fp32' (default) the float conversion; 'gguf' a GGUF target's own "
-                            "quantized blocks (Q4_0, Q4_1, Q8_0; the embedded default's Q4_1 file), the same "
-                            "values, a quarter of the bytes (float32 compute, native runner)")
+    group.add_argument("--weights", choices=WEIGHTS, default="auto",
+                       help="target weights: 'auto' (default) a GGUF target's own quantized blocks where verispec's "
+                            "GGUF kernel runs them (CPU, native runner, Q4_0/Q4_1/Q8_0; the embedded default is a "
+                            "Q4_1 file) and --dtype is auto, else the float conversion; 'fp32' the float conversion "
+                            "(in --dtype); 'gguf' the GGUF blocks: the same values as the conversion, a quarter of "
+                            "the bytes (float32 compute, native runner). The choice and why are logged and in --json")
     group.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                        help="'int8': the target's linears quantized per output channel (weight-only, symmetric): "
                             "a different model than the original (outputs differ from the unquantized target's)")
@@ -230,13 +232,41 @@ def target_dtype(args: argparse.Namespace, dtype: str) -> tuple[torch.dtype, str
     from ..models import resolve_target_dtype
 
     return resolve_target_dtype(dtype, args.device, getattr(args, "model", DEFAULT_TARGET),
-                                getattr(args, "weights", "fp32"), getattr(args, "quantization", "none"),
+                                getattr(args, "weights", "auto"), getattr(args, "quantization", "none"),
                                 getattr(args, "runner", "auto"))
 
 
+def target_weights(args: argparse.Namespace, dtype: str, hf_methods: bool = False) -> tuple[str, str]:
+    """--weights ('auto' or a name) resolved for the target, dtype, device and runner the arguments name."""
+    from ..drafters.spec import parse_drafter_spec
+    from ..models import resolve_weights
+
+    try:
+        draft = getattr(args, "draft_model", None)
+        reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights
+        return resolve_weights(args.weights, getattr(args, "model", DEFAULT_TARGET), dtype, args.device,
+                               getattr(args, "quantization", "none"), getattr(args, "runner", "auto"), hf_methods,
+                               reads)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def check_device_flag(flag: str, device: str, hint: str = "") -> str:
+    """`device` (the value of `flag`: '--device', '--draft-device') checked by `placement.check_device` (index range,
+    other device types); CliError (exit 2) with its message otherwise."""
+    from ..drafters.placement import check_device
+
+    try:
+        check_device(device, flag, hint)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    return device
+
+
 def apply_runtime(args: argparse.Namespace) -> None:
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise CliError(f"--device {args.device}: no CUDA device is available; use --device cpu")
+    check_device_flag("--device", args.device)
+    if getattr(args, "weights", None) is not None:  # 'auto' -> gguf or fp32, once: args.weights_reason says why
+        args.weights, args.weights_reason = target_weights(args, getattr(args, "dtype", "auto"))
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
         args.torch_dtype, args.dtype_reason = target_dtype(args, args.dtype)
     if args.threads:
@@ -254,12 +284,8 @@ def add_draft_device_arg(group) -> None:
 
 def draft_device(args: argparse.Namespace) -> str | None:
     """--draft-device checked (CliError naming the fix for a device this machine lacks), or None: --device."""
-    from ..drafters.placement import check_device
+    from ..drafters.placement import DRAFT_HINT
 
     if args.draft_device is None:
         return None
-    try:
-        check_device(args.draft_device, "--draft-device")
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    return args.draft_device
+    return check_device_flag("--draft-device", args.draft_device, DRAFT_HINT)

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     apply_runtime(args)
     setup_logging()
-    logging.getLogger("verispec").info("dtype %s", args.dtype_reason)
+    logging.getLogger("verispec").info("weights %s; dtype %s", args.weights_reason, args.dtype_reason)
     sampling = sampling_kwargs(args)
     SamplingParams(**sampling)  # validate before the (slow) model load
     lines = read_prompts_file(args.prompts_file, sampling, args.chat) if args.prompts_file else None
@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
         result = gen.generate(ids, return_dict=True, **sampling)
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "model": args.model, "draft_model": loaded.name, "drafter_warning": loaded.warning,
-               "runner": {**runner_info(gen.engine.target), "dtype_reason": args.dtype_reason},
+               "runner": {**runner_info(gen.engine.target), "dtype_reason": args.dtype_reason,
+                          "weights_reason": args.weights_reason},
                "stats": result.stats.to_dict()}
         if result.logprobs is not None:
             out["logprobs"] = logprobs_json(result.logprobs, tokenizer)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import cache_len
+from ..runtime.native import model_device
 from .base import Drafter
 from .cascade import SEPARATOR, CascadeDrafter
 from .cross_tokenizer import cross_tokenizer_drafter, same_tokenizer
@@ -94,7 +95,7 @@ def build_drafter(
     weight = next(target.parameters())
     if device is not None:
         device = check_device(device)
-    build = _Build(target, tokenizer, cache_len(max_len), dtype or weight.dtype, device or weight.device, on_error,
+    build = _Build(target, tokenizer, cache_len(max_len), dtype or weight.dtype, device or model_device(target), on_error,
                    draft_model, target_name, check_memory, free_bytes, search_dirs)
     loads = [_build_stage(stage, build) for stage in spec.stages]
     kept = [load for load in loads if load.drafter is not None]

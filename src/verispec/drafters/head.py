@@ -120,6 +120,10 @@ class HeadDrafter(Drafter):
     def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target, max_len: int,
                  num_slots: int = 1, name: str = "head") -> None:
         embed = target.get_input_embeddings().weight
+        if embed.device.type == "meta":  # the target runs on quantized weights (models.quantize_target)
+            raise ValueError("a draft head reads the target's float embedding and LM head, which a target on "
+                             "quantized weights (--weights gguf, --quantization) no longer holds: load the target "
+                             "with --weights fp32, or draft with another drafter")
         if embed.shape[0] < config.target_vocab_size or embed.shape[1] != config.hidden_size:
             raise ValueError(f"this draft head was trained for a target with hidden size {config.hidden_size} and "
                              f"{config.target_vocab_size} tokens ({config.target}); the target has "

@@ -3,17 +3,24 @@
 A draft model (model.py) may live on another device than the target: per round, the committed tokens it feeds
 cross to it once, and its draft tokens and q come back once (ModelDrafter's docstring). Drafters that read or share
 the target's own tensors stay on the target's device: a draft head (the target's hidden states and embedding) and
-the twin (the target's embedding; its quantized kernels run on the CPU).
+the twin (the target's embedding; its quantized kernels run on the CPU). `check_device` also checks the target's
+`--device` in the CLI.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..runtime.native import model_device
 
-def check_device(device: str | torch.device, name: str = "draft_device") -> torch.device:
+
+DRAFT_HINT = "leave it out to run the drafter on the target's device"
+
+
+def check_device(device: str | torch.device, name: str = "draft_device", hint: str = DRAFT_HINT) -> torch.device:
     """`device` as a torch.device this machine has; ValueError naming the fix otherwise (`name`: how the caller
-    calls it, e.g. '--draft-device')."""
+    calls it, e.g. '--draft-device' or '--device'; `hint`: a way out besides another device, '' for none)."""
+    other = f", or {hint}" if hint else ""
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError):
@@ -22,23 +29,22 @@ def check_device(device: str | torch.device, name: str = "draft_device") -> torc
         return dev
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"{name} {device!r}: no CUDA device is available here; use 'cpu', or leave it out to "
-                             "run the drafter on the target's device")
+            raise ValueError(f"{name} {device!r}: no CUDA device is available here; use 'cpu'{other}")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
             raise ValueError(f"{name} {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s), "
                              f"cuda:0..cuda:{torch.cuda.device_count() - 1}")
         return dev
     available = getattr(getattr(torch, dev.type, None), "is_available", None)
     if available is None or not available():
-        raise ValueError(f"{name} {device!r}: no {dev.type} device is available here; use 'cpu' or 'cuda[:N]', or "
-                         "leave it out to run the drafter on the target's device")
+        raise ValueError(f"{name} {device!r}: no {dev.type} device is available here; use 'cpu' or "
+                         f"'cuda[:N]'{other}")
     return dev
 
 
 def on_target_device(kind: str, name: str, device: str | torch.device, target) -> None:
     """ValueError when a drafter that shares the target's tensors (`kind`: 'draft head' or 'twin') is asked to run
     on another `device` than the target's."""
-    target_device = next(target.parameters()).device
+    target_device = model_device(target)  # (a target on GGUF weights holds meta tensors: its twin's device)
     if not same_device(device, target_device):
         raise ValueError(f"{name}: a {kind} shares the target's tensors, so it runs on the target's device "
                          f"({target_device}), not {device}: leave the draft device out, or draft with a draft model")

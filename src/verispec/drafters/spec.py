@@ -66,6 +66,12 @@ class DrafterSpec:
         """The draft model this value names, if any ('ngram+MODEL' -> 'MODEL'; 'ngram' -> None)."""
         return next((stage.name for stage in self.stages if stage.kind == "model"), None)
 
+    @property
+    def reads_target_weights(self) -> bool:
+        """Whether a stage reads the target's float weights (a draft head: its embedding and LM head; the twin:
+        every linear, quantized), which a target on GGUF blocks no longer holds."""
+        return any(stage.kind in ("head", "twin") for stage in self.stages)
+
     def __str__(self) -> str:
         return self.text
 

@@ -68,7 +68,10 @@ def twin_memory_bytes(name: str, target_config, max_len: int, slots: int, dtype:
     """Bytes the twin `name` adds beside its target, from the target's config (memory.twin_bytes): its quantized
     weights and its KV cache of `slots` slots of `max_len` entries; for the memory checks before building it."""
     qtype, head_tokens = parse_twin(name)
-    return twin_bytes(target_config, qtype, head_tokens, max_len, slots, dtype)
+    try:
+        return twin_bytes(target_config, qtype, head_tokens, max_len, slots, dtype)
+    except UnsupportedModel as exc:
+        raise _not_native(exc) from None
 
 
 def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None) -> LlamaModel:
@@ -84,8 +87,7 @@ def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None)
     try:
         spec = LlamaSpec.from_config(config, max_len)
     except UnsupportedModel as exc:
-        raise ValueError(f"the twin drafter (--draft-model self:...) runs on verispec's native Llama-family model, "
-                         f"and this target is not one ({exc}): use a draft model or ngram") from None
+        raise _not_native(exc) from None
     widths = {"hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
               "attention width": spec.num_heads * spec.head_dim}
     odd = [f"{name} {width} is not a multiple of {BLOCK}" for name, width in widths.items() if width % BLOCK]
@@ -109,6 +111,11 @@ def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None)
     model = LlamaModel(spec, quantized, rope, pack=False)
     model.embed = _parameter(embed)
     return model
+
+
+def _not_native(exc: UnsupportedModel) -> ValueError:
+    return ValueError(f"the twin drafter (--draft-model self:...) runs on verispec's native Llama-family model, "
+                      f"and this target is not one ({exc}): use a draft model or ngram")
 
 
 def _eos_ids(config) -> list[int]:

@@ -1,15 +1,18 @@
 """verispec's C++ kernels, built on first use with torch's cpp_extension and cached on disk.
 
 Each kernel file next to this module (`quant_kernel.cpp`, ...) is its own extension, built with -march=native
-for the CPU at hand under ~/.cache/verispec/ext/<name>-<hash of source, torch version, CPU flags>, so a second
-process loads it in milliseconds. Where no compiler, headers or OpenMP are found, `build` returns None (once,
-with a message) and the caller keeps its torch fallback.
+for the CPU at hand under ~/.cache/verispec/ext/<name>-<hash of sources, torch version, CPU flags>, so a second
+process loads it in milliseconds. A kernel may be split into several files: the local files it includes
+(`#include "x.h"` or `"x.cpp"` beside the including file, recursively) are hashed and copied with it, so a change
+to any of them rebuilds it. Where no compiler, headers or OpenMP are found, `build` returns None (once, with a
+message) and the caller keeps its torch fallback.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -56,11 +59,56 @@ def build(name: str, source: str, extra_cflags: tuple[str, ...] = ()):
     return _BUILT[name] or None
 
 
+_LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)
+
+
+def local_includes(source: Path) -> list[Path]:
+    """The local files `source` includes, recursively, each once in first-include order, as paths relative to
+    `source`'s folder. An `#include "x"` names a local file when x exists beside the including file (otherwise the
+    compiler finds it on its include path); one outside `source`'s folder is refused, since the build compiles a
+    copy of that folder's files."""
+    root = Path(os.path.normpath(source.parent))
+    found: list[Path] = []
+    pending = [Path(os.path.normpath(source))]
+    while pending:
+        including = pending.pop(0)
+        for name in _LOCAL_INCLUDE.findall(including.read_text()):
+            path = Path(os.path.normpath(including.parent / name))
+            if not path.is_file():
+                continue
+            if not path.is_relative_to(root):
+                raise ValueError(f"{including.name} includes {name}, outside {root}: keep a kernel's files in one "
+                                 "folder")
+            relative = path.relative_to(root)
+            if relative not in found and relative != Path(source.name):
+                found.append(relative)
+                pending.append(path)
+    return found
+
+
+def cache_key(source: Path, flags: list[str]) -> str:
+    """The build's key: a hash of the source and every local file it includes (name and text), torch's version,
+    the CPU flags and the cflags. A source that includes no local file keeps the key it had before includes counted."""
+    files = "".join(f"\0{relative}\0{(source.parent / relative).read_text()}" for relative in local_includes(source))
+    text = source.read_text() + files + torch.__version__ + cpu_flags_line() + " ".join(flags)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 def _folder(name: str, source: Path, flags: list[str]) -> tuple[Path, str]:
-    """-> (the build folder, the key): the key hashes the source, torch's version, the CPU flags and the cflags."""
-    key = hashlib.sha256((source.read_text() + torch.__version__ + cpu_flags_line() + " ".join(flags))
-                         .encode()).hexdigest()[:16]
+    """-> (the build folder, the key of `cache_key`)."""
+    key = cache_key(source, flags)
     return cache_root() / "ext" / f"{name}-{key}", key
+
+
+def copy_sources(source: Path, folder: Path) -> Path:
+    """Copy `source` and its local includes (same relative paths) into `folder` -> the copy of `source`. A file
+    whose copy already holds the same text is left alone, so its timestamp does not ask for a rebuild."""
+    for relative in [Path(source.name), *local_includes(source)]:
+        text, copy = (source.parent / relative).read_text(), folder / relative
+        if not copy.exists() or copy.read_text() != text:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(text)
+    return folder / source.name
 
 
 def _load(name: str, source: Path, extra: list[str]):
@@ -71,9 +119,7 @@ def _load(name: str, source: Path, extra: list[str]):
     folder.mkdir(parents=True, exist_ok=True)
     # Compiled from a copy inside its folder: the build file names the source's path, so two checkouts with the same
     # source would otherwise rebuild each other's kernel.
-    text, copy = source.read_text(), folder / source.name
-    if not copy.exists() or copy.read_text() != text:
-        copy.write_text(text)
+    copy = copy_sources(source, folder)
     with open(folder / "verispec.lock", "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one builder at a time; the OS releases it if the builder dies

@@ -24,6 +24,15 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "
 _FLOAT_TYPES = {"F32", "F16", "BF16"}
 
 
+def unsupported_types(path: str | Path) -> tuple[list[str], list[str]]:
+    """The block types of a GGUF file's model tensors: (the ones `--weights gguf` runs, the ones it does not),
+    read from the file's header (memory-mapped; no tensor is copied)."""
+    import gguf
+
+    kinds = {tensor.tensor_type.name for tensor in gguf.GGUFReader(str(path)).tensors if hf_name(tensor.name)}
+    return sorted(kinds & set(GGML_BLOCKS)), sorted(kinds - set(GGML_BLOCKS) - _FLOAT_TYPES)
+
+
 def hf_name(gguf_name: str) -> str | None:
     """'blk.3.attn_q.weight' -> 'model.layers.3.self_attn.q_proj.weight'; None for tensors the model does not use."""
     parts = gguf_name.split(".")

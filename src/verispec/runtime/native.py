@@ -101,6 +101,13 @@ def native_twin_of(hf_model) -> LlamaModel | None:
     return None if entry is None else entry[0]
 
 
+def model_device(hf_model) -> torch.device:
+    """Where hf_model's weights are: its native twin's device once they were released to it (HF's copies are then
+    meta tensors), else its parameters'."""
+    twin = native_twin_of(hf_model) if getattr(hf_model, "_verispec_released", False) else None
+    return twin.cos.device if twin is not None else next(hf_model.parameters()).device
+
+
 class NativeRunner(SlotRunner):
     """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.ModelRunner."""
 

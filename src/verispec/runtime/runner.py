@@ -13,7 +13,7 @@ from .base import RunnerOutput, SlotRunner
 from .compile import cache_counts
 from .dtype import choose_dtype, dtype_name, kernels_built
 from .hf_runner import ModelRunner
-from .native import NativeRunner, UnsupportedModel, default_compile
+from .native import NativeRunner, UnsupportedModel, default_compile, model_device
 
 __all__ = ["DEFAULT_OPTIONS", "ModelRunner", "NativeRunner", "RunnerOutput", "SlotRunner", "make_runner",
            "runner_info"]
@@ -51,7 +51,7 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
             compile = default_compile(model) if options.compile is None else options.compile
             invariant = options.batch_invariant
             if invariant is None:  # on where verispec's C++ kernels run: free there (config.RunnerOptions)
-                invariant = model.device.type == "cpu" and kernels_built()
+                invariant = model_device(model).type == "cpu" and kernels_built()
             return NativeRunner.from_hf(model, max_len, num_slots, compile=compile, batch_invariant=invariant)
         except UnsupportedModel as exc:
             if options.backend == "native":

@@ -9,8 +9,8 @@ import torch
 
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.placement import check_device
-from ..drafters.spec import NONE
-from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype
+from ..drafters.spec import NONE, parse_drafter_spec
+from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype, resolve_weights
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"
@@ -39,8 +39,12 @@ class ServerConfig:
     torch dtype when the config is made, with `dtype_reason` saying why."""
     dtype_reason: str = ""
     """Why the dtype is what it is (set from `dtype`)."""
-    weights: str = "fp32"
-    """The target's weights: 'fp32' (the float conversion) or 'gguf' (a GGUF target's own quantized blocks)."""
+    weights: str = "auto"
+    """The target's weights: 'auto' (a GGUF target's own blocks where verispec's kernel runs them and the dtype is
+    auto; else the float conversion: `models.resolve_weights`), 'fp32' (the float conversion) or 'gguf' (a GGUF
+    target's own quantized blocks); resolved when the config is made, with `weights_reason` saying why."""
+    weights_reason: str = ""
+    """Why the weights are what they are (set from `weights`)."""
     quantization: str = "none"
     """'int8': the target's linears quantized per output channel (a different model than the original)."""
     device: str = "cpu"
@@ -92,6 +96,13 @@ class ServerConfig:
     docs/server.md, "Suffix decoding and tenants")."""
 
     def __post_init__(self) -> None:
+        if self.weights == "auto" or not self.weights_reason:  # 'auto' -> gguf or fp32 (replace() keeps a resolved one)
+            draft = self.draft_model
+            reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights  # head, twin
+            weights, reason = resolve_weights(self.weights, self.model, self.dtype, self.device, self.quantization,
+                                              self.runner.backend, drafter_reads_weights=reads)
+            object.__setattr__(self, "weights", weights)
+            object.__setattr__(self, "weights_reason", reason)
         if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
             # ValueError naming the choices; quantized weights compute in float32, so 'auto' is float32 there
             dtype, reason = resolve_target_dtype(self.dtype, self.device, self.model, self.weights,

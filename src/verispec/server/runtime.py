@@ -7,8 +7,9 @@ which only read the tokenizer and fixed sizes; everything else (drafters, the en
 Memory: the target's KV cache grows slot by slot up to `max_num_seqs` slots of `max_len` tokens, so the slots are
 capped at start-up to what fits in free memory (`kv_bounded_slots`): further requests wait for a slot instead of
 running the machine out of memory. A drafter a request names must be on the operator's allow-list; a model
-drafter's weights and KV cache are checked against free memory (less the target KV still to come) before it
-loads, and at most `max_cached_drafters` of them stay loaded (least recently used dropped first).
+drafter's weights and KV cache are checked against free memory on the device it will run on (less the target KV
+still to come, on the target's) before it loads, and at most `max_cached_drafters` of them stay loaded (least
+recently used dropped first).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from dataclasses import replace
 from ..config import SamplingParams, cache_len
 from ..drafters.base import Drafter
 from ..drafters.build import build_drafter
+from ..drafters.placement import same_device
 from ..drafters.suffix import shared_cache
 from ..drafters.spec import NONE, parse_drafter_spec
 from ..drafters.twin import twin_memory_bytes
@@ -166,37 +168,59 @@ class ServedModel:
         return drafter
 
     def _make_room(self, name: str, value: str) -> None:
-        """Check that a model drafter fits in free memory before it loads (its weights, and its KV cache for every
-        slot), dropping cached drafters when that makes it fit. Raises APIError 503 when it cannot."""
+        """Check that a drafter fits in free memory before it loads (a model's weights and its KV cache for every
+        slot, on the draft device; a twin's, on the target's, drafters/placement.py), dropping cached drafters
+        when that makes it fit. Raises APIError 503 when it cannot."""
         spec = parse_drafter_spec(value)
         # The target's quantized twins: counted from the target's config (their weights and KV caches).
-        needed = sum(twin_memory_bytes(stage.name, self.target.config, cache_len(self.config.max_len),
-                                       self.max_num_seqs, self.config.dtype)
-                     for stage in spec.stages if stage.kind == "twin")
+        twins = sum(twin_memory_bytes(stage.name, self.target.config, cache_len(self.config.max_len),
+                                      self.max_num_seqs, self.config.dtype)
+                    for stage in spec.stages if stage.kind == "twin")
+        model = 0
         if spec.model is not None:
             path = resolve_model_path(spec.model)
             config = read_model_config(path)
             weights = weights_bytes(path, self.config.dtype)
             if config is None or weights is None:
                 return  # unknown size: loading reports any real problem
-            needed += weights + self.max_num_seqs * kv_cache_bytes(config, cache_len(self.config.max_len),
-                                                                   self.config.dtype)
-        if not needed:  # n-gram and other drafters without weights
-            return
-        while True:
-            free = free_memory_bytes(self.config.device)
-            # The target's cache grows into its slots later: what it has not taken yet is spoken for.
-            spoken_for = self.max_num_seqs * kv_slot_bytes(self.config, self.target) - _kv_allocated(self.engine)
-            if free is None or needed <= HEADROOM * free - spoken_for:
-                return
+            model = weights + self.max_num_seqs * kv_cache_bytes(config, cache_len(self.config.max_len),
+                                                                 self.config.dtype)
+        target_device = self.config.device
+        draft_device = self.config.draft_device or target_device
+        if same_device(draft_device, target_device):
+            needs = [(target_device, twins + model)]
+        else:
+            needs = [(target_device, twins), (draft_device, model)]
+        needs = [(device, need) for device, need in needs if need]  # none for n-gram and other weightless drafters
+        while (short := self._short(needs)) is not None:
+            device, need, room = short
             if not self._cache:
-                raise APIError(503, f"The drafter `{name}` needs {gib(needed)} (weights and KV cache for "
-                                    f"{self.max_num_seqs} slots) and only {gib(int(HEADROOM * free - spoken_for))} "
-                                    "is free for it; use another drafter or none.",
+                raise APIError(503, f"The drafter `{name}` needs {gib(need)} (weights and KV cache for "
+                                    f"{self.max_num_seqs} slots) on {device} and only {gib(room)} is free for it "
+                                    "there; use another drafter or none.",
                                param="speculative.draft_model", code="insufficient_memory")
             evicted, _ = self._cache.popitem(last=False)
             gc.collect()
             logger.info("dropped drafter %s from the cache to make room for %s", evicted, name)
+
+    def _short(self, needs: list[tuple[str, int]]) -> tuple[str, int, int] | None:
+        """The first (device, bytes needed, room) of `needs` ((device, bytes) pairs) that does not fit, or None."""
+        for device, need in needs:
+            room = self._room(device)
+            if room is not None and need > room:
+                return device, need, room
+        return None
+
+    def _room(self, device: str) -> int | None:
+        """Bytes a drafter may take on `device` (HEADROOM x its free memory, less on the target's device what the
+        target's cache grows into later: the slots it has not taken yet); None where free memory is unknown."""
+        free = free_memory_bytes(device)
+        if free is None:
+            return None
+        spoken_for = 0
+        if same_device(device, self.config.device):
+            spoken_for = self.max_num_seqs * kv_slot_bytes(self.config, self.target) - _kv_allocated(self.engine)
+        return int(HEADROOM * free - spoken_for)
 
     def _load_drafter(self, name: str) -> Drafter | None:
         """The server's --draft-model loads as for `verispec generate`: a valid draft that does not fit in memory

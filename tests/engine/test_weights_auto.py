@@ -1,0 +1,89 @@
+"""`--weights auto` (the default): a GGUF target runs its own blocks where verispec's GGUF kernel runs them, the
+float conversion wherever something asks for it (models.resolve_weights)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verispec.cli import build_parser
+from verispec.cli.bench import build_config
+from verispec.cli.common import apply_runtime
+from verispec.drafters.build import build_drafter
+from verispec.models import (DEFAULT_TARGET, embedded_gguf_path, load_model, load_tokenizer, quantize_target,
+                             resolve_target_dtype, resolve_weights)
+from verispec.runtime import gguf_weights, quant
+from verispec.server.config import ServerConfig
+
+
+def test_the_embedded_default_runs_its_own_blocks():
+    weights, why = resolve_weights("auto", DEFAULT_TARGET)
+    if quant.kernel() is None:  # no compiler: the conversion, saying so
+        assert (weights, "not built" in why) == ("fp32", True)
+    else:
+        assert weights == "gguf" and "Q4_1" in why and "--weights fp32" in why
+        # quantized weights compute in float32
+        assert resolve_target_dtype("auto", "cpu", DEFAULT_TARGET, "auto")[0] == torch.float32
+
+
+def test_the_embedded_files_block_types_are_read_from_its_header():
+    runs, other = gguf_weights.unsupported_types(embedded_gguf_path())
+    assert runs == ["Q4_1", "Q8_0"] and other == []
+
+
+@pytest.mark.parametrize("asked, reason", [
+    ({"dtype": "bfloat16"}, "dtype was asked for (bfloat16)"),
+    ({"dtype": torch.float32}, "dtype was asked for (float32)"),
+    ({"quantization": "int8"}, "--quantization int8"),
+    ({"runner": "hf"}, "Hugging Face modeling"),
+    ({"hf_methods": True}, "Hugging Face modeling"),
+    ({"device": "cuda"}, "CPU only"),
+    ({"drafter_reads_weights": True}, "draft head or the twin"),
+])
+def test_anything_that_asks_for_the_float_conversion_gets_it(asked, reason):
+    weights, why = resolve_weights("auto", DEFAULT_TARGET, **asked)
+    assert weights == "fp32" and reason in why
+
+
+def test_a_folder_target_and_unsupported_blocks_keep_the_conversion(model_dirs, monkeypatch):
+    assert resolve_weights("auto", model_dirs["target"]) == ("fp32", "fp32 (the float conversion): the target is "
+                                                                     "not a GGUF file")
+    monkeypatch.setattr(gguf_weights, "unsupported_types", lambda path: (["Q4_1"], ["Q4_K", "Q6_K"]))
+    weights, why = resolve_weights("auto", DEFAULT_TARGET)
+    assert weights == "fp32" and "Q4_K, Q6_K" in why
+
+
+def test_explicit_weights_are_kept_and_unknown_ones_refused():
+    assert resolve_weights("fp32", DEFAULT_TARGET) == ("fp32", "fp32: asked for")
+    assert resolve_weights("gguf", DEFAULT_TARGET)[0] == "gguf"
+    with pytest.raises(ValueError, match="choose from auto, fp32, gguf"):
+        resolve_weights("q4", DEFAULT_TARGET)
+
+
+def test_server_and_bench_resolve_auto_with_a_reason():
+    config = ServerConfig(model=DEFAULT_TARGET)
+    expected = "gguf" if quant.kernel() is not None else "fp32"
+    assert config.weights == expected and config.weights_reason.startswith(expected)
+    assert config.dtype == (torch.float32 if expected == "gguf" else config.dtype)
+    parser = build_parser()
+    # the default methods compare with Hugging Face: the float conversion
+    bench, _ = build_config(parser.parse_args(["bench"]))
+    assert bench.weights == "fp32" and "Hugging Face" in bench.weights_reason
+    bench, _ = build_config(parser.parse_args(["bench", "--methods", "target,adaptive"]))
+    assert bench.weights == expected
+    bench, _ = build_config(parser.parse_args(["bench", "--methods", "target", "--dtypes", "float32,bfloat16"]))
+    assert bench.weights == "fp32"
+
+
+def test_a_head_or_twin_drafter_keeps_the_float_weights_and_a_head_on_gguf_weights_is_refused():
+    parser = build_parser()
+    for drafter in ("verispec-head-smollm2-135m", "ngram+self:int8"):
+        args = parser.parse_args(["generate", "--prompt", "x", "--draft-model", drafter])
+        apply_runtime(args)
+        assert args.weights == "fp32" and "draft head or the twin" in args.weights_reason
+    assert ServerConfig(model=DEFAULT_TARGET, draft_model="self:int4").weights == "fp32"
+    if quant.kernel() is None:
+        return
+    target = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, "gguf")
+    with pytest.raises(ValueError, match="--weights fp32"):
+        build_drafter("verispec-head-smollm2-135m", target, load_tokenizer(DEFAULT_TARGET), 64)
