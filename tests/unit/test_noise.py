@@ -172,3 +172,18 @@ def test_choice_verify_accepts_exactly_the_choices():
     result = choice_tree_verify(tree, choices, max_depth=3)
     assert result.num_accepted.tolist() == [2, 0]
     assert result.path[0, :3].tolist() == [0, 2, 3] and result.next_token.tolist() == [1, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_row_choices_are_argmax_with_ties_and_nan(dtype):
+    """row_choices takes max's indices for speed: they must be argmax's, ties (the first), NaN and infinities."""
+    vocab = 300
+    batch = SamplingBatch.stack([RowSamplingState(SamplingParams(), set(), [], vocab) for _ in range(4)], vocab, "cpu")
+    logits = torch.randn(4, 3, vocab, generator=torch.Generator().manual_seed(0)).to(dtype)
+    logits[0, 0, [17, 40, 299]] = 9.0  # a tie: the first
+    logits[1, 1, 5], logits[1, 1, 250] = float("nan"), 99.0  # NaN wins
+    logits[2, 2] = float("-inf")  # all -inf: index 0
+    logits[3, 0, [8, 9]] = float("inf")
+    choices = row_choices(logits, batch)
+    assert torch.equal(choices, logits.argmax(dim=-1))
+    assert choices[0, 0] == 17 and choices[1, 1] == 5 and choices[2, 2] == 0 and choices[3, 0] == 8

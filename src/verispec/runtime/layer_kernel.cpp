@@ -259,9 +259,10 @@ struct TileScratch {
 
 // Queries q0 .. q0 + R - 1 of a tile (scores already exponentiated in w.s): sum_j p_j v_j and sum_j p_j in j order,
 // p_j = 0 skipped (a masked add: what the one-query loop's `continue` does), then acc / total into the output.
-template <int NC, int R, typename T>
-void weigh_values(TileScratch& w, const std::vector<float>& top, int64_t q0, int64_t Lp, const at::Tensor& out,
-                  int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0) {
+// The values come from `v` (stride `vstride` between entries): the tile's fp32 copy, or the cache itself (V).
+template <int NC, int R, typename T, typename V>
+void weigh_values(TileScratch& w, const V* v, int64_t vstride, const std::vector<float>& top, int64_t q0, int64_t Lp,
+                  const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0) {
   constexpr int64_t d = 16 * NC;
   int64_t Lr = 0;
   for (int r = 0; r < R; ++r) Lr = std::max(Lr, w.len[q0 + r]);
@@ -275,7 +276,7 @@ void weigh_values(TileScratch& w, const std::vector<float>& top, int64_t q0, int
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
   }
   for (int64_t j = 0; j < Lr; ++j) {
-    const float* vj = w.v.data() + j * d;
+    const V* vj = v + j * vstride;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float pj = p[r][j];
@@ -284,7 +285,7 @@ void weigh_values(TileScratch& w, const std::vector<float>& top, int64_t q0, int
       const __m512 pv = _mm512_set1_ps(pj);
 #pragma GCC unroll 16
       for (int c = 0; c < NC; ++c)
-        acc[r][c] = _mm512_mask3_fmadd_ps(pv, _mm512_loadu_ps(vj + 16 * c), acc[r][c], keep);
+        acc[r][c] = _mm512_mask3_fmadd_ps(pv, load16(vj + 16 * c, 0xffff), acc[r][c], keep);
     }
   }
   float sums[R * d], totals[R];  // out of the registers with constant indices (else the sums live in memory)
@@ -303,6 +304,21 @@ void weigh_values(TileScratch& w, const std::vector<float>& top, int64_t q0, int
       continue;
     }
     for (int64_t i = 0; i < d; ++i) orow[i] = from_f<T>(sums[r * d + i] / totals[r]);
+  }
+}
+
+// weigh_values for a run-time count of R <= QR queries (R <= 10).
+template <int NC, int QR, typename T, typename V>
+void weigh_some(int64_t R, TileScratch& w, const V* v, int64_t vstride, const std::vector<float>& top, int64_t q0,
+                int64_t Lp, const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0) {
+  switch (R) {
+#define VERISPEC_WEIGH(N) \
+  case N: \
+    if constexpr (N <= QR) return weigh_values<NC, N, T>(w, v, vstride, top, q0, Lp, out, row, kh, g, nt, t0);
+    VERISPEC_WEIGH(1) VERISPEC_WEIGH(2) VERISPEC_WEIGH(3) VERISPEC_WEIGH(4) VERISPEC_WEIGH(5)
+    VERISPEC_WEIGH(6) VERISPEC_WEIGH(7) VERISPEC_WEIGH(8) VERISPEC_WEIGH(9) VERISPEC_WEIGH(10)
+#undef VERISPEC_WEIGH
+    default: TORCH_CHECK(false, "weigh_some: more queries than a pass holds");
   }
 }
 
@@ -337,12 +353,17 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   const T* krow = ptr<T>(keys) + row * ks[0] + kh * ks[1];
   const T* vrow = ptr<T>(values) + row * vs[0] + kh * vs[1];
   for (int64_t j = 0; j < Lt; ++j) {
-    const T *kj = krow + j * ks[2], *vj = vrow + j * vs[2];
-    float *kw = w.k.data() + j * d, *vw = w.v.data() + j * d;
+    const T* kj = krow + j * ks[2];
+    float* kw = w.k.data() + j * d;
     for (int64_t i = 0; i < d; ++i) kw[i] = to_f(kj[i]);
-    for (int64_t i = 0; i < d; ++i) vw[i] = to_f(vj[i]);
   }
   std::fill(w.k.data() + Lt * d, w.k.data() + Lp * d, 0.0f);
+  const bool copy_v = Q > QR;  // values read in more than one pass: an fp32 copy (else read where they are)
+  for (int64_t j = 0; copy_v && j < Lt; ++j) {
+    const T* vj = vrow + j * vs[2];
+    float* vw = w.v.data() + j * d;
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(vw + 16 * c, load16(vj + 16 * c, 0xffff));
+  }
   for (int64_t qi = 0; qi < Q; ++qi) {  // query qi: head kh g + qi / nt, position t0 + qi % nt
     const T* qrow = ptr<T>(q) + row * qs[0] + (kh * g + qi / nt) * qs[1] + (t0 + qi % nt) * qs[2];
     float* qw = w.q.data() + qi * d;
@@ -379,10 +400,11 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     }
     std::fill(s + std::min(done, Lp), s + Lp, 0.0f);
   }
-  // sum_j p_j v_j and sum_j p_j, QR queries at a time (the rest one at a time), each in j order
+  // sum_j p_j v_j and sum_j p_j, QR queries at a time (then the rest together), each in j order
+  if (!copy_v) return weigh_some<NC, QR, T>(Q, w, vrow, vs[2], top, 0, Lp, out, row, kh, g, nt, t0);
   int64_t q0 = 0;
-  for (; q0 + QR <= Q; q0 += QR) weigh_values<NC, QR, T>(w, top, q0, Lp, out, row, kh, g, nt, t0);
-  for (; q0 < Q; ++q0) weigh_values<NC, 1, T>(w, top, q0, Lp, out, row, kh, g, nt, t0);
+  for (; q0 + QR <= Q; q0 += QR) weigh_values<NC, QR, T>(w, w.v.data(), d, top, q0, Lp, out, row, kh, g, nt, t0);
+  if (q0 < Q) weigh_some<NC, QR, T>(Q - q0, w, w.v.data(), d, top, q0, Lp, out, row, kh, g, nt, t0);
 }
 
 // Every (row, KV head, run of positions) tile, dealt round robin to the threads (runs late in a causal chunk

@@ -207,12 +207,32 @@ def layer_step(
     values: torch.Tensor,  # [b, Hk, max_len, d]
     write_index: torch.Tensor,  # [b, n] or [b, 1, n, 1] long cache indices, or [b * Hk * n] flat entries (torch path)
     mask: torch.Tensor,  # [b, 1, n, L] additive
+    w: tuple[torch.Tensor | None, ...],  # Block.weights()
+    spec: LlamaSpec,
+    packed: bool,
+    invariant: bool = False,
+) -> torch.Tensor:  # [b, n, hidden]
+    """One decoder layer's output (`layer_parts` summed)."""
+    x, out = layer_parts(x, cos, sin, keys, values, write_index, mask, w, spec, packed, invariant)
+    return x + out
+
+
+def layer_parts(
+    x: torch.Tensor,  # [b, n, hidden]
+    cos: torch.Tensor,  # [b, 1, n, d]
+    sin: torch.Tensor,  # [b, 1, n, d]
+    keys: torch.Tensor,  # [b, Hk, max_len, d]: this layer's cache rows, written in place
+    values: torch.Tensor,  # [b, Hk, max_len, d]
+    write_index: torch.Tensor,  # [b, n] or [b, 1, n, 1] long cache indices, or [b * Hk * n] flat entries (torch path)
+    mask: torch.Tensor,  # [b, 1, n, L] additive
     w: tuple[torch.Tensor | None, ...],  # Block.weights(): qkv, qkv bias, o, gate_up, down, attn norm, mlp norm
     spec: LlamaSpec,
     packed: bool,
     invariant: bool = False,  # attention in a fixed order (invariant.block_attention), else torch's SDPA
-) -> torch.Tensor:
-    """One decoder layer. A free function of its weights, so one compiled graph serves every layer (torch.compile
+    pending: torch.Tensor | None = None,  # [b, n, hidden]: the previous layer's MLP output, still to add to x
+) -> tuple[torch.Tensor, torch.Tensor]:  # (x + attention, MLP output) [b, n, hidden]: the layer's output is their sum
+    """One decoder layer, its output as two terms: the next layer's fused RMSNorm adds them (the residual add and
+    the norm in one pass over the rows, the add rounded as torch's), so `model_forward` passes them on. A free function of its weights, so one compiled graph serves every layer (torch.compile
     guards on tensor shapes, not on which layer's tensors come in): compiling costs one layer, not thirty.
     w: Block.weights() (qkv, qkv bias, o, gate_up, down, attention norm, MLP norm).
     Where the C++ kernels run (`fused.py`: CPU, fp32 / bf16) the attention and the small ops are one call each,
@@ -223,7 +243,7 @@ def layer_step(
     qkv_w, qkv_b, o_w, gate_up_w, down_w, attn_norm, mlp_norm = w
     b, n, _ = x.shape
     if write_index.dim() != 1 and fused.available(x) and attn_norm.dtype == x.dtype:
-        _, h = fused.rms_norm(x, attn_norm, s.rms_norm_eps)
+        x, h = fused.rms_norm(x, attn_norm, s.rms_norm_eps, residual=pending)  # x + pending, normed
         qkv = linear(h, qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
         q = fused.rotary_write(qkv, cos, sin, write_index.view(b, n), keys, values, s.num_heads)  # [b, H, n, d]
         if invariant or n <= fused.MAX_QUERIES:
@@ -233,7 +253,9 @@ def layer_step(
                                                   attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
         x, h = fused.rms_norm(linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed), mlp_norm,
                               s.rms_norm_eps, residual=x)
-        return x + linear(fused.silu_mul(linear(h, gate_up_w, None, packed)), down_w, None, packed)
+        return x, linear(fused.silu_mul(linear(h, gate_up_w, None, packed)), down_w, None, packed)
+    if pending is not None:
+        x = x + pending
     qkv = linear(rms_norm(x, attn_norm, s.rms_norm_eps), qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
     qk, v = qkv.view(b, n, -1, s.head_dim).transpose(1, 2).split(
         [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)  # [b, H + Hk, n, d], [b, Hk, n, d]
@@ -250,7 +272,7 @@ def layer_step(
                                               enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
     x = x + linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed)
     gate, up = linear(rms_norm(x, mlp_norm, s.rms_norm_eps), gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I]
-    return x + linear(F.silu(gate) * up, down_w, None, packed)
+    return x, linear(F.silu(gate) * up, down_w, None, packed)
 
 
 class Block(nn.Module):
@@ -349,8 +371,10 @@ def model_forward(
     sin = w.sin[positions].unsqueeze(1).to(x.dtype)
     # the kernels take the cache indices; torch's path their flat entries, made once a step
     index = write_index if fused.available(x) else entry_index(write_index, spec.num_kv_heads, keys[0].shape[2])
+    out = None  # [b, n, hidden]: the last layer's MLP output, added to x by the next layer's norm or here
     for layer, k, v in zip(w.layers, keys, values):
-        x = layer_step(x, cos, sin, k, v, index, mask, layer, spec, packed, invariant)
+        x, out = layer_parts(x, cos, sin, k, v, index, mask, layer, spec, packed, invariant, out)
+    x = x + out
     if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)
         every = rms_norm(x, w.norm, spec.rms_norm_eps)  # [b, n, hidden]
         hidden = every if select is None else every.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))

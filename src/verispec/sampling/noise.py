@@ -90,7 +90,9 @@ def row_choices(logits: Tensor, batch: SamplingBatch, start: int = 0, depths: Te
     logits: [batch, n, vocab] processed; position i of row b is output position num_generated[b] + start + i, or
     + start + depths[b, i] in a token tree ([batch, n] long) -> [batch, n] long.
     """
-    choices = logits.argmax(dim=-1)  # [batch, n]
+    # max's indices are argmax's (the first maximum; NaN wins) at a quarter of its time on bf16 CPU logits (3.1 vs
+    # 0.74 ms for 16 rows of a 49,152 vocabulary, one thread): a 16-row step's largest cost outside the model
+    choices = logits.max(dim=-1).indices  # [batch, n]
     if batch.noise_seeds is None:
         return choices
     rows, n, _ = logits.shape

@@ -1,0 +1,78 @@
+"""Where a native decode step's time goes, 1 row vs 16 rows side by side: the linears, attention, RMSNorm, rotary +
+cache writes, silu * up (each call wrapped and timed) and the rest (Python between calls, embedding, mask, LM head
+glue, the greedy pick). One thread, thread CPU time (robust on a shared machine); best of --repeats alternating runs.
+
+    PYTHONPATH=src python recipes/step_breakdown.py [--dtype bfloat16] [--context 160] [--steps 16] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import time
+
+import torch
+
+from verispec.models import DEFAULT_TARGET, load_model
+from verispec.runtime import fused, llama
+from verispec.runtime.native import NativeRunner
+
+SPENT: dict[str, float] = collections.defaultdict(float)  # part -> thread CPU seconds
+CALLS: collections.Counter = collections.Counter()
+
+
+def timed(module, name: str, part: str) -> None:
+    """module.name wrapped: its thread CPU time and calls go to SPENT / CALLS under `part`."""
+    inner = getattr(module, name)
+
+    def wrapper(*args, **kwargs):
+        start = time.thread_time()
+        result = inner(*args, **kwargs)
+        SPENT[part] += time.thread_time() - start
+        CALLS[part] += 1
+        return result
+
+    setattr(module, name, wrapper)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--rows", default="1,16")
+    parser.add_argument("--context", type=int, default=160, help="tokens fed before the timed steps")
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    timed(llama, "linear", "linears")
+    for name in ("attention", "rotary_write", "rms_norm", "silu_mul"):
+        timed(fused, name, name)
+    hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, args.dtype))
+    runners = {rows: NativeRunner.from_hf(hf, 2048, rows, batch_invariant=True) for rows in map(int, args.rows.split(","))}
+    best: dict[int, tuple[float, dict, dict]] = {}
+    context = torch.randint(100, 40000, (max(runners), args.context), generator=torch.Generator().manual_seed(0))
+    for _ in range(args.repeats):
+        for rows, runner in runners.items():
+            runner.reset()
+            token = runner.forward(context[:rows], last_only=True).logits[:, -1].max(-1, keepdim=True).indices
+            SPENT.clear(), CALLS.clear()
+            start = time.thread_time()
+            for _ in range(args.steps):
+                token = runner.forward(token).logits[:, -1].max(-1, keepdim=True).indices  # [rows, 1]
+            step = (time.thread_time() - start) / args.steps
+            if rows not in best or step < best[rows][0]:
+                best[rows] = (step, {k: v / args.steps for k, v in SPENT.items()}, dict(CALLS))
+    parts = sorted(best[min(best)][1], key=lambda k: -best[min(best)][1][k])
+    print(f"{args.dtype}, one thread, thread CPU ms per decode step after {args.context} tokens (calls a step)")
+    print(f"{'':14}" + "".join(f"{f'{rows} row(s)':>22}" for rows in best))
+    for part in parts + ["rest", "step"]:
+        cells = []
+        for rows, (step, spent, calls) in best.items():
+            ms = step - sum(spent.values()) if part == "rest" else step if part == "step" else spent[part]
+            count = f" ({calls[part] // args.steps})" if part in calls else ""
+            cells.append(f"{ms * 1e3:9.2f}{count:>13}")
+        print(f"{part:14}" + "".join(cells))
+
+
+if __name__ == "__main__":
+    main()
