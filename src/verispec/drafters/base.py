@@ -55,9 +55,9 @@ class DraftProposal:
     token_ids: torch.Tensor  # [k'] long, 0 <= k' <= k (a tree: its nodes 1..k', in an order parents-first)
     probs: torch.Tensor | None  # [k', vocab] processed q, or None: a point mass at each draft token
     seconds: float = 0.0  # time of the drafter call that made it (shared by the rows of that call)
+    parents: torch.Tensor | None = None  # [k'] long: a tree's parent node of each token (0 = the last committed)
     catch_up_s: float = 0.0  # this row's own draft-cache catch-up (its deferred prompt prefill), apart from
     # `seconds`: draft time in the request's stats, but no part of a draft step's cost in the policy's estimates
-    parents: torch.Tensor | None = None  # [k'] long: a tree's parent node of each token (0 = the last committed)
 
     @property
     def is_tree(self) -> bool:

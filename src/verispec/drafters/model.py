@@ -52,7 +52,12 @@ class ModelDrafter(Drafter):
         self.max_len = max_len
         self.options = runner
         self.runner = make_runner(model, max_len, num_slots, runner)
-        self._unstarted: dict[int, int] = {}  # slot -> prompt length, until the row's first draft prefills it
+
+    @property
+    def _unstarted(self) -> dict[int, int]:
+        """slot -> prompt length, for rows whose first draft has yet to prefill the prompt (made on first use:
+        a subclass may build its runner without ModelDrafter.__init__, as twin.py does)."""
+        return self.__dict__.setdefault("_unstarted_slots", {})
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         if runner is not None and runner != self.options:
