@@ -70,12 +70,13 @@ def test_a_row_that_never_drafts_never_runs_the_draft_model(trained_pair, tokeni
 
 
 def test_the_join_step_runs_the_target_alone(trained_pair, tokenizer, monkeypatch):
-    """A row that will draft: the step it joins runs no draft forward (its first token comes as with speculation
-    off); the next step prefills its draft cache in its own forward, then drafts."""
+    """Adaptive K, a row that will draft: the step it joins runs no draft forward (its first token comes as with
+    speculation off); the next step prefills its draft cache in its own forward, then drafts."""
     target, draft = trained_pair
     drafter = ModelDrafter(draft, MAX_LEN + CACHE_SLACK)
-    engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=3), max_len=MAX_LEN,
-                               enable_prefix_caching=False)
+    engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=3, adaptive=True),
+                               max_len=MAX_LEN, enable_prefix_caching=False)
+    monkeypatch.setattr(engine.policies, "get", lambda spec, drafter: FixedK(3))  # K = 3 whenever it may draft
     recorded = Recorded(drafter, monkeypatch)
     ids = prompt(tokenizer)
     seq = engine.add_request(ids, greedy())
