@@ -95,6 +95,8 @@ class Drafter(ABC):
     provides_probs: bool = False
     wants_features: bool = False  # observe_features gets the target's last hidden states at committed positions
     wants_tokens: bool = False  # observe_tokens gets each round's committed tokens (host ints: no device read)
+    prefills_lazily: bool = False  # a row's first draft pays its prompt's prefill (model.py): adaptive K leaves a
+    # row's first round to the target alone, so the first token comes as with speculation off
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         """The engine runs up to num_slots sequences at once (called before any `begin`); a drafter with a model

@@ -41,6 +41,7 @@ class ModelDrafter(Drafter):
 
     name = "model"
     provides_probs = True
+    prefills_lazily = True
     prefix_tokens = 0  # KV of prompt prefixes kept for later prompts (the engine sets it; 0: off)
     _prefix: PrefixCache | None = None
     IN_BATCH = 2  # tokens a drafting row may feed in the batched forward (a round that accepted all: 2)

@@ -6,9 +6,10 @@ K comes from the policy of whoever drafts the row (`drafter.route`: a cascade's 
 policy chooses once per step, knowing the batch size. Every row's draft becomes a node list behind its root (the
 last committed token): a chain's node j has parent j - 1, a token tree's parents come from its drafter.
 
-With adaptive K, a row's first round (nothing generated yet, the step it joins) decodes with the target alone: its
-first token comes as soon as with speculation off, and a draft model's prompt prefill waits for the row's first
-draft (drafters/model.py), which a row that never drafts never pays. A fixed K drafts from the first round.
+With adaptive K, a row's first round (nothing generated yet, the step it joins) routed to a draft model decodes with
+the target alone: its first token comes as soon as with speculation off, and the draft model's prompt prefill waits
+for the row's first draft (drafters/model.py), which a row that never drafts never pays. A model-free drafter
+(n-gram, suffix) may draft the first round; a fixed K drafts from the first round.
 """
 
 from __future__ import annotations
@@ -94,11 +95,13 @@ class Proposer:
         routed, policies = [], []
         for seq in rows:
             active = None
-            if seq.drafter is not None and (seq.length > seq.prompt_len or not seq.spec.adaptive):  # docstring
+            if seq.drafter is not None:
                 route = lambda d: self.policies.route(seq.spec, d, seq.committed, len(rows))  # noqa: E731
                 active = self.calls.call(seq.drafter, seq.stats, route, returns=True)
                 if active is None:
                     seq.drafter = None
+                elif active.prefills_lazily and seq.spec.adaptive and seq.length == seq.prompt_len:
+                    active = None  # its first round: the target alone (module docstring)
             routed.append(active)
             policies.append(self.policies.get(seq.spec, active) if active is not None else FixedK(0))
         rows_of = Counter(map(id, policies))  # id(policy) -> rows it drafts for
