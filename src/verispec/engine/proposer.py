@@ -36,7 +36,7 @@ class StepDrafts:
     proposals: list[DraftProposal]  # [batch]: after forced tokens and the grammar cut
     ks: list[int]  # [batch]: draft tokens asked per row (0: the target alone)
     policies: list  # [batch]: each row's draft-length policy (FixedK(0) for the target alone)
-    speculative_ks: list[int]  # K of each row routed to a drafter (0: switched off this round)
+    speculative_ks: list[int]  # K of each row with a drafter (0: switched off this round)
     stages: list[str | None]  # [batch]: the drafter (a cascade's stage) routed for each row; None: the target alone
     token_ids: torch.Tensor  # [batch, width] long: root, then draft tokens; 0 at padding
     num_draft_tokens: torch.Tensor  # [batch] long, 0..width - 1
@@ -85,7 +85,7 @@ class Proposer:
         proposals = self._draft(rows, contexts, ks, draft_ks, routed, self._tree_budgets(rows, policies), sampling)
         proposals = [grammar_rows.cut(seq, grammar_rows.with_forced(f, p))
                      for seq, f, p in zip(rows, forced, proposals)]
-        speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
+        speculative_ks = [k for seq, k in zip(rows, ks) if seq.drafter is not None]  # a first round left out: K 0
         stages = [None if stage is None else stage.name for stage in routed]
         return self._pad(rows, proposals, ks, policies, speculative_ks, stages, sampling)
 
