@@ -56,6 +56,8 @@ class DraftProposal:
     probs: torch.Tensor | None  # [k', vocab] processed q, or None: a point mass at each draft token
     seconds: float = 0.0  # time of the drafter call that made it (shared by the rows of that call)
     parents: torch.Tensor | None = None  # [k'] long: a tree's parent node of each token (0 = the last committed)
+    catch_up_s: float = 0.0  # this row's own draft-cache catch-up (its deferred prompt prefill), apart from
+    # `seconds`: draft time in the request's stats, but no part of a draft step's cost in the policy's estimates
 
     @property
     def is_tree(self) -> bool:
@@ -93,6 +95,8 @@ class Drafter(ABC):
     provides_probs: bool = False
     wants_features: bool = False  # observe_features gets the target's last hidden states at committed positions
     wants_tokens: bool = False  # observe_tokens gets each round's committed tokens (host ints: no device read)
+    prefills_lazily: bool = False  # a row's first draft pays its prompt's prefill (model.py): adaptive K leaves a
+    # row's first round to the target alone, so the first token comes as with speculation off
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         """The engine runs up to num_slots sequences at once (called before any `begin`); a drafter with a model

@@ -24,10 +24,14 @@ class ModelDrafter(Drafter):
     """Drafts autoregressively with a draft model, all rows of a step in one forward per draft step.
 
     Cache invariant (per slot of a member sequence with N committed tokens): the draft cache holds a prefix
-    seq[:D], D <= N - 1. A round feeds each row what its cache lacks (seq[D:N] for a drafting row, seq[D:N-1] for
-    an idle one: idle rows catch up for free inside the same forward), then one token per draft step; rows shorter
-    than the batch's widest are padded, and every row's kept length is set back to what it really holds. `observe`
-    truncates to the part the target kept. Nothing is re-encoded.
+    seq[:D], D <= N - 1. Nothing runs at `begin`: the prompt's prefill is deferred to the row's first draft, so a
+    row that never drafts never runs the draft model and the first token waits for the target alone. A drafting row
+    that lags by more than `IN_BATCH` tokens (its first draft, or rounds it sat out) catches up on seq[D:N-1] in
+    its own forwards (`CATCH_UP_CHUNK` tokens each; the draft's prefix cache first, at its first draft), never
+    padded into the other rows' forward. A round then feeds each drafting row what its cache lacks (seq[D:N]) and
+    each idle row that has started up to as many of seq[D:N-1] as the widest drafting row's feed (free inside the
+    same forward), then one token per draft step; shorter rows are padded, and every row's kept length is set back
+    to what it really holds. `observe` truncates to the part the target kept. Nothing is re-encoded.
 
     Devices: the draft model may live on another device than the target (`--draft-device`). Per `propose`, the
     committed tokens a round feeds cross to the draft's device in one copy ([batch, width]), the sampled rows'
@@ -37,8 +41,11 @@ class ModelDrafter(Drafter):
 
     name = "model"
     provides_probs = True
+    prefills_lazily = True
     prefix_tokens = 0  # KV of prompt prefixes kept for later prompts (the engine sets it; 0: off)
     _prefix: PrefixCache | None = None
+    IN_BATCH = 2  # tokens a drafting row may feed in the batched forward (a round that accepted all: 2)
+    CATCH_UP_CHUNK = 512  # tokens per forward of a row's own catch-up (a long prompt runs in chunks)
 
     def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1,
                  runner: RunnerOptions | None = None) -> None:
@@ -47,6 +54,12 @@ class ModelDrafter(Drafter):
         self.options = runner
         self.runner = make_runner(model, max_len, num_slots, runner)
 
+    @property
+    def _unstarted(self) -> dict[int, int]:
+        """slot -> prompt length, for rows whose first draft has yet to prefill the prompt (made on first use:
+        a subclass may build its runner without ModelDrafter.__init__, as twin.py does)."""
+        return self.__dict__.setdefault("_unstarted_slots", {})
+
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         if runner is not None and runner != self.options:
             self.options = runner
@@ -54,15 +67,28 @@ class ModelDrafter(Drafter):
         self.runner.reserve(num_slots)  # buffers are allocated on the first forward, so this is cheap
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
-        # Prefill the prompt here (not in the first round), so a round's draft time is the draft steps alone.
+        # No prefill here: the row's first draft catches its cache up (`_catch_up`), so a sequence joins at the
+        # target's cost alone, and one that never drafts never runs the draft model.
         self.runner.reset(slot)
-        prefix = self._prefix_cache()
-        tokens = prompt_ids[:-1].tolist() if prefix is not None else []
-        cached = prefix.load(slot, prefix.match(tokens)) if prefix is not None else 0  # a cached prefix is copied in
-        if prompt_ids.numel() - 1 > cached:
-            self.runner.forward(prompt_ids[cached:-1].unsqueeze(0), start_slot=slot, last_only=True)
+        self._unstarted[slot] = prompt_ids.numel()
+
+    def _catch_up(self, row: DraftRow) -> float:
+        """A drafting row's own forwards over what its cache lacks but the last committed token (seq[D:N-1]):
+        at its first draft, the prompt's cached prefix copied in first and its blocks stored after. -> seconds."""
+        start = time.perf_counter()
+        slot, tokens = row.slot, row.token_ids  # [N]
+        prompt = self._unstarted.pop(slot, None)
+        prefix = self._prefix_cache() if prompt is not None else None
+        prompt_ids = tokens[: prompt - 1].tolist() if prefix is not None else []  # the prompt's entries, cached
         if prefix is not None:
-            prefix.insert(slot, tokens)
+            prefix.load(slot, prefix.match(prompt_ids))  # a cached prefix is copied in
+        device, end = self.runner.device, tokens.numel() - 1
+        for begin in range(self.runner.lengths[slot], end, self.CATCH_UP_CHUNK):
+            chunk = tokens[begin : min(begin + self.CATCH_UP_CHUNK, end)].unsqueeze(0)  # [1, chunk]
+            self.runner.forward(cross(chunk, device), start_slot=slot, last_only=True)
+        if prefix is not None:
+            prefix.insert(slot, prompt_ids)
+        return time.perf_counter() - start
 
     def _prefix_cache(self) -> PrefixCache | None:
         """The draft model's own prefix cache (runtime/prefix_cache.py), on its current runner's cache."""
@@ -76,26 +102,35 @@ class ModelDrafter(Drafter):
 
     def move_slot(self, src: int, dst: int) -> None:
         self.runner.move_slot(src, dst)
+        self._unstarted.pop(dst, None)
+        if src in self._unstarted:
+            self._unstarted[dst] = self._unstarted.pop(src)
 
     def release(self, slot: int) -> None:
         self.runner.reset(slot)
+        self._unstarted.pop(slot, None)
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> list[DraftProposal]:
-        start = time.perf_counter()
         rows = batch.rows
         device = self.runner.device  # the draft model's
         home = rows[0].token_ids.device  # the target's: committed tokens live there, and proposals go back there
         lengths = self.runner.lengths
         # Room in the cache: the k draft tokens must fit after the committed sequence.
         ks = [min(row.k, self.max_len - row.token_ids.numel()) if row.member else 0 for row in rows]
-        feeds = []
-        for row, k in zip(rows, ks):
-            end = row.token_ids.numel() if k > 0 else row.token_ids.numel() - 1
-            feeds.append(row.token_ids[lengths[row.slot] : end] if row.member else row.token_ids.new_empty(0))
+        catch_up = [self._catch_up(row) if k > 0 and (row.slot in self._unstarted or
+                                                      row.token_ids.numel() - lengths[row.slot] > self.IN_BATCH)
+                    else 0.0 for row, k in zip(rows, ks)]  # seconds of each row's own catch-up
+        start = time.perf_counter()
+        feeds = [row.token_ids[lengths[row.slot] :] if k > 0 else row.token_ids.new_empty(0)
+                 for row, k in zip(rows, ks)]
         width = max(feed.numel() for feed in feeds)
         if width == 0:
             return [DraftProposal(row.token_ids.new_empty(0), None, 0.0) for row in rows]
+        for i, row in enumerate(rows):  # idle rows that have started catch up within the drafting rows' width
+            if ks[i] == 0 and row.member and row.slot not in self._unstarted:
+                end = min(row.token_ids.numel() - 1, lengths[row.slot] + width)
+                feeds[i] = row.token_ids[lengths[row.slot] : end]
         kept = [lengths[row.slot] + feed.numel() for row, feed in zip(rows, feeds)]
         tokens = torch.zeros(len(rows), width, dtype=torch.long, device=home)  # [batch, width], right-padded
         for i, feed in enumerate(feeds):
@@ -150,7 +185,7 @@ class ModelDrafter(Drafter):
             n = steps[i]
             token_ids = drafted_all[i, :n] if n else row.token_ids.new_empty(0)  # [n]
             q_rows = q_all[i, :n] if n and sampled[i] else None  # [n, vocab]
-            proposals.append(DraftProposal(token_ids, q_rows, seconds))
+            proposals.append(DraftProposal(token_ids, q_rows, seconds, catch_up_s=catch_up[i]))
         return proposals
 
 

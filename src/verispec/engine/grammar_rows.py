@@ -45,7 +45,7 @@ def with_forced(forced: torch.Tensor | None, proposal: DraftProposal) -> DraftPr
     if proposal.probs is not None and proposal.token_ids.numel():
         one_hot = torch.nn.functional.one_hot(forced, proposal.probs.shape[-1]).to(proposal.probs)
         probs = torch.cat([one_hot.to(proposal.probs.device), proposal.probs])
-    return DraftProposal(tokens, probs, proposal.seconds)
+    return DraftProposal(tokens, probs, proposal.seconds, catch_up_s=proposal.catch_up_s)
 
 
 def cut(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
@@ -60,4 +60,4 @@ def cut(seq: Sequence, proposal: DraftProposal) -> DraftProposal:
     if valid == n:
         return proposal
     probs = None if proposal.probs is None else proposal.probs[:valid]
-    return DraftProposal(proposal.token_ids[:valid], probs, proposal.seconds)
+    return DraftProposal(proposal.token_ids[:valid], probs, proposal.seconds, catch_up_s=proposal.catch_up_s)

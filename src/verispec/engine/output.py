@@ -65,7 +65,7 @@ class OutputStep:
                 entry = by_policy.setdefault(id(policy), (policy, [], proposal.seconds, drafts.ks[i]))
                 entry[1].append((depth, accepted))
             seq.stats.record_round(proposed, min(accepted, kept), kept, drafted if kept == len(committed) else None)
-            seq.stats.draft_s += proposal.seconds
+            seq.stats.draft_s += proposal.seconds + proposal.catch_up_s  # a deferred draft prefill is draft time
             if drafted and drafts.stages[i] is not None:
                 seq.stats.rounds_by_stage[drafts.stages[i]] = seq.stats.rounds_by_stage.get(drafts.stages[i], 0) + 1
             seq.stats.verify_s += verdict.verify_s

@@ -5,6 +5,11 @@
 K comes from the policy of whoever drafts the row (`drafter.route`: a cascade's stage has its own estimates); each
 policy chooses once per step, knowing the batch size. Every row's draft becomes a node list behind its root (the
 last committed token): a chain's node j has parent j - 1, a token tree's parents come from its drafter.
+
+With adaptive K, a row's first round (nothing generated yet, the step it joins) routed to a draft model decodes with
+the target alone: its first token comes as soon as with speculation off, and the draft model's prompt prefill waits
+for the row's first draft (drafters/model.py), which a row that never drafts never pays. A model-free drafter
+(n-gram, suffix) may draft the first round; a fixed K drafts from the first round.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ class StepDrafts:
     proposals: list[DraftProposal]  # [batch]: after forced tokens and the grammar cut
     ks: list[int]  # [batch]: draft tokens asked per row (0: the target alone)
     policies: list  # [batch]: each row's draft-length policy (FixedK(0) for the target alone)
-    speculative_ks: list[int]  # K of each row routed to a drafter (0: switched off this round)
+    speculative_ks: list[int]  # K of each row with a drafter (0: switched off this round)
     stages: list[str | None]  # [batch]: the drafter (a cascade's stage) routed for each row; None: the target alone
     token_ids: torch.Tensor  # [batch, width] long: root, then draft tokens; 0 at padding
     num_draft_tokens: torch.Tensor  # [batch] long, 0..width - 1
@@ -80,7 +85,7 @@ class Proposer:
         proposals = self._draft(rows, contexts, ks, draft_ks, routed, self._tree_budgets(rows, policies), sampling)
         proposals = [grammar_rows.cut(seq, grammar_rows.with_forced(f, p))
                      for seq, f, p in zip(rows, forced, proposals)]
-        speculative_ks = [k for k, stage in zip(ks, routed) if stage is not None]
+        speculative_ks = [k for seq, k in zip(rows, ks) if seq.drafter is not None]  # a first round left out: K 0
         stages = [None if stage is None else stage.name for stage in routed]
         return self._pad(rows, proposals, ks, policies, speculative_ks, stages, sampling)
 
@@ -95,6 +100,8 @@ class Proposer:
                 active = self.calls.call(seq.drafter, seq.stats, route, returns=True)
                 if active is None:
                     seq.drafter = None
+                elif active.prefills_lazily and seq.spec.adaptive and seq.length == seq.prompt_len:
+                    active = None  # its first round: the target alone (module docstring)
             routed.append(active)
             policies.append(self.policies.get(seq.spec, active) if active is not None else FixedK(0))
         rows_of = Counter(map(id, policies))  # id(policy) -> rows it drafts for
