@@ -144,6 +144,31 @@ def test_cache_under_concurrent_writers_and_readers_stays_consistent():
 # -- the engine -------------------------------------------------------------------------------------------------------
 
 
+def test_cascade_stage_gives_way_after_a_one_token_match():
+    """In a cascade the suffix stage drafts only after a match of >= cascade_min_match tokens (own text or its
+    scope's cache); after a one-token match the next stage drafts. Control: with cascade_min_match=1 it keeps it."""
+    weak = [1, 2, 3, 4, 1, 2, 3, 5, 7, 3]  # "3" recurs, "7 3" does not: a one-token match
+    strong = TEXT  # "1 2" recurs with a continuation: a two-token match
+    for min_match, expect_weak in ((2, False), (1, True)):
+        drafter = SuffixDrafter(SuffixCache(4096), cascade_min_match=min_match)
+        other = RandomDrafter(16)
+        cascade = CascadeDrafter([drafter, other])
+        drafter.begin(0, torch.tensor(weak))
+        drafter.begin(1, torch.tensor(strong))
+        assert drafter.can_propose(torch.tensor(weak)) is expect_weak
+        assert cascade.route(torch.tensor(weak)) is (drafter if expect_weak else other)
+        assert drafter.can_propose(torch.tensor(strong)) and cascade.route(torch.tensor(strong)) is drafter
+    # The scope's cache counts too: an earlier request that said "7 3 9" makes the weak row's match two tokens.
+    drafter = SuffixDrafter(SuffixCache(4096))
+    drafter.begin(0, torch.tensor([7, 3, 9]))
+    drafter.release(0)
+    drafter.begin(0, torch.tensor(weak))
+    assert drafter.can_propose(torch.tensor(weak))
+    assert drafter.can_propose(torch.tensor([5, 6]))  # not a sequence it holds: the row's own draft decides
+    with pytest.raises(ValueError, match="cascade_min_match"):
+        SuffixDrafter(SuffixCache(0), cascade_min_match=0)
+
+
 def test_registered_by_name():
     assert "suffix" in NAMED_DRAFTERS
     drafter = make_drafter("suffix", tiny_llama(1), None, 128)

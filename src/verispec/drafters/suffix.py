@@ -8,6 +8,11 @@ match it follows the most frequent continuations while their empirical path prob
 at most `spec_factor` x the match's length deep: K is chosen by the match's confidence (at most the row's K), and a row that may verify a token tree gets the best-first
 tree of its most probable continuations. The proposal with the higher expected accepted length wins.
 
+In a cascade (`suffix+ngram+MODEL`) the stage gives way when its match is short: `can_propose` is true only for a
+match of at least `cascade_min_match` tokens (2), so the next stage (a draft model) drafts after a one-token match.
+Replaying the target's greedy outputs of the packaged repetitive workload, one-token matches accepted 0.06-0.63
+tokens per round whatever their counts said, two-token ones 1.1-2.3 and longer ones 2.8-4.3 (docs/speculation.md).
+
 Drafts are point masses (no q), so the verifier keeps greedy output equal to the target alone and sampling exact.
 
 Scopes: a request's text joins the cache of its scope when it finishes (`release`), and drafts read only that
@@ -64,18 +69,21 @@ class SuffixDrafter(Drafter):
     wants_tokens = True
 
     def __init__(self, cache: SuffixCache | None = None, *, depth: int = 16, max_match: int = 8,
-                 min_prob: float = 0.1, spec_factor: float | None = SPEC_FACTOR) -> None:
+                 min_prob: float = 0.1, spec_factor: float | None = SPEC_FACTOR, cascade_min_match: int = 2) -> None:
         if not 0.0 <= min_prob <= 1.0:
             raise ValueError(f"min_prob must be in [0, 1], got {min_prob}")
         if spec_factor is not None and spec_factor <= 0:
             raise ValueError(f"spec_factor must be > 0 (or None: no cap), got {spec_factor}")
         if not 1 <= max_match < depth:
             raise ValueError(f"max_match must be in [1, depth), got {max_match} with depth {depth}")
+        if not 1 <= cascade_min_match <= max_match:
+            raise ValueError(f"cascade_min_match must be in [1, max_match], got {cascade_min_match}")
         self.cache = cache if cache is not None else shared_cache()
         self.depth = depth
         self.max_match = max_match
         self.min_prob = min_prob
         self.spec_factor = spec_factor
+        self.cascade_min_match = cascade_min_match
         self._requests: dict[int, _Request] = {}  # slot -> running sequence
         self._scopes: dict[int, str] = {}  # slot -> scope named by set_scope, taken by the next begin
         self.drafted_from = {"own": 0, "cache": 0}  # rounds drafted from each trie (stats, tests)
@@ -110,6 +118,27 @@ class SuffixDrafter(Drafter):
         return _Request(tokens, trie, scope)
 
     # -- drafting ------------------------------------------------------------------------------------------------
+
+    def can_propose(self, token_ids: torch.Tensor) -> bool:
+        """Whether this stage's draft after `token_ids` [n] should be taken over a cascade's next stage: a suffix
+        of at least cascade_min_match tokens occurred earlier, in the request's own text or its scope's cache (a
+        one-token match is a weak sign: module docstring). Only cascades ask; alone, every match drafts."""
+        request = self._request_of(token_ids)
+        if request is None:  # not a sequence this drafter holds (a drafter used on its own): the row decides
+            return True
+        context, need = request.tokens, self.cascade_min_match
+        return (request.trie.match(context, self.max_match)[1] >= need
+                or self.cache.match_length(request.scope, context, self.max_match) >= need)
+
+    def _request_of(self, token_ids: torch.Tensor) -> _Request | None:
+        """The running sequence whose committed tokens are `token_ids` [n] (a row's tokens; one pass over the
+        batch's slots, comparing lengths and the last tokens)."""
+        n = token_ids.numel()
+        tail = token_ids[-self.max_match:].tolist()
+        for request in self._requests.values():
+            if len(request.tokens) == n and request.tokens[-len(tail):] == tail:
+                return request
+        return None
 
     def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         start = time.perf_counter()

@@ -249,6 +249,12 @@ class SuffixCache:
             trie = self._tries.get(scope)
             return EMPTY if trie is None else trie.draft(context, k, min_prob, max_match, tree_nodes, spec_factor)
 
+    def match_length(self, scope: str, context: Sequence[int], max_match: int) -> int:
+        """Tokens of the longest suffix of `context` (at most max_match) that occurred in scope with a continuation."""
+        with self._lock:
+            trie = self._tries.get(scope)
+            return 0 if trie is None else trie.match(context, max_match)[1]
+
     def clear(self) -> None:
         with self._lock:
             self._tries.clear()
