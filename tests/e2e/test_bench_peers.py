@@ -23,10 +23,12 @@ from verispec.bench.peers import (
     resolve_peers,
     run_driver,
     run_peers,
+    vllm_dtype,
 )
 from verispec.bench.prompts import BenchPrompt
 from verispec.bench.suite import BenchSettings
 from verispec.cli import main
+from verispec.memory import weights_bytes
 from verispec.runtime.dtype import choose_dtype, dtype_name
 
 AUTO = dtype_name(choose_dtype("cpu")[0])  # what --dtype auto runs the tiny Llama target in here
@@ -172,11 +174,24 @@ def test_vllm_runs_the_targets_folder_and_the_draft_model(fake_peer, model_dirs)
     section = run_peers(config, "bfloat16", PROMPTS, fake_run(), log=lambda line: None)
     assert [(r["engine"], r["mode"], r["weights"]) for r in section["rows"][2:]] == [
         ("vLLM", "target", "bfloat16"), ("vLLM", "ngram", "bfloat16"), ("vLLM", "draft model", "bfloat16")]
-    assert section["rows"][2]["weights_mb"] == 30.0  # the same weights verispec reads, in the same dtype
+    held = weights_bytes(model_dirs["target"], torch.bfloat16)  # the folder's tensors in vLLM's dtype
+    assert section["rows"][2]["weights_mb"] == round(held / 2**20, 2)
     sent = jobs(log)
     assert [j["spec"] for j in sent] == ["none", "ngram", "draft"]
     assert {j["model"] for j in sent} == {str(model_dirs["target"])} and {j["dtype"] for j in sent} == {"bfloat16"}
     assert sent[2]["draft_model"] == str(model_dirs["draft"])
+
+
+def test_vllm_runs_the_float_conversion_in_the_auto_dtype_beside_gguf_weights(fake_peer, model_dirs):
+    """verispec on GGUF blocks computes in float32; vLLM runs the conversion in its fast dtype here, not float32."""
+    script, log = fake_peer
+    config = config_for({"vllm": str(script)}, model_dirs["target"])
+    config.weights = "gguf"
+    run_peers(config, "float32", PROMPTS, fake_run(), log=lambda line: None)
+    auto = dtype_name(choose_dtype(config.device)[0])
+    assert {j["dtype"] for j in jobs(log)} == {auto}
+    config.weights = "fp32"
+    assert vllm_dtype(config, "float32") == "float32"
 
 
 def test_llamacpp_results_are_measured_once_for_every_dtype(fake_peer, tiny_gguf):

@@ -20,12 +20,18 @@ def _draft_folder(config) -> Path | None:
 
 def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
     """-> (the driver's model fields, the weights' description, notes)."""
+    import torch
+
+    from ..memory import weights_bytes
     from ..models import resolve_model_path
 
     target = resolve_model_path(config.target)
     if target.suffix == ".gguf":
         raise ValueError(f"vLLM runs Hugging Face folders here and the target {config.target} is a GGUF file")
     models, notes = {"model": str(target)}, []
+    weights = weights_bytes(target, getattr(torch, dtype))  # what vLLM holds: the folder's tensors in its dtype
+    if weights:
+        models["weights_bytes"] = weights
     draft = _draft_folder(config)
     if draft is None:
         notes.append("vllm draft model: not run (the benchmark has no draft model)")

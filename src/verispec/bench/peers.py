@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from ..models import is_quantized
 from .aggregate import BASELINE, OVERALL
 
 PEERS = ("vllm", "llama.cpp")
@@ -114,7 +115,11 @@ def _jobs(peer: str, config, dtype: str, common: dict) -> tuple[list[tuple[str, 
     """-> ([(mode, job)], what the weights are, notes) for one peer on the run's target and draft."""
     from .peer_models import llamacpp_models, vllm_models
 
-    models, weights, notes = (vllm_models(config, dtype) if peer == "vllm" else llamacpp_models(config))
+    if peer == "vllm":
+        dtype = vllm_dtype(config, dtype)
+        models, weights, notes = vllm_models(config, dtype)
+    else:
+        models, weights, notes = llamacpp_models(config)
     jobs = []
     for mode, spec in MODES[peer]:
         if spec == "draft" and not {"draft_model", "draft_gguf"} & set(models):
@@ -160,7 +165,7 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
             except (ValueError, OSError, RuntimeError) as exc:
                 notes.append(f"{peer} skipped: {exc}")
         for mode, job in jobs:
-            key = (peer, job["spec"], dtype if peer == "vllm" else None)
+            key = (peer, job["spec"], job["dtype"] if peer == "vllm" else None)
             if key not in cache:
                 log(f"[bench] {peer} {mode}: {len(encoded)} prompts (loading takes a while)")
                 try:
@@ -182,6 +187,17 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
     for line in peer_table(section):
         log(line)
     return section
+
+
+def vllm_dtype(config, dtype: str) -> str:
+    """vLLM runs the target's float conversion: in the run's dtype, or, where verispec's target runs quantized
+    (`--weights gguf`, `--quantization`: float32 compute), in the dtype `--dtype auto` picks for the conversion on
+    this device (bf16 where the CPU has native bf16), vLLM's fastest here."""
+    if not is_quantized(getattr(config, "weights", "fp32"), getattr(config, "quantization", "none")):
+        return dtype
+    from ..runtime.dtype import choose_dtype, dtype_name
+
+    return dtype_name(choose_dtype(config.device)[0])
 
 
 def _our_weights(config, dtype: str) -> str:
