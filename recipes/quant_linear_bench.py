@@ -1,36 +1,46 @@
 """Microbenchmark: the embedded target's quantized linears per layer shape (qkv, o, gate_up, down: each call takes the
 next layer's weight, cycling through all 30 as a step does, so the weights come from where a step finds them) and
 the LM head, at --rows rows: runtime/quant.py's kernel (each --paths path) against the fp32 conversion's oneDNN
-packed linear (the default path) and, for prefill, against dequantize-then-matmul.
+packed linear (the default path), for prefill against dequantize-then-matmul, and with --baseline REV against the
+kernel as git revision REV has it (built as a second extension; its outputs must equal this one's bit for bit).
     PYTHONPATH=src python recipes/quant_linear_bench.py [--threads 2] [--rows 1,5,16,128] [--paths avx512,avx2]
-Prints microseconds per call (median of repeats), the kernel's GB/s of quantized bytes, and the ratios."""
+        [--baseline db58dfd] [--stat min]
+Prints microseconds per call (the candidates of a row are timed in turn, call by call, so a busy machine slows them
+alike), the kernel's GB/s of quantized bytes, and the ratios."""
 
 import argparse
+import re
 import statistics
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from verispec.models import embedded_gguf_path
+from verispec.runtime import ext
 from verispec.runtime.gguf_weights import read_gguf_weights
 from verispec.runtime.llama import linear, try_pack
 from verispec.runtime.quant import PATHS, cat
 
-
 STAT = statistics.median
+KERNEL = "src/verispec/runtime/quant_kernel.cpp"
 
 
-def timed(fns: list, repeats: int) -> float:
-    """µs of one call (STAT of the samples), calling fns round-robin (a different layer's weight each time)."""
-    for fn in fns[:4]:
-        fn()
-    samples = []
+def timed(candidates: list[list], repeats: int) -> list[float]:
+    """µs of one call of each candidate (STAT of its samples); a candidate is a list of calls taken round-robin (a
+    different layer's weight each time), and the candidates take turns call by call."""
+    for fns in candidates:
+        for fn in fns[:4]:
+            fn()
+    samples = [[] for _ in candidates]
     for i in range(repeats):
-        t = time.perf_counter()
-        fns[i % len(fns)]()
-        samples.append(time.perf_counter() - t)
-    return STAT(samples) * 1e6
+        for fns, own in zip(candidates, samples):
+            t = time.perf_counter()
+            fns[i % len(fns)]()
+            own.append(time.perf_counter() - t)
+    return [STAT(own) * 1e6 for own in samples]
 
 
 def shapes(w: dict, layers: int) -> dict[str, list]:
@@ -46,6 +56,18 @@ def shapes(w: dict, layers: int) -> dict[str, list]:
     return out
 
 
+def baseline_kernel(rev: str):
+    """The kernel source (and its local includes) as git revision `rev` has them, built as its own extension."""
+    folder = Path(tempfile.mkdtemp(prefix="quant-baseline-"))
+    pending = [Path(KERNEL).name]
+    while pending:
+        name = pending.pop()
+        text = subprocess.check_output(["git", "show", f"{rev}:{Path(KERNEL).parent / name}"], text=True)
+        (folder / name).write_text(text)
+        pending += [n for n in re.findall(r'^#include "([^"]+)"', text, re.M) if not (folder / n).exists()]
+    return ext._load("quant_baseline", folder / Path(KERNEL).name, [])  # ext's builder, on a file outside runtime/
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -54,17 +76,20 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=120)
     ap.add_argument("--only", default="", help="comma-separated linears (default: all)")
     ap.add_argument("--stat", choices=("median", "min"), default="median", help="min: on a shared machine")
+    ap.add_argument("--baseline", default="", help="a git revision: its kernel timed beside this one (first path)")
     args = ap.parse_args()
     global STAT
     STAT = min if args.stat == "min" else statistics.median
     torch.set_num_threads(args.threads)
     w = read_gguf_weights(embedded_gguf_path(), 9, 3)
     paths = args.paths.split(",")
+    old = baseline_kernel(args.baseline) if args.baseline else None
     print(f"threads {args.threads}; µs per call ({args.stat}); GB/s = quantized bytes / time; "
-          f"'dq+mm' = dequantize to fp32, then x @ W^T")
-    print("| linear | type | [out, in] | rows | " + " | ".join(f"{p} µs | GB/s" for p in paths)
-          + " | fp32 packed µs | fp32 / " + paths[0] + " | dq+mm µs |")
-    print("|---|---|---|---|" + "---|---|" * len(paths) + "---|---|---|")
+          f"'dq+mm' = dequantize to fp32, then x @ W^T" + (f"; baseline = the kernel at {args.baseline}" if old else ""))
+    base_cols = f" baseline µs | {paths[0]} speed-up |" if old else ""
+    print("| linear | type | [out, in] | rows | " + " | ".join(f"{p} µs | GB/s" for p in paths) + " |" + base_cols
+          + " fp32 packed µs | fp32 / " + paths[0] + " | dq+mm µs |")
+    print("|---|---|---|---|" + "---|---|" * len(paths) + ("---|---|" if old else "") + "---|---|---|")
     for name, weights in shapes(w, 30).items():
         if args.only and name not in args.only.split(","):
             continue
@@ -73,12 +98,22 @@ def main() -> None:
         for rows in (int(r) for r in args.rows.split(",")):
             x = torch.randn(rows, q.shape[1])
             repeats = max(10, args.repeats // (1 + rows // 16) // (20 if name == "lm_head" else 1))
-            ours = [timed([lambda v=v: v.linear(x, None, PATHS[p]) for v in weights], repeats) for p in paths]
-            theirs = timed([lambda p=p: linear(x, p, None, True) for p in packed], repeats)
-            dqmm = timed([lambda v=v: x @ v.dequantize().T for v in weights], max(10, repeats // 4)) \
+            candidates = [[lambda v=v, p=p: v.linear(x, None, PATHS[p]) for v in weights] for p in paths]
+            if old:
+                def call(v):
+                    return old.quant_linear(x, v.packed, v._scales_arg, v.kernel_id, v.shape[1], v.shape[0],
+                                            PATHS[paths[0]])
+                if not torch.equal(call(q), q.linear(x, None, PATHS[paths[0]])):
+                    raise SystemExit(f"{name} at {rows} rows: the baseline's outputs differ from this kernel's")
+                candidates.append([lambda v=v: call(v) for v in weights])
+            candidates.append([lambda p=p: linear(x, p, None, True) for p in packed])
+            *ours, theirs = timed(candidates, repeats)
+            base = ours.pop() if old else None
+            dqmm = timed([[lambda v=v: x @ v.dequantize().T for v in weights]], max(10, repeats // 4))[0] \
                 if rows >= 16 else float("nan")
             cells = " | ".join(f"{us:.0f} | {q.nbytes / us / 1e3:.1f}" for us in ours)
-            print(f"| {name} | {q.qtype} | {list(q.shape)} | {rows} | {cells} | {theirs:.0f} | "
+            base_cells = f" {base:.0f} | {base / ours[0]:.2f} |" if old else ""
+            print(f"| {name} | {q.qtype} | {list(q.shape)} | {rows} | {cells} |{base_cells} {theirs:.0f} | "
                   f"{theirs / ours[0]:.2f} | {dqmm:.0f} |", flush=True)
 
 

@@ -12,8 +12,10 @@
 // dequantized once into registers and multiplied into all NR rows. Row invariance: every (row, channel) output has
 // its own accumulator(s), fed block by block in the same order with the same lanes whatever the tile, the number of
 // rows in the call or the thread; threads split output channels only.
-// From PANEL_MIN_ROWS rows on (prefill), the SIMD paths dequantize a panel of GROUP channels once into a float32
-// buffer and run only multiply-adds over it: the same values, the same sums in the same order as the tiles.
+// Many rows (verify passes, batched decode steps, prefill) dequantize a panel of channels once into a float32 buffer
+// and run only multiply-adds over it: the same values, the same sums in the same order as the tiles. AVX-512 from
+// GEMM_MIN_ROWS rows on (quant_gemm512.h: 4-channel x 6-row register tiles, 16 sums reduced at once in
+// _mm512_reduce_add_ps's order), AVX2 from PANEL_MIN_ROWS (panel256).
 //
 // Q4_0 and Q4_1 run from a load-time repack (quant.py `pack_q4`; qtypes Q4_0R, Q4_1R), the file's bytes reordered,
 // none added but the pad of the last group: channels in groups of 4, each group one contiguous run of
@@ -23,71 +25,10 @@
 // element j (j + 16) of channel c in its low 4 bits, all a lane permute reads of an index: no unpacking. The AVX-512
 // tiles convert the scales of a run of blocks 16 at a time (vcvtph2ps, exact) into a float buffer and broadcast
 // them from there, so a block costs one multiply-add for its table, two shifts, two permutes and the row FMAs.
-#include <torch/extension.h>
-#include <ATen/Parallel.h>
-#include <c10/util/Half.h>
-#include <cstdint>
-#include <cstring>
-#include <vector>
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
-#if defined(__AVX512F__)
-#define VERISPEC_AVX512 1
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define VERISPEC_AVX2 1
-#endif
+#include "quant_common.h"
+#include "quant_gemm512.h"
 
 namespace {
-
-enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100, Q4_0R = 102, Q4_1R = 103 };  // R: repacked
-enum Path : int64_t { AUTO = 0, SCALAR = 1, AVX2 = 2, AVX512 = 3 };
-constexpr int64_t QK = 32;      // elements per block (Q4_0, Q4_1, Q8_0; INT8 is cut the same way)
-constexpr int64_t GROUP = 8;    // output channels per unit of parallel work (a multiple of every tile's NC)
-constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, a SIMD path dequantizes a panel once (same sums)
-
-constexpr int64_t file_type(int64_t t) { return t == Q4_0R ? Q4_0 : t == Q4_1R ? Q4_1 : t; }
-constexpr bool repacked(int64_t t) { return t == Q4_0R || t == Q4_1R; }
-constexpr int64_t block_bytes(int64_t t) {
-  return file_type(t) == Q4_0 ? 18 : file_type(t) == Q4_1 ? 20 : t == Q8_0 ? 34 : QK;
-}
-constexpr int64_t CHANNELS_PER_GROUP = 4;  // repacked types
-
-struct Args {
-  const float* x;      // [rows, in]
-  const uint8_t* w;    // [out, row_bytes], repacked: [ceil(out / 4), row_bytes] (4 channels' bytes a row)
-  const float* scale;  // [out] (INT8) or null
-  float* y;            // [rows, out]
-  int64_t rows, in, out, row_bytes, blocks;
-};
-
-inline uint16_t bits_at(const uint8_t* p) {
-  uint16_t bits;
-  std::memcpy(&bits, p, 2);
-  return bits;
-}
-
-inline float half_at(const uint8_t* p) {  // fp16 -> fp32 is exact
-  return static_cast<float>(c10::Half(bits_at(p), c10::Half::from_bits()));
-}
-
-// Repacked block b of group g: its 64 nibble bytes, and channel c's fp16 d (m) at d_at(...) (+ 2 * ...).
-inline const uint8_t* nibbles_at(const Args& a, int64_t g, int64_t b) { return a.w + g * a.row_bytes + b * 64; }
-inline const uint8_t* d_at(const Args& a, int64_t g, int64_t b) { return a.w + g * a.row_bytes + a.blocks * 64 + b * 8; }
-inline const uint8_t* m_at(const Args& a, int64_t g, int64_t b) { return d_at(a, g, b) + a.blocks * 8; }
-
-// Block b of channel o as the file has it: a pointer into the weights, or (repacked types) rebuilt into buf.
-template <int64_t T>
-inline const uint8_t* file_block(const Args& a, int64_t o, int64_t b, uint8_t* buf) {
-  if (!repacked(T)) return a.w + o * a.row_bytes + b * block_bytes(T);
-  const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP, head = T == Q4_1R ? 4 : 2;
-  std::memcpy(buf, d_at(a, g, b) + 2 * c, 2);
-  if (T == Q4_1R) std::memcpy(buf + 2, m_at(a, g, b) + 2 * c, 2);
-  const uint8_t* nib = nibbles_at(a, g, b);
-  for (int j = 0; j < 16; ++j) buf[head + j] = nib[4 * j + c];
-  return buf;
-}
 
 // ---- scalar: the reference path (any CPU), and the dequantization of embedding rows ------------------------------
 
@@ -143,45 +84,6 @@ void tile_scalar(const Args& a, int64_t o0, int64_t r0) {
 
 // ---- AVX-512: a block is two 16-lane registers -----------------------------------------------------------------
 #if defined(VERISPEC_AVX512)
-// Block b's values: lo = elements 0..15, hi = 16..31. A 4-bit block's 16 possible values are made once
-// (table[k] = d * k + m, or d * (k - 8)) and looked up by nibble (a lane permute reads an index's low 4 bits only).
-// The block's fp16 d (and m) as floats in lanes 0 (and 1): one conversion of the block's first 8 bytes.
-inline __m128 dm_at(const uint8_t* blk) {
-  return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
-}
-
-template <int64_t T>
-inline void dequant512(const Args& a, int64_t o, int64_t b, __m512& lo, __m512& hi) {
-  constexpr int64_t F = file_type(T);
-  const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-  if (repacked(T)) {  // channel c's nibbles sit at bit 8c of every lane: shift, and let the permutes mask
-    const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP;
-    const __m512i v = _mm512_loadu_si512(nibbles_at(a, g, b));
-    const __m512 d = _mm512_set1_ps(_cvtsh_ss(bits_at(d_at(a, g, b) + 2 * c)));  // F16C: exact, one instruction
-    const __m512 table = F == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_set1_ps(_cvtsh_ss(bits_at(m_at(a, g, b) + 2 * c))))
-                                   : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
-    lo = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c), table);
-    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table);
-    return;
-  }
-  const uint8_t* blk = a.w + o * a.row_bytes + b * block_bytes(T);
-  if (F == Q4_0 || F == Q4_1) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (F == Q4_1 ? 4 : 2))));
-    const __m128 dm = dm_at(blk);
-    const __m512 d = _mm512_broadcastss_ps(dm);
-    const __m512 table =
-        F == Q4_1 ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(_mm512_set1_epi32(1), _mm512_castps128_ps512(dm)))
-                  : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
-    lo = _mm512_permutexvar_ps(bytes, table);
-    hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
-  } else {
-    const uint8_t* q = T == Q8_0 ? blk + 2 : blk;
-    const __m512 d = T == Q8_0 ? _mm512_broadcastss_ps(dm_at(blk)) : _mm512_set1_ps(a.scale[o]);
-    lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))), d);
-    hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16)))), d);
-  }
-}
-
 template <int64_t T, int NC, int NR>
 void tile512(const Args& a, int64_t o0, int64_t r0) {
   __m512 acc[NC][NR];
@@ -202,15 +104,6 @@ void tile512(const Args& a, int64_t o0, int64_t r0) {
   }
   for (int c = 0; c < NC; ++c)
     for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
-}
-
-// n fp16 values (a multiple of 4) -> float32, 16 at a time (exact).
-inline void halves_to_floats(const uint8_t* src, int64_t n, float* dst) {
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16)
-    _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 2 * i))));
-  for (; i < n; i += 4)
-    _mm_storeu_ps(dst + i, _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + 2 * i))));
 }
 
 // Repacked Q4: NC channels (whole groups of 4) x NR rows. The same values and the same sums in the same order as tile512
@@ -259,78 +152,6 @@ void tile512_q4r(const Args& a, int64_t o0, int64_t r0) {
   for (int c = 0; c < NC; ++c)
     if (o0 + c < a.out)  // the last group's padding is never stored
       for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
-}
-
-// Many rows (prefill): the same sums in the same order as tile512, from a panel of channels dequantized once into
-// wbuf [NC, in] (by dequant512: the same values) rather than once per tile of rows, so only multiply-adds remain.
-template <int NC, int NR>
-void panel512(const Args& a, const float* wbuf, int64_t o0, int64_t r0) {
-  __m512 acc[NC][NR];
-  for (int c = 0; c < NC; ++c)
-    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
-  const float* x0 = a.x + r0 * a.in;
-  for (int64_t b = 0; b < a.blocks; ++b) {
-    __m512 xlo[NR], xhi[NR];
-    for (int r = 0; r < NR; ++r) {
-      xlo[r] = _mm512_loadu_ps(x0 + r * a.in + b * QK);
-      xhi[r] = _mm512_loadu_ps(x0 + r * a.in + b * QK + 16);
-    }
-    for (int c = 0; c < NC; ++c) {
-      const __m512 lo = _mm512_loadu_ps(wbuf + c * a.in + b * QK), hi = _mm512_loadu_ps(wbuf + c * a.in + b * QK + 16);
-      for (int r = 0; r < NR; ++r) {
-        acc[c][r] = _mm512_fmadd_ps(lo, xlo[r], acc[c][r]);
-        acc[c][r] = _mm512_fmadd_ps(hi, xhi[r], acc[c][r]);
-      }
-    }
-  }
-  for (int c = 0; c < NC; ++c)
-    for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
-}
-
-using PanelFn = void (*)(const Args&, const float*, int64_t, int64_t);
-constexpr int PANEL_NC = 4, PANEL_ROWS = 4;
-constexpr PanelFn PANEL[PANEL_ROWS + 1] = {nullptr, panel512<PANEL_NC, 1>, panel512<PANEL_NC, 2>, panel512<PANEL_NC, 3>,
-                                           panel512<PANEL_NC, 4>};
-constexpr PanelFn PANEL_ONE[PANEL_ROWS + 1] = {nullptr, panel512<1, 1>, panel512<1, 2>, panel512<1, 3>, panel512<1, 4>};
-
-// Channels [o_begin, o_end) (at most GROUP) x every row, through a panel dequantized into wbuf [GROUP, in].
-template <int64_t T>
-void panel_group(const Args& a, float* wbuf, int64_t o_begin, int64_t o_end) {
-  if constexpr (repacked(T)) {  // a group at a time (o_begin is a multiple of 4): one load serves 4 channels
-    const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                                : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    for (int64_t o0 = o_begin; o0 < o_end; o0 += CHANNELS_PER_GROUP) {
-      const int64_t g = o0 / CHANNELS_PER_GROUP, n = std::min<int64_t>(CHANNELS_PER_GROUP, o_end - o0);
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const __m512i v = _mm512_loadu_si512(nibbles_at(a, g, b));
-        const __m512 d4 = _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(d_at(a, g, b)))));
-        const __m512 m4 = T == Q4_1R ? _mm512_castps128_ps512(_mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(m_at(a, g, b)))))
-                                     : _mm512_setzero_ps();
-        for (int64_t c = 0; c < n; ++c) {
-          const __m512i lane = _mm512_set1_epi32(static_cast<int>(c));
-          const __m512 d = _mm512_permutexvar_ps(lane, d4);
-          const __m512 table = T == Q4_1R ? _mm512_fmadd_ps(d, k, _mm512_permutexvar_ps(lane, m4)) : _mm512_mul_ps(d, k);
-          float* w = wbuf + (o0 + c - o_begin) * a.in + b * QK;
-          _mm512_storeu_ps(w, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c), table));
-          _mm512_storeu_ps(w + 16, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table));
-        }
-      }
-    }
-  } else {
-  for (int64_t o = o_begin; o < o_end; ++o)
-    for (int64_t b = 0; b < a.blocks; ++b) {
-      __m512 lo, hi;
-      dequant512<T>(a, o, b, lo, hi);
-      _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK, lo);
-      _mm512_storeu_ps(wbuf + (o - o_begin) * a.in + b * QK + 16, hi);
-    }
-  }
-  for (int64_t r0 = 0; r0 < a.rows; r0 += PANEL_ROWS) {
-    const int nr = static_cast<int>(std::min<int64_t>(PANEL_ROWS, a.rows - r0));
-    int64_t o = o_begin;
-    for (; o + PANEL_NC <= o_end; o += PANEL_NC) PANEL[nr](a, wbuf + (o - o_begin) * a.in, o, r0);
-    for (; o < o_end; ++o) PANEL_ONE[nr](a, wbuf + (o - o_begin) * a.in, o, r0);
-  }
 }
 
 #endif
@@ -458,9 +279,6 @@ using GroupFn = void (*)(const Args&, float*, int64_t, int64_t);
 
 template <int64_t T>
 GroupFn panel_for_type(int64_t path) {
-#if defined(VERISPEC_AVX512)
-  if (path == AVX512) return panel_group<T>;
-#endif
 #if defined(VERISPEC_AVX2)
   if (path == AVX2) return panel_group256<T>;
 #endif
@@ -610,6 +428,12 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   const int64_t chosen = resolve_path(path);
   const Tiles& t = tiles(qtype, chosen);
   const int64_t groups = (out + GROUP - 1) / GROUP;
+#if defined(VERISPEC_AVX512)
+  if (chosen == AVX512 && rows >= GEMM_MIN_ROWS) {
+    gemm512_linear(a, qtype, GROUP);
+    return y;
+  }
+#endif
   const GroupFn group = rows >= PANEL_MIN_ROWS ? panel_group_for(qtype, chosen) : nullptr;
   if (group != nullptr) {
     // Channels per panel: the panel (and a tile of rows beside it) stays in L1 for the embedded model's widths.
