@@ -42,8 +42,8 @@ def available_paths() -> list[str]:
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_kernel_values_and_row_invariance(qtype, path):
     """On every kernel path: the dequantized values are the reference's bit for bit; a row's output does not depend
-    on the rows beside it (1 to 40 rows: past the 4- and 6-row tiles, the 8- and 16-row GEMM and panel switches and
-    channel tails)
+    on the rows beside it (1 to 40 rows: past every tile size, the 11- and 16-row GEMM and panel switches and channel
+    tails)
     nor on the thread count, and equals x @ W^T in float64 within float32 summation error."""
     if kernel() is None or path not in available_paths():
         pytest.skip(f"the {path} path does not run on this CPU")
@@ -71,9 +71,10 @@ def test_kernel_values_and_row_invariance(qtype, path):
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "int8"])
 @pytest.mark.parametrize("width", [576, 1536])  # the embedded target's inputs: 8- and 4-channel AVX-512 panels
 def test_many_rows_give_each_row_its_one_row_bits(qtype, width, path):
-    """The many-row paths (AVX-512's GEMM from 8 rows, AVX2's panel from 16) at the model's input widths: rows just
-    below and above each switch, uneven tiles of rows (13, 17), a verify pass at batch 16 (80) and a prefill chunk
-    (130), on 1 and 2 threads; 203 channels: a partial last group and several panels per thread."""
+    """The many-row paths (AVX-512's GEMM from 11 rows, AVX2's panel from 16) and the tiles of up to 5 rows before
+    them at the model's input widths: rows just below and above each switch, uneven tiles of rows, a verify pass at
+    batch 16 (80) and a prefill chunk (130), on 1 and 2 threads; 203 channels: a partial last group and several
+    panels per thread."""
     if kernel() is None or path not in available_paths():
         pytest.skip(f"the {path} path does not run on this CPU")
     torch.manual_seed(1)
@@ -85,7 +86,7 @@ def test_many_rows_give_each_row_its_one_row_bits(qtype, width, path):
         alone = torch.cat([w.linear(x[i : i + 1], None, PATHS[path]) for i in range(130)])  # [130, out]
         for n in (1, 2):
             torch.set_num_threads(n)
-            for rows in (2, 7, 8, 9, 13, 15, 16, 17, 80, 130):
+            for rows in (*range(2, 14), 15, 16, 17, 80, 130):
                 assert torch.equal(w.linear(x[:rows], None, PATHS[path]), alone[:rows]), (rows, n)
     finally:
         torch.set_num_threads(threads)

@@ -25,6 +25,23 @@ inline __m512 reduce16(const __m512* acc) {
                        _mm512_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+// Stores the sums of a 4-channel x NR-row tile of accumulators acc[r][c]: y[r0 + r, o0 + c] for c < nc (the last
+// group's padding is never stored), 4 rows at a time through reduce16.
+template <int NR>
+inline void store_tile512(const Args& a, const __m512 (&acc)[NR][4], int64_t o0, int64_t r0, int64_t nc) {
+  const __mmask8 keep = static_cast<__mmask8>((1u << nc) - 1);
+  for (int r4 = 0; r4 < NR; r4 += 4) {
+    __m512 s[16];
+    for (int i = 0; i < 16; ++i) s[i] = r4 + i / 4 < NR ? acc[r4 + i / 4][i % 4] : _mm512_setzero_ps();
+    const __m512 sums = reduce16(s);  // lane 4 * i + c: row r4 + i, channel c
+    float* y = a.y + (r0 + r4) * a.out + o0;
+    if (r4 + 0 < NR) _mm_mask_storeu_ps(y, keep, _mm512_extractf32x4_ps(sums, 0));
+    if (r4 + 1 < NR) _mm_mask_storeu_ps(y + a.out, keep, _mm512_extractf32x4_ps(sums, 1));
+    if (r4 + 2 < NR) _mm_mask_storeu_ps(y + 2 * a.out, keep, _mm512_extractf32x4_ps(sums, 2));
+    if (r4 + 3 < NR) _mm_mask_storeu_ps(y + 3 * a.out, keep, _mm512_extractf32x4_ps(sums, 3));
+  }
+}
+
 constexpr int64_t TC = 4;                   // channels per GEMM tile (a repacked group)
 constexpr int64_t TILE_FLOATS = TC * QK;    // a tile's values of one block: [4 channels][32]
 
@@ -96,17 +113,7 @@ void gemm_tile512(const Args& a, const float* wt, int64_t o0, int64_t r0, int64_
       }
     }
   }
-  const __mmask8 keep = static_cast<__mmask8>((1u << nc) - 1);  // the last group's padding is never stored
-  for (int r4 = 0; r4 < NR; r4 += 4) {
-    __m512 s[16];
-    for (int i = 0; i < 16; ++i) s[i] = r4 + i / 4 < NR ? acc[r4 + i / 4][i % 4] : _mm512_setzero_ps();
-    const __m512 sums = reduce16(s);  // lane 4 * i + c: row r4 + i, channel c
-    float* y = a.y + (r0 + r4) * a.out + o0;
-    if (r4 + 0 < NR) _mm_mask_storeu_ps(y, keep, _mm512_extractf32x4_ps(sums, 0));
-    if (r4 + 1 < NR) _mm_mask_storeu_ps(y + a.out, keep, _mm512_extractf32x4_ps(sums, 1));
-    if (r4 + 2 < NR) _mm_mask_storeu_ps(y + 2 * a.out, keep, _mm512_extractf32x4_ps(sums, 2));
-    if (r4 + 3 < NR) _mm_mask_storeu_ps(y + 3 * a.out, keep, _mm512_extractf32x4_ps(sums, 3));
-  }
+  store_tile512<NR>(a, acc, o0, r0, nc);
 }
 
 using GemmTileFn = void (*)(const Args&, const float*, int64_t, int64_t, int64_t);
@@ -114,9 +121,9 @@ using GemmTileFn = void (*)(const Args&, const float*, int64_t, int64_t, int64_t
 constexpr int64_t GEMM_ROWS = 6;
 constexpr GemmTileFn GEMM_TILE[GEMM_ROWS + 1] = {nullptr,         gemm_tile512<1>, gemm_tile512<2>, gemm_tile512<3>,
                                                  gemm_tile512<4>, gemm_tile512<5>, gemm_tile512<6>};
-// From this many rows on the GEMM beats tiles that dequantize in registers (tile512, tile512_q4r), which redo the
+// From this many rows on the GEMM beats tiles that dequantize in registers (tile512, tile512_q4r*), which redo the
 // dequantization once per tile of rows (measured: recipes/quant_linear_bench.py, docs/runner.md).
-constexpr int64_t GEMM_MIN_ROWS = 8;
+constexpr int64_t GEMM_MIN_ROWS = 11;
 // A panel's bytes: it stays in L1 (48 KiB here) beside the tile of rows it meets.
 constexpr int64_t PANEL_BYTES = 24 * 1024;
 

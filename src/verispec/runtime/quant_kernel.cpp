@@ -154,6 +154,48 @@ void tile512_q4r(const Args& a, int64_t o0, int64_t r0) {
       for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
 }
 
+// Repacked Q4, one group (4 channels) x NR <= 5 rows: tile512_q4r's values and sums (per accumulator: lo, then hi,
+// block by block), with a block's 8 vectors of values made first, so each row's input is loaded once per half and
+// kept in a register for 4 multiply-adds (4 x 5 accumulators + 8 values + 1 input + the nibbles: 30 registers).
+template <int64_t T, int NR>
+void tile512_q4r_rows(const Args& a, int64_t o0, int64_t r0) {
+  static_assert(NR <= 5, "registers");
+  constexpr int64_t RUN = 32;  // blocks whose scales are converted at once
+  __m512 acc[NR][CHANNELS_PER_GROUP];
+  for (int r = 0; r < NR; ++r)
+    for (int c = 0; c < CHANNELS_PER_GROUP; ++c) acc[r][c] = _mm512_setzero_ps();
+  const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                              : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const int64_t g = o0 / CHANNELS_PER_GROUP;
+  const float* x0 = a.x + r0 * a.in;
+  alignas(64) float d[RUN * CHANNELS_PER_GROUP], m[T == Q4_1R ? RUN * CHANNELS_PER_GROUP : 1];
+  for (int64_t b0 = 0; b0 < a.blocks; b0 += RUN) {
+    const int64_t run = std::min(RUN, a.blocks - b0);
+    halves_to_floats(d_at(a, g, b0), run * CHANNELS_PER_GROUP, d);
+    if (T == Q4_1R) halves_to_floats(m_at(a, g, b0), run * CHANNELS_PER_GROUP, m);
+    for (int64_t b = 0; b < run; ++b) {
+      const uint8_t* nib = nibbles_at(a, g, b0 + b);
+      _mm_prefetch(reinterpret_cast<const char*>(nib + a.row_bytes), _MM_HINT_T0);  // the next tile's
+      const __m512i v = _mm512_loadu_si512(nib);
+      __m512 w[2][CHANNELS_PER_GROUP];  // [lo, hi][channel]
+      for (int c = 0; c < CHANNELS_PER_GROUP; ++c) {
+        const int64_t i = b * CHANNELS_PER_GROUP + c;
+        const __m512 table = T == Q4_1R ? _mm512_fmadd_ps(_mm512_set1_ps(d[i]), k, _mm512_set1_ps(m[i]))
+                                        : _mm512_mul_ps(_mm512_set1_ps(d[i]), k);
+        w[0][c] = _mm512_permutexvar_ps(c == 0 ? v : _mm512_srli_epi32(v, 8 * c), table);
+        w[1][c] = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8 * c + 4), table);
+      }
+      for (int h = 0; h < 2; ++h)
+        for (int r = 0; r < NR; ++r) {
+          __m512 xv = _mm512_loadu_ps(x0 + r * a.in + (b0 + b) * QK + 16 * h);
+          __asm__("" : "+v"(xv));  // one load per row and half, kept in a register (not refetched per channel)
+          for (int c = 0; c < CHANNELS_PER_GROUP; ++c) acc[r][c] = _mm512_fmadd_ps(w[h][c], xv, acc[r][c]);
+        }
+    }
+  }
+  store_tile512<NR>(a, acc, o0, r0, std::min<int64_t>(CHANNELS_PER_GROUP, a.out - o0));
+}
+
 #endif
 
 // ---- AVX2 + FMA + F16C: a block is four 8-lane registers --------------------------------------------------------
@@ -311,6 +353,8 @@ struct Tiles {
   TileFn main[MAX_ROWS + 1];  // NC channels x NR rows
   TileFn one[MAX_ROWS + 1];   // `unit` channels x NR rows (the channels past the last whole tile)
   int unit = 1;               // 4: tiles take whole repacked groups (the last one's padding is computed, not stored)
+  bool even = false;          // rows split into tiles as evenly as max_rows allows (8 rows, 5 a tile: 4 + 4), not
+                              // max_rows first (5 + 3): measured better where tiles hold few rows (tile512_q4r_rows)
 };
 
 #define VERISPEC_TILES(FN, NCF, T)                                                                                    \
@@ -329,15 +373,15 @@ constexpr int nc1(int) { return 1; }
         {nullptr, FN<T, 1, 1>, FN<T, 1, 2>, FN<T, 1, 3>, FN<T, 1, 4>},                                                \
   }
 
-// Repacked Q4 on AVX-512: up to 6 rows a tile (4 channels x 6 rows: 24 accumulators).
-#define VERISPEC_TILES6_Q4R(T)                                                                                        \
+// Repacked Q4 on AVX-512: up to 5 rows a tile (from 3 rows: one group x NR rows, tile512_q4r_rows).
+#define VERISPEC_TILES5_Q4R(T)                                                                                        \
   Tiles {                                                                                                             \
-    6, {0, nc512_q4r(1), nc512_q4r(2), nc512_q4r(3), nc512_q4r(4), nc512_q4r(5), nc512_q4r(6)},                       \
-        {nullptr, tile512_q4r<T, nc512_q4r(1), 1>, tile512_q4r<T, nc512_q4r(2), 2>, tile512_q4r<T, nc512_q4r(3), 3>,  \
-         tile512_q4r<T, nc512_q4r(4), 4>, tile512_q4r<T, nc512_q4r(5), 5>, tile512_q4r<T, nc512_q4r(6), 6>},          \
-        {nullptr, tile512_q4r<T, 4, 1>, tile512_q4r<T, 4, 2>, tile512_q4r<T, 4, 3>, tile512_q4r<T, 4, 4>,             \
-         tile512_q4r<T, 4, 5>, tile512_q4r<T, 4, 6>},                                                                 \
-        CHANNELS_PER_GROUP,                                                                                           \
+    5, {0, nc512_q4r(1), nc512_q4r(2), 4, 4, 4},                                                                      \
+        {nullptr, tile512_q4r<T, nc512_q4r(1), 1>, tile512_q4r<T, nc512_q4r(2), 2>, tile512_q4r_rows<T, 3>,            \
+         tile512_q4r_rows<T, 4>, tile512_q4r_rows<T, 5>},                                                             \
+        {nullptr, tile512_q4r<T, 4, 1>, tile512_q4r<T, 4, 2>, tile512_q4r_rows<T, 3>, tile512_q4r_rows<T, 4>,         \
+         tile512_q4r_rows<T, 5>},                                                                                     \
+        CHANNELS_PER_GROUP, true,                                                                                     \
   }
 
 template <int64_t T>
@@ -345,7 +389,7 @@ const Tiles& tiles_for(int64_t path) {
   static const Tiles scalar = VERISPEC_TILES(tile_scalar, nc1, T);
 #if defined(VERISPEC_AVX512)
   if constexpr (repacked(T)) {
-    static const Tiles avx512 = VERISPEC_TILES6_Q4R(T);
+    static const Tiles avx512 = VERISPEC_TILES5_Q4R(T);
     if (path == AVX512) return avx512;
   } else {
     static const Tiles avx512 = VERISPEC_TILES(tile512, nc512, T);
@@ -446,14 +490,18 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
     return y;
   }
   const int64_t padded = (out + t.unit - 1) / t.unit * t.unit;  // tiles of whole groups run over the padding
+  const int64_t row_tiles = (rows + t.max_rows - 1) / t.max_rows;
   at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t o_end = std::min(padded, (g + 1) * GROUP);
-      for (int64_t r0 = 0; r0 < rows; r0 += t.max_rows) {  // the group's weights stay in L1 across row tiles
-        const int nr = static_cast<int>(std::min<int64_t>(t.max_rows, rows - r0));
+      // the group's weights stay in L1 across the tiles of rows
+      for (int64_t i = 0, r0 = 0; i < row_tiles; ++i) {
+        const int64_t left = rows - r0, even = left / (row_tiles - i) + (left % (row_tiles - i) != 0);
+        const int nr = static_cast<int>(t.even ? even : std::min<int64_t>(t.max_rows, left));
         int64_t o = g * GROUP;
         for (; o + t.nc[nr] <= o_end; o += t.nc[nr]) t.main[nr](a, o, r0);
         for (; o < o_end; o += t.unit) t.one[nr](a, o, r0);
+        r0 += nr;
       }
     }
   });
