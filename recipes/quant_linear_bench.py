@@ -30,15 +30,17 @@ KERNEL = "src/verispec/runtime/quant_kernel.cpp"
 
 def timed(candidates: list[list], repeats: int) -> list[float]:
     """µs of one call of each candidate (STAT of its samples); a candidate is a list of calls taken round-robin (a
-    different layer's weight each time), and the candidates take turns call by call."""
+    different layer's weight each time), and the candidates take turns call by call, each on another layer than
+    the others' latest (which would find its weights in cache)."""
     for fns in candidates:
         for fn in fns[:4]:
             fn()
     samples = [[] for _ in candidates]
     for i in range(repeats):
-        for fns, own in zip(candidates, samples):
+        for k, (fns, own) in enumerate(zip(candidates, samples)):
+            call = fns[(i + 11 * k) % len(fns)]  # not the layer the candidate before just read (hot in L2)
             t = time.perf_counter()
-            fns[i % len(fns)]()
+            call()
             own.append(time.perf_counter() - t)
     return [STAT(own) * 1e6 for own in samples]
 

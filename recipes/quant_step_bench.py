@@ -1,0 +1,85 @@
+"""Steps of the embedded target on its own GGUF blocks (what `--weights auto` runs): a prefill of N tokens, and
+decode / verify steps of B rows x W fed tokens (B = 16, W = 1: a batch-16 decode step; W = 5: verifying 4 draft
+tokens), this kernel against the kernel at git revision --baseline (quant_linear_bench.py builds it), swapped in
+by turns in one process so a busy machine slows both alike; the logits of the two must be equal bit for bit.
+    PYTHONPATH=src python recipes/quant_step_bench.py --baseline db58dfd [--threads 2] [--prefill 128,512]
+        [--steps 1x1,16x1,1x5,16x5] [--repeats 7]
+Prints ms per forward (the best of --repeats, each the mean of a few forwards) and tokens/s (tokens fed / time)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from quant_linear_bench import baseline_kernel
+from verispec.bench.machine import describe_machine, machine_line
+from verispec.models import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime import quant
+from verispec.runtime.native import NativeRunner
+
+CONTEXT = 64  # tokens each row holds before a timed decode / verify step
+
+
+def prefill(runner: NativeRunner, n: int) -> tuple[float, torch.Tensor]:
+    runner.reset()
+    prompt = torch.arange(n).remainder(1000).add(100).view(1, n)  # [1, n]
+    start = time.perf_counter()
+    logits = runner.forward(prompt, last_only=True).logits
+    return time.perf_counter() - start, logits
+
+
+def step(runner: NativeRunner, rows: int, width: int, calls: int = 3) -> tuple[float, torch.Tensor]:
+    """Mean seconds of one forward of [rows, width] tokens on CONTEXT kept entries per row (rolled back after)."""
+    fed = torch.arange(rows * width).remainder(900).add(200).view(rows, width)  # [rows, width]
+    start = time.perf_counter()
+    for _ in range(calls):
+        logits = runner.forward(fed).logits
+        for slot in range(rows):
+            runner.truncate(CONTEXT, slot)
+    return (time.perf_counter() - start) / calls, logits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--baseline", required=True, help="a git revision: its kernel, by turns with this one")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", default="128,512", help="prompt lengths (one row)")
+    ap.add_argument("--steps", default="1x1,16x1,1x5,16x5", help="ROWSxWIDTH forwards on CONTEXT entries")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    kernels = {"baseline": baseline_kernel(args.baseline), "this": quant.kernel()}
+    hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
+    steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
+    runner = NativeRunner.from_hf(hf, 2048, num_slots=max(r for r, _ in steps))
+    print(machine_line(describe_machine("cpu")) + f"; threads {args.threads}; baseline = the kernel at {args.baseline}")
+    print("| forward | tokens | baseline ms | this ms | baseline tok/s | this tok/s | speed-up |")
+    print("|---|---|---|---|---|---|---|")
+
+    def measure(label: str, tokens: int, run) -> None:
+        best, logits = {}, {}
+        for _ in range(args.repeats):
+            for name, ext in kernels.items():
+                quant._KERNEL[:] = [ext]
+                seconds, logits[name] = run()
+                best[name] = min(best.get(name, float("inf")), seconds)
+        quant._KERNEL[:] = [kernels["this"]]
+        if not torch.equal(logits["baseline"], logits["this"]):
+            raise SystemExit(f"{label}: the two kernels' logits differ")
+        old, new = best["baseline"], best["this"]
+        print(f"| {label} | {tokens} | {old * 1e3:.1f} | {new * 1e3:.1f} | {tokens / old:.0f} | {tokens / new:.0f} | "
+              f"{old / new:.2f} |", flush=True)
+
+    for n in (int(v) for v in args.prefill.split(",") if v):
+        measure(f"prefill {n}", n, lambda n=n: prefill(runner, n))
+    for rows, width in steps:
+        runner.reset()
+        for slot in range(rows):  # CONTEXT entries per row
+            runner.forward(torch.arange(CONTEXT).add(300 + slot).view(1, CONTEXT), start_slot=slot, last_only=True)
+        measure(f"{rows} x {width}", rows * width, lambda r=rows, w=width: step(runner, r, w))
+
+
+if __name__ == "__main__":
+    main()
