@@ -652,6 +652,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 }  // namespace
 
+#include "layer_loop.h"
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "softmax(q k^T / sqrt(d) + mask) v in one fixed order (invariant); path 2 tiled, "
         "1 one query at a time, 0 scalar");
@@ -659,4 +661,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_write", &rotary_write, "rotary on q and k, k and v written into the cache -> q");
   m.def("rms_norm", &rms_norm, "RMSNorm (after an optional residual add) -> [sum, normed]");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  py::class_<LayerLoop>(m, "LayerLoop", "every decoder layer of a step in one call (layer_loop.h)")
+      .def(py::init<const std::vector<std::vector<std::tuple<int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t,
+                                                             int64_t, int64_t>>>&,
+                    const std::vector<std::pair<at::Tensor, at::Tensor>>&, int64_t, double, int64_t, int64_t>())
+      .def("run", &LayerLoop::run)
+      .def_property_readonly("num_layers", &LayerLoop::num_layers);
 }
