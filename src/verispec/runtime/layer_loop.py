@@ -45,7 +45,7 @@ def build(layers, packed, spec) -> Loop | None:
                 quant_fn = quant_fn or quant.kernel().quant_linear_address()
                 row.append((QUANT, weight.packed, weight._scales_arg, _or_empty(bias), weight.kernel_id,
                             weight.shape[1], weight.shape[0]))
-            elif packed == "dense" and isinstance(weight, torch.Tensor):
+            elif packed == "dense" and isinstance(weight, torch.Tensor):  # llama.DENSE (llama imports this module)
                 dense_fn = dense_fn or dense.kernel().dense_linear_address()
                 dense_dtype = weight.dtype
                 bias = _or_empty(None if bias is None else bias.float())
