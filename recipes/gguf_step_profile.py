@@ -2,12 +2,15 @@
 
     PYTHONPATH=src python recipes/gguf_step_profile.py [--tokens 32] [--threads 2] [--gbps G] [--profile]
         [--layouts repacked,file]   (Q4 blocks repacked at load (the default) or in the file's layout: alternating)
+        [--loops python,cpp]        (the layers looped in Python or in one C++ call (`runtime/layer_loop.py`, the
+                                     default): alternating, side by side)
         [--weights int8]            (the target's linears quantized instead: int8, Q4_1, Q4_0, Q8_0 = the
                                      `self:int8` / `self:int4` / ... twin drafters' models)
 
 Greedy decoding of one short prompt, batch 1, on the native runner: ms per decode step (prefill excluded), the time
 inside the quantized linears (every `QuantWeight.linear` call timed, by weight shape: qkv, o, gate_up, down, LM
-head), the bytes a step reads and the floor they imply at the bandwidth measured here (or `--gbps`).
+head; measured with the layers looped in Python, where each linear is a call), the bytes a step reads and the
+floor they imply at the bandwidth measured here (or `--gbps`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from verispec.bench.machine import measure_bandwidth
 from verispec.models import DEFAULT_TARGET, load_model, quantize_target
-from verispec.runtime import quant
+from verispec.runtime import layer_loop, quant
 from verispec.runtime.native import NativeRunner, use_quantized_weights
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]
@@ -51,6 +54,7 @@ def main() -> None:
     ap.add_argument("--gbps", type=float, default=0.0, help="bandwidth for the floor (default: measured here)")
     ap.add_argument("--profile", action="store_true", help="also print a torch profile of 16 steps")
     ap.add_argument("--layouts", default="repacked", help="comma-separated: repacked, file (side by side)")
+    ap.add_argument("--loops", default="cpp", help="comma-separated: python, cpp (side by side)")
     ap.add_argument("--weights", default="gguf", help="gguf (the file's blocks), or a quantization of the "
                     "target's linears: int8, Q4_1, Q4_0, Q8_0")
     args = ap.parse_args()
@@ -66,14 +70,17 @@ def main() -> None:
         runners[layout] = NativeRunner.from_hf(hf, 2048)
         decode(runners[layout], 4)  # warm-up (and the kernel's build)
     quant.REPACK = True
-    best = {layout: float("inf") for layout in runners}
+    configs = [(layout, loop) for layout in runners for loop in args.loops.split(",")]
+    best = {config: float("inf") for config in configs}
     for _ in range(args.repeats):
-        for layout, runner in runners.items():
-            best[layout] = min(best[layout], decode(runner, args.tokens, layout=layout))
-    print(f"{args.weights}, ms/step (mean of the best run; fastest single step), layouts alternating: "
-          + ", ".join(f"{k} {v:.2f} ({FASTEST[k]:.2f})" for k, v in best.items()))
-    ms = best[next(iter(runners))]
-    runner = runners[next(iter(runners))]
+        for layout, loop in configs:
+            layer_loop.ENABLED = loop == "cpp"
+            label = f"{layout}/{loop}"
+            best[layout, loop] = min(best[layout, loop], decode(runners[layout], args.tokens, layout=label))
+    print(f"{args.weights}, ms/step (mean of the best run; fastest single step), layouts/loops alternating: "
+          + ", ".join(f"{k}/{loop} {v:.2f} ({FASTEST[f'{k}/{loop}']:.2f})" for (k, loop), v in best.items()))
+    ms = best[configs[0]]
+    runner = runners[configs[0][0]]
 
     spent: dict[tuple, list[float]] = collections.defaultdict(list)
     plain = quant.QuantWeight.linear
@@ -85,14 +92,17 @@ def main() -> None:
         return y
 
     quant.QuantWeight.linear = timed
+    layer_loop.ENABLED = False  # every linear a call from Python, so each is timed
     timed_ms = decode(runner, args.tokens, spent.clear)
     quant.QuantWeight.linear = plain
 
     gbps = args.gbps or measure_bandwidth() / 1e9
     size = hf._verispec_weight_bytes
     floor = size / gbps / 1e6
-    print(f"threads {args.threads}: {ms:.2f} ms/step; weights {size / 1e6:.1f} MB; floor {floor:.2f} ms at "
-          f"{gbps:.1f} GB/s ({ms / floor:.2f}x); with the linears timed {timed_ms:.2f} ms/step")
+    print(f"threads {args.threads}, {'/'.join(configs[0])}: {ms:.2f} ms/step; weights {size / 1e6:.1f} MB; floor {floor:.2f} ms at "
+          f"{gbps:.1f} GB/s ({ms / floor:.2f}x); with the linears timed (Python loop) {timed_ms:.2f} ms/step")
+    for config in configs[1:]:
+        print(f"  {'/'.join(config)}: {best[config]:.2f} ms/step ({best[config] / floor:.2f}x the floor)")
     total = 0.0
     for (qtype, shape), times in sorted(spent.items(), key=lambda kv: -sum(kv[1])):
         per_step = sum(times) * 1e3 / args.tokens
@@ -104,6 +114,7 @@ def main() -> None:
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
 
+        layer_loop.ENABLED = configs[0][1] == "cpp"
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             decode(runner, 16)
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))

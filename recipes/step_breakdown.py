@@ -1,8 +1,11 @@
 """Where a native decode step's time goes, 1 row vs 16 rows side by side: the linears, attention, RMSNorm, rotary +
 cache writes, silu * up (each call wrapped and timed) and the rest (Python between calls, embedding, mask, LM head
 glue, the greedy pick). One thread, thread CPU time (robust on a shared machine); best of --repeats alternating runs.
+With `--loops python,cpp` the layers' C++ loop (`runtime/layer_loop.py`) runs beside the Python loop: its one call
+a step is the part "layer loop" (every layer's linears and small ops), the LM head stays under "linears".
 
     PYTHONPATH=src python recipes/step_breakdown.py [--dtype bfloat16] [--context 160] [--steps 16] [--repeats 3]
+        [--loops python,cpp] [--weights gguf]   (the embedded GGUF's own Q4_1 / Q8_0 blocks, `--weights auto`'s default; --dtype ignored)
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ import time
 
 import torch
 
-from verispec.models import DEFAULT_TARGET, load_model
-from verispec.runtime import fused, llama
+from verispec.models import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime import fused, layer_loop, llama
 from verispec.runtime.native import NativeRunner
 
 SPENT: dict[str, float] = collections.defaultdict(float)  # part -> thread CPU seconds
@@ -42,17 +45,26 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=160, help="tokens fed before the timed steps")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--loops", default="python", help="the layers' loop: python, cpp, or python,cpp")
+    parser.add_argument("--weights", default="fp32", help="fp32 (the conversion, in --dtype) or gguf (its blocks)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     timed(llama, "linear", "linears")
     for name in ("attention", "rotary_write", "rms_norm", "silu_mul"):
         timed(fused, name, name)
-    hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, args.dtype))
+    timed(layer_loop, "run", "layer loop")
+    gguf = args.weights == "gguf"
+    hf = load_model(DEFAULT_TARGET, dtype=torch.float32 if gguf else getattr(torch, args.dtype))
+    if gguf:
+        quantize_target(hf, DEFAULT_TARGET, weights="gguf")
     runners = {rows: NativeRunner.from_hf(hf, 2048, rows, batch_invariant=True) for rows in map(int, args.rows.split(","))}
-    best: dict[int, tuple[float, dict, dict]] = {}
+    configs = [(rows, loop) for rows in runners for loop in args.loops.split(",")]
+    best: dict[tuple[int, str], tuple[float, dict, dict]] = {}
     context = torch.randint(100, 40000, (max(runners), args.context), generator=torch.Generator().manual_seed(0))
     for _ in range(args.repeats):
-        for rows, runner in runners.items():
+        for rows, loop in configs:
+            layer_loop.ENABLED = loop == "cpp"
+            runner = runners[rows]
             runner.reset()
             token = runner.forward(context[:rows], last_only=True).logits[:, -1].max(-1, keepdim=True).indices
             SPENT.clear(), CALLS.clear()
@@ -60,15 +72,16 @@ def main() -> None:
             for _ in range(args.steps):
                 token = runner.forward(token).logits[:, -1].max(-1, keepdim=True).indices  # [rows, 1]
             step = (time.thread_time() - start) / args.steps
-            if rows not in best or step < best[rows][0]:
-                best[rows] = (step, {k: v / args.steps for k, v in SPENT.items()}, dict(CALLS))
-    parts = sorted(best[min(best)][1], key=lambda k: -best[min(best)][1][k])
-    print(f"{args.dtype}, one thread, thread CPU ms per decode step after {args.context} tokens (calls a step)")
-    print(f"{'':14}" + "".join(f"{f'{rows} row(s)':>22}" for rows in best))
+            if (rows, loop) not in best or step < best[rows, loop][0]:
+                best[rows, loop] = (step, {k: v / args.steps for k, v in SPENT.items()}, dict(CALLS))
+    parts = sorted({part for _, spent, _ in best.values() for part in spent},
+                   key=lambda k: -max(spent.get(k, 0.0) for _, spent, _ in best.values()))
+    print(f"{'gguf' if gguf else args.dtype}, one thread, thread CPU ms per decode step after {args.context} tokens (calls a step)")
+    print(f"{'':14}" + "".join(f"{f'{rows} row(s), {loop}':>22}" for rows, loop in best))
     for part in parts + ["rest", "step"]:
         cells = []
-        for rows, (step, spent, calls) in best.items():
-            ms = step - sum(spent.values()) if part == "rest" else step if part == "step" else spent[part]
+        for step, spent, calls in best.values():
+            ms = step - sum(spent.values()) if part == "rest" else step if part == "step" else spent.get(part, 0.0)
             count = f" ({calls[part] // args.steps})" if part in calls else ""
             cells.append(f"{ms * 1e3:9.2f}{count:>13}")
         print(f"{part:14}" + "".join(cells))

@@ -3,6 +3,7 @@
     PYTHONPATH=src python recipes/step_profile.py --dtypes float32,bfloat16 --tokens 32 [--profile]
         [--compile off,on] [--batch 1,16] [--kernels off,on] [--invariant off,on] [--verify 5]
         [--linears off,avx512]   (runtime/dense.py's paths, "off": oneDNN's packed linears; side by side)
+        [--loops python,cpp]     (the layers looped in Python, or in one C++ call (runtime/layer_loop.py, the default))
 
 Greedy decoding of one short prompt, batch 1 (or --batch rows of it): ms per decode step (prefill excluded), the
 weight bytes read per step and the floor they imply at --gbps; with --verify K, also ms per verify pass of K tokens
@@ -20,7 +21,7 @@ import time
 import torch
 
 from verispec.models import DEFAULT_TARGET, load_model
-from verispec.runtime import dense, fused
+from verispec.runtime import dense, fused, layer_loop
 from verispec.runtime.native import NativeRunner
 
 
@@ -66,6 +67,7 @@ def main() -> None:
     parser.add_argument("--kernels", default="on", help="the C++ layer kernels: on, off, or off,on (side by side)")
     parser.add_argument("--invariant", default="off", help="batch-invariant runners: off, on, or off,on")
     parser.add_argument("--verify", type=int, default=0, help="also time verify passes of this many tokens")
+    parser.add_argument("--loops", default="cpp", help="the layers' loop: python, cpp, or python,cpp (side by side)")
     parser.add_argument("--linears", default="", help="VERISPEC_DENSE_PATH values to compare (default: as set)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -86,17 +88,18 @@ def main() -> None:
                         label = f"{name} {linears}".strip()
                         runners[label, invariant, rows, compiled] = runner
                         for kernels in args.kernels.split(","):
-                            fused.ENABLED = kernels == "on"
-                            decode(runner, prompt.expand(rows, -1), 4)  # warm-up (and compile)
-                            if args.verify:
-                                verify(runner, prompt.expand(rows, -1), args.verify, 2)
-                            configs.append((label, invariant, kernels, rows, compiled))
+                            for loop in args.loops.split(","):
+                                fused.ENABLED, layer_loop.ENABLED = kernels == "on", loop == "cpp"
+                                decode(runner, prompt.expand(rows, -1), 4)  # warm-up (and compile)
+                                if args.verify:
+                                    verify(runner, prompt.expand(rows, -1), args.verify, 2)
+                                configs.append((label, invariant, f"{kernels} loop={loop}", rows, compiled))
     best: dict[tuple, float] = {}
     best_verify: dict[tuple, float] = {}
     key = lambda config: (config[0], config[1], config[3], config[4])  # noqa: E731 (the runner of a config)
     for _ in range(args.repeats):
         for config in configs:
-            fused.ENABLED = config[2] == "on"
+            fused.ENABLED, layer_loop.ENABLED = config[2].startswith("on"), config[2].endswith("cpp")
             runner = runners[key(config)]
             rows_prompt = prompt.expand(config[3], -1)
             ms, produced = decode(runner, rows_prompt, args.tokens)
@@ -106,7 +109,7 @@ def main() -> None:
                 best_verify[config] = min(ms, best_verify.get(config, ms))
     for config in configs:
         name, invariant, kernels, rows, compiled = config
-        fused.ENABLED = kernels == "on"
+        fused.ENABLED, layer_loop.ENABLED = kernels.startswith("on"), kernels.endswith("cpp")
         runner = runners[key(config)]
         size = sum(t.numel() * t.element_size() for t in runner.model.parameters())
         floor = size / args.gbps / 1e6
@@ -121,7 +124,7 @@ def main() -> None:
         from torch.profiler import ProfilerActivity, profile
 
         for config in configs:
-            fused.ENABLED = config[2] == "on"
+            fused.ENABLED, layer_loop.ENABLED = config[2].startswith("on"), config[2].endswith("cpp")
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 decode(runners[key(config)], prompt.expand(config[3], -1), 16)
             print(f"== {config} (17 forwards)")

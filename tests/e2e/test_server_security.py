@@ -5,6 +5,7 @@ flags, and `SpeculativeGenerator(..., tokenizer=None)` with token-id prompts.
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import re
 import signal
@@ -32,7 +33,7 @@ KEY = "s3cret-key"
 def server(model_dirs):
     config = ServerConfig(
         model=str(model_dirs["target"]), draft_model=str(model_dirs["draft"]), enable_speculative=True,
-        spec=SpeculativeConfig(num_draft_tokens=3), max_len=256, api_key=KEY, max_choices=4, request_timeout=1.0,
+        spec=SpeculativeConfig(num_draft_tokens=3), max_len=256, api_key=KEY, max_choices=4, request_timeout=120.0,
         allowed_draft_models=("ngram", f"self={model_dirs['target']}", f"self2={model_dirs['target']}"),
         max_cached_drafters=1,
     )
@@ -166,7 +167,10 @@ def test_limits_on_choices_and_stop(client):
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_request_past_its_timeout_ends_with_an_error_and_frees_its_row(server, client, monkeypatch, stream):
     # Held: the idle worker takes each request, then no step runs, so none can finish before its 1 s deadline,
-    # however fast the machine is; released, the timed-out row leaves.
+    # however fast the machine is; released, the timed-out row leaves. The 1 s deadline is this test's alone: the
+    # module's server has a bound no other request could reach on a loaded machine (loading a draft model, say).
+    served = server.worker.served
+    monkeypatch.setattr(served, "config", dataclasses.replace(served.config, request_timeout=1.0))
     gate = StepGate(monkeypatch, server.worker.engine)
     if stream:
         with gate.held_from_start():

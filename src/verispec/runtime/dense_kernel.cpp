@@ -480,4 +480,6 @@ std::map<std::string, std::vector<int64_t>> paths() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dense_linear", &dense_linear, "x @ W^T (+ bias) on a packed weight; path 2 AVX-512, 1 AVX2, 0 scalar");
   m.def("paths", &paths, "the paths built, best first, per dtype");
+  // For layer_loop.h, which calls dense_linear from C++ (one process, one libtorch: Tensors pass as they are).
+  m.def("dense_linear_address", [] { return reinterpret_cast<int64_t>(&dense_linear); }, "&dense_linear");
 }

@@ -25,6 +25,7 @@
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <vector>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -352,12 +353,15 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   }
   const T* krow = ptr<T>(keys) + row * ks[0] + kh * ks[1];
   const T* vrow = ptr<T>(values) + row * vs[0] + kh * vs[1];
-  for (int64_t j = 0; j < Lt; ++j) {
+  // fp32 keys with contiguous entries: whole blocks of 16 are read where they are (the copy would be exact, so the
+  // bits are the same); the last partial block is copied, zero-padded (never read past the cache's end).
+  const int64_t Lc = std::is_same<T, float>::value && ks[2] == d ? Lt / 16 * 16 : 0;  // keys read in place
+  for (int64_t j = Lc; j < Lt; ++j) {
     const T* kj = krow + j * ks[2];
-    float* kw = w.k.data() + j * d;
+    float* kw = w.k.data() + (j - Lc) * d;
     for (int64_t i = 0; i < d; ++i) kw[i] = to_f(kj[i]);
   }
-  std::fill(w.k.data() + Lt * d, w.k.data() + Lp * d, 0.0f);
+  std::fill(w.k.data() + (Lt - Lc) * d, w.k.data() + (Lp - Lc) * d, 0.0f);
   const bool copy_v = Q > QR;  // values read in more than one pass: an fp32 copy (else read where they are)
   for (int64_t j = 0; copy_v && j < Lt; ++j) {
     const T* vj = vrow + j * vs[2];
@@ -373,7 +377,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   // scores, key blocks of 16 outside (in L1 for every query), then max, exp; p = 0 past a query's length
   std::vector<float> tops(Q * 16, -inf);  // per query, the lanes' maxima (exact: the maximum in any order)
   for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
-    const float* kb = w.k.data() + j0 * d;
+    const float* kb = j0 < Lc ? reinterpret_cast<const float*>(krow) + j0 * d : w.k.data() + (j0 - Lc) * d;
     for (int64_t qi = 0; qi < Q; ++qi) {
       if (j0 >= w.len[qi]) continue;
       __m512 qv[NC], acc[16];
@@ -652,6 +656,8 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 }  // namespace
 
+#include "layer_loop.h"
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "softmax(q k^T / sqrt(d) + mask) v in one fixed order (invariant); path 2 tiled, "
         "1 one query at a time, 0 scalar");
@@ -659,4 +665,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_write", &rotary_write, "rotary on q and k, k and v written into the cache -> q");
   m.def("rms_norm", &rms_norm, "RMSNorm (after an optional residual add) -> [sum, normed]");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  py::class_<LayerLoop>(m, "LayerLoop", "every decoder layer of a step in one call (layer_loop.h)")
+      .def(py::init<const std::vector<std::vector<std::tuple<int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t,
+                                                             int64_t, int64_t>>>&,
+                    const std::vector<std::pair<at::Tensor, at::Tensor>>&, int64_t, double, int64_t, int64_t>())
+      .def("run", &LayerLoop::run)
+      .def_property_readonly("num_layers", &LayerLoop::num_layers);
 }

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dense, fused
+from . import dense, fused, layer_loop
 from .compile import compiled_forward
 from .invariant import MAX_INVARIANT_IN, block_attention, split_in
 from .kv_cache import entry_index, write_entries
@@ -317,11 +317,20 @@ class LlamaModel(nn.Module):
         self.cos = nn.Buffer(rope[0], persistent=False)  # [max_len, d]
         self.sin = nn.Buffer(rope[1], persistent=False)  # [max_len, d]
         assert all(layer.packed == self.lm_head.packed for layer in self.layers)  # model_forward takes one flag
+        self._loop: list = []  # layer_loop.build's, made on the first eager forward (the weights are final then)
+        self._layer_weights: list = []  # every Block.weights(), gathered once (~4 us a layer through nn.Module)
+
+    def layer_loop(self) -> layer_loop.Loop | None:
+        """The C++ loop over this model's layers (`layer_loop.py`), or None where it does not serve."""
+        if not self._loop:
+            self._loop.append(layer_loop.build(self.tensors().layers, self.lm_head.packed, self.spec))
+        return self._loop[0]
 
     def tensors(self) -> ModelTensors:
         """The weights `model_forward` takes (a compiled program takes them as inputs, so it holds no copy)."""
-        return ModelTensors(self.embed, self.cos, self.sin, tuple(layer.weights() for layer in self.layers),
-                            self.norm, self.lm_head.weight)
+        if not self._layer_weights:  # a Block's tensors are fixed once built (the embedding may be rebound: read anew)
+            self._layer_weights.append(tuple(layer.weights() for layer in self.layers))
+        return ModelTensors(self.embed, self.cos, self.sin, self._layer_weights[0], self.norm, self.lm_head.weight)
 
     def forward(
         self,
@@ -336,9 +345,12 @@ class LlamaModel(nn.Module):
         all_hidden: bool = False,  # hidden of all n fed tokens, not only the selected ones
         invariant: bool = False,  # batch- and width-invariant attention (invariant.py)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
-        step = compiled_forward(model_forward) if compiled else model_forward
-        return step(self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask,
-                    tuple(keys), tuple(values), select, all_hidden, invariant)
+        if compiled:
+            return compiled_forward(model_forward)(self.tensors(), self.spec, self.lm_head.packed, token_ids,
+                                                   positions, write_index, mask, tuple(keys), tuple(values), select,
+                                                   all_hidden, invariant)
+        return model_forward(self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask,
+                             tuple(keys), tuple(values), select, all_hidden, invariant, self.layer_loop())
 
 
 class ModelTensors(NamedTuple):
@@ -363,17 +375,22 @@ def model_forward(
     select: torch.Tensor | None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
     all_hidden: bool,  # hidden of all n fed tokens, not only the selected ones
     invariant: bool = False,  # batch- and width-invariant attention (invariant.py)
+    loop: layer_loop.Loop | None = None,  # the layers' C++ loop (eager only), used where it serves
 ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
     """The whole step as a free function of the weights: embedding, every layer, final norm, the LM head at the
-    selected positions only. Eager, or compiled as one program (`compile.py`)."""
+    selected positions only. Eager, or compiled as one program (`compile.py`). The layers run in `loop` (one C++
+    call, the same bits) where it serves, else as `layer_parts` one by one."""
     x = F.embedding(token_ids, w.embed)  # [b, n, hidden]
     cos = w.cos[positions].unsqueeze(1).to(x.dtype)  # [b, 1, n, d]: once per step, in the model's dtype
     sin = w.sin[positions].unsqueeze(1).to(x.dtype)
     # the kernels take the cache indices; torch's path their flat entries, made once a step
     index = write_index if fused.available(x) else entry_index(write_index, spec.num_kv_heads, keys[0].shape[2])
-    out = None  # [b, n, hidden]: the last layer's MLP output, added to x by the next layer's norm or here
-    for layer, k, v in zip(w.layers, keys, values):
-        x, out = layer_parts(x, cos, sin, k, v, index, mask, layer, spec, packed, invariant, out)
+    if layer_loop.serves(loop, x, index, invariant):
+        x, out = layer_loop.run(loop, x, cos, sin, index, keys, values, mask)
+    else:
+        out = None  # [b, n, hidden]: the last layer's MLP output, added to x by the next layer's norm or here
+        for layer, k, v in zip(w.layers, keys, values):
+            x, out = layer_parts(x, cos, sin, k, v, index, mask, layer, spec, packed, invariant, out)
     x = x + out
     if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)
         every = rms_norm(x, w.norm, spec.rms_norm_eps)  # [b, n, hidden]

@@ -199,10 +199,11 @@ class NativeRunner(SlotRunner):
                 for dim, size in enumerate((batch, n)):
                     if size > 1:
                         torch._dynamo.maybe_mark_dynamic(tensor, dim if tensor is not mask else (0, 2)[dim])
-        rows = slice(start_slot, start_slot + batch)
-        logits, hidden = self.model(token_ids, positions, write_index, mask, [k[rows] for k in keys],
-                                    [v[rows] for v in values], select, compiled=self.compiled, all_hidden=all_hidden,
-                                    invariant=self.batch_invariant)
+        if start_slot or keys[0].shape[0] != batch:  # (else the buffers are the batch's rows: no 60 views to make)
+            rows = slice(start_slot, start_slot + batch)
+            keys, values = [k[rows] for k in keys], [v[rows] for v in values]
+        logits, hidden = self.model(token_ids, positions, write_index, mask, keys, values, select,
+                                    compiled=self.compiled, all_hidden=all_hidden, invariant=self.batch_invariant)
         for slot, length in enumerate(lengths, start_slot):
             self.cache.lengths[slot] = length + n
         if self.device.type == "cuda":

@@ -545,4 +545,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "dequantized rows", py::arg("data"), py::arg("scales"), py::arg("qtype"),
         py::arg("in_features"), py::arg("out_features"), py::arg("ids"));
   m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (0: the best here)");
+  // For layer_loop.h, which calls quant_linear from C++ (one process, one libtorch: Tensors pass as they are).
+  m.def("quant_linear_address", [] { return reinterpret_cast<int64_t>(&quant_linear); }, "&quant_linear");
 }

@@ -1,0 +1,92 @@
+"""Every decoder layer of an eager native step in one C++ call (`layer_loop.h`, part of `fused.py`'s extension).
+
+`llama.layer_parts` on its fused path is ~9 kernel calls a layer, 270 a step of the embedded model; between them
+Python (wrappers, `QuantWeight.__torch_function__`, views) took about as long as the small ops themselves. The
+loop makes the same calls with the same arguments from C++, so its results are bitwise those of the Python loop
+(`tests/engine/test_layer_loop.py`). It serves where every linear of the model is a `QuantWeight` or packed for
+`dense.py`'s kernel and the layer kernels run (`fused.available`); elsewhere (oneDNN's packed or plain weights, the
+torch fallback, torch.compile, long chunks sent to SDPA) `llama.model_forward` keeps its Python loop.
+`VERISPEC_LAYER_LOOP=python` (or `ENABLED = False`) keeps the Python loop everywhere, for measurements side by side
+(`recipes/step_breakdown.py --loops python,cpp`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+
+from . import dense, fused, quant
+
+ENABLED = os.environ.get("VERISPEC_LAYER_LOOP", "cpp").lower() != "python"
+QUANT, DENSE = 0, 1  # layer_loop.h's kinds of linear
+
+
+class Loop(NamedTuple):
+    ext: object  # layer_loop.h's LayerLoop
+    dtype: torch.dtype  # the norms' dtype: the activations' it serves
+    dense_dtype: torch.dtype | None  # the dense weights' (their kernel path is chosen per dtype), None if none
+
+
+def build(layers, packed, spec) -> Loop | None:
+    """layers: per layer `Block.weights()`; packed: their `Linear.packed` -> the loop over them, or None where
+    some weight is neither a QuantWeight nor in dense.py's layout, or the kernels are not built."""
+    ext = fused.kernel()
+    if ext is None or not hasattr(ext, "LayerLoop"):
+        return None
+    linears, norms = [], []
+    quant_fn = dense_fn = 0
+    dense_dtype = None
+    for qkv_w, qkv_b, o_w, gate_up_w, down_w, attn_norm, mlp_norm in layers:
+        row = []
+        for weight, bias in ((qkv_w, qkv_b), (o_w, None), (gate_up_w, None), (down_w, None)):
+            if isinstance(weight, quant.QuantWeight) and quant.kernel() is not None:
+                quant_fn = quant_fn or quant.kernel().quant_linear_address()
+                row.append((QUANT, weight.packed, weight._scales_arg, _or_empty(bias), weight.kernel_id,
+                            weight.shape[1], weight.shape[0]))
+            elif packed == "dense" and isinstance(weight, torch.Tensor):  # llama.DENSE (llama imports this module)
+                dense_fn = dense_fn or dense.kernel().dense_linear_address()
+                dense_dtype = weight.dtype
+                bias = _or_empty(None if bias is None else bias.float())
+                row.append((DENSE, weight, _EMPTY, bias, 0, 0, weight.shape[0]))  # (in: the rows' own)
+            else:
+                return None
+        linears.append(row)
+        norms.append((attn_norm, mlp_norm))
+    if len({n.dtype for pair in norms for n in pair}) != 1:
+        return None
+    loop = ext.LayerLoop(linears, norms, spec.num_heads, spec.rms_norm_eps, quant_fn, dense_fn)
+    return Loop(loop, norms[0][0].dtype, dense_dtype)
+
+
+def serves(loop: Loop | None, x: torch.Tensor, index: torch.Tensor, invariant: bool) -> bool:
+    """Whether `run` does what `llama.layer_parts`' loop would for x [b, n, hidden]: its fused path (the kernels
+    for x, cache indices), the kernel's attention (not SDPA), eager."""
+    return (ENABLED and loop is not None and x.dtype == loop.dtype and index.dim() != 1
+            and (invariant or x.shape[1] <= fused.MAX_QUERIES) and fused.available(x)
+            and not torch.compiler.is_compiling())
+
+
+def run(
+    loop: Loop,
+    x: torch.Tensor,  # [b, n, hidden]: the embedding
+    cos: torch.Tensor,  # [b, 1, n, d]
+    sin: torch.Tensor,  # [b, 1, n, d]
+    index: torch.Tensor,  # [b, n] long cache indices
+    keys: tuple[torch.Tensor, ...],  # per layer [b, Hk, max_len, d], written at index
+    values: tuple[torch.Tensor, ...],  # per layer [b, Hk, max_len, d]
+    mask: torch.Tensor,  # [b, 1, n, L] additive
+) -> tuple[torch.Tensor, torch.Tensor]:  # (x + attention, MLP output) [b, n, hidden] of the last layer
+    """`llama.layer_parts` over every layer (the same arguments, `pending` starting as None), where `serves`."""
+    dense_path = None if loop.dense_dtype is None else dense.default_path(loop.dense_dtype)
+    x, out = loop.ext.run(x, cos, sin, index, keys, values, mask, fused.attention_path(x.shape[1]),
+                          quant.KERNEL_PATH, dense.PATHS["avx512"] if dense_path is None else dense_path)
+    return x, out
+
+
+_EMPTY = torch.empty(0)
+
+
+def _or_empty(bias: torch.Tensor | None) -> torch.Tensor:
+    return _EMPTY if bias is None else bias
