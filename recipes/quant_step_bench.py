@@ -16,7 +16,7 @@ import torch
 from quant_linear_bench import baseline_kernel
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.models import DEFAULT_TARGET, load_model, quantize_target
-from verispec.runtime import quant
+from verispec.runtime import layer_loop, quant
 from verispec.runtime.native import NativeRunner
 
 CONTEXT = 64  # tokens each row holds before a timed decode / verify step
@@ -50,6 +50,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    # The Python layer loop: every quantized linear looks the kernel up per call (quant.kernel()), so swapping
+    # quant._KERNEL swaps it everywhere; the C++ loop binds the kernel's address once (an earlier kernel may have none).
+    layer_loop.ENABLED = False
     kernels = {"baseline": baseline_kernel(args.baseline), "this": quant.kernel()}
     hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
     steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
