@@ -97,7 +97,7 @@ def test_cuda_batch_equals_cpu(models, tokenizer):
     params = [SamplingParams(max_new_tokens=16, ignore_eos=True)] * 4 + [
         SamplingParams(max_new_tokens=16, temperature=0.8, seed=3, ignore_eos=True, coupled=False)]
     cpu = [r.token_ids for r in SpeculativeEngine(target, tokenizer, None, max_len=256).generate_batch(
-        batch, params[:4], use_drafter=False)]
+        batch[:4], params[:4], use_drafter=False)]
     cuda_target, cuda_draft = [m.to("cuda") for m in (target, draft)]
     try:
         cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(cuda_draft, 256 + CACHE_SLACK)])

@@ -7,6 +7,8 @@ This machine has no accelerator, so both devices are "cpu" here: the crossings a
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from test_host_syncs import run_rows
@@ -21,6 +23,7 @@ from verispec.generator import SpeculativeGenerator
 
 K = 4
 NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
 
 def test_greedy_with_a_draft_device_equals_the_target_alone(trained_pair, tokenizer):
@@ -33,6 +36,29 @@ def test_greedy_with_a_draft_device_equals_the_target_alone(trained_pair, tokeni
     result = placed.generate(prompt, max_new_tokens=24, return_dict=True)
     assert result.token_ids == expected
     assert result.stats.accepted_tokens > 0  # the drafter did draft
+
+
+@pytest.mark.parametrize("device, draft_device", [
+    ("cpu", "cpu"),
+    pytest.param("cpu", "cuda", marks=(CUDA, pytest.mark.cuda)),
+    pytest.param("cuda", "cpu", marks=(CUDA, pytest.mark.cuda)),
+    pytest.param("cuda", "cuda", marks=(CUDA, pytest.mark.cuda)),
+])
+def test_rows_with_a_placed_draft_get_the_target_alones_tokens(trained_pair, tokenizer, device, draft_device):
+    """The target on `device`, the draft model on `draft_device` (on a machine with CUDA, each way across, and
+    both on the GPU): ragged rows in one batch, greedy and seeded samples (coupled: the target alone's tokens for
+    the seed) equal the target alone's on the target's device."""
+    target, draft = (copy.deepcopy(model) for model in trained_pair)  # .to() moves a module in place
+    prompts = [tokenizer(text)["input_ids"] for text in ("the cat sat on the mat. the cat", "a dog", "the mat. the")]
+    sampling = [{}, {"temperature": 0.8, "seed": 3}, {"temperature": 1.0, "top_k": 20, "seed": 5}]
+    alone = SpeculativeGenerator(copy.deepcopy(target), None, tokenizer, max_len=256, device=device)
+    placed = SpeculativeGenerator(target, draft, tokenizer, K=K, max_len=256, device=device,
+                                  draft_device=draft_device)
+    assert placed.engine.drafter.runner.device.type == draft_device
+    expected = alone.generate(prompts, max_new_tokens=24, sampling=sampling, return_dict=True)
+    results = placed.generate(prompts, max_new_tokens=24, sampling=sampling, return_dict=True)
+    assert [r.token_ids for r in results] == [r.token_ids for r in expected]
+    assert sum(r.stats.accepted_tokens for r in results) > 0  # the drafter did draft
 
 
 class Crossings:
