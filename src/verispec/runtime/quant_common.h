@@ -75,6 +75,13 @@ inline __m128 dm_at(const uint8_t* blk) {
   return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(blk)));
 }
 
+// What a repacked Q4 nibble k stands for before its block's scale: k (Q4_1, then d * k + m) or k - 8 (Q4_0).
+template <int64_t T>
+inline __m512 q4r_levels() {
+  return T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+                    : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+}
+
 template <int64_t T>
 inline void dequant512(const Args& a, int64_t o, int64_t b, __m512& lo, __m512& hi) {
   constexpr int64_t F = file_type(T);

@@ -51,8 +51,7 @@ template <int64_t T>
 void dequant_panel512(const Args& a, float* wp, int64_t o0, int64_t n) {
   const int64_t tiles = (n + TC - 1) / TC;
   if constexpr (repacked(T)) {
-    const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                                : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    const __m512 k = q4r_levels<T>();
     constexpr int64_t RUN = 32;
     alignas(64) float d[RUN * CHANNELS_PER_GROUP], m[T == Q4_1R ? RUN * CHANNELS_PER_GROUP : 1];
     for (int64_t t = 0; t < tiles; ++t) {

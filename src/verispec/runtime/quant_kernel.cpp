@@ -118,8 +118,7 @@ void tile512_q4r(const Args& a, int64_t o0, int64_t r0) {
   __m512 acc[NC][NR];
   for (int c = 0; c < NC; ++c)
     for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
-  const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                              : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512 k = q4r_levels<T>();
   const int64_t g0 = o0 / CHANNELS_PER_GROUP;
   const float* x0 = a.x + r0 * a.in;
   alignas(64) float d[NG][RUN * CHANNELS_PER_GROUP], m[NG][T == Q4_1R ? RUN * CHANNELS_PER_GROUP : 1];
@@ -166,8 +165,7 @@ void tile512_q4r_rows(const Args& a, int64_t o0, int64_t r0) {
   __m512 acc[NR][CHANNELS_PER_GROUP];
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < CHANNELS_PER_GROUP; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512 k = T == Q4_1R ? _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
-                              : _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  const __m512 k = q4r_levels<T>();
   const int64_t g = o0 / CHANNELS_PER_GROUP;
   const float* x0 = a.x + r0 * a.in;
   alignas(64) float d[RUN * CHANNELS_PER_GROUP], m[T == Q4_1R ? RUN * CHANNELS_PER_GROUP : 1];
