@@ -345,12 +345,11 @@ class LlamaModel(nn.Module):
         all_hidden: bool = False,  # hidden of all n fed tokens, not only the selected ones
         invariant: bool = False,  # batch- and width-invariant attention (invariant.py)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
-        if compiled:
-            return compiled_forward(model_forward)(self.tensors(), self.spec, self.lm_head.packed, token_ids,
-                                                   positions, write_index, mask, tuple(keys), tuple(values), select,
-                                                   all_hidden, invariant)
-        return model_forward(self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask,
-                             tuple(keys), tuple(values), select, all_hidden, invariant, self.layer_loop())
+        args = (self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask, tuple(keys),
+                tuple(values), select, all_hidden, invariant)
+        if compiled:  # the compiled program runs the layers itself: no C++ loop
+            return compiled_forward(model_forward)(*args)
+        return model_forward(*args, self.layer_loop())
 
 
 class ModelTensors(NamedTuple):
