@@ -35,6 +35,13 @@ namespace {
 
 constexpr int64_t LANES = 16;  // one AVX-512 register of floats: the dot products' partial sums
 constexpr float MASKED = -1e30f;  // an additive mask value at or below this hides the entry (p = 0 exactly)
+// Attention of fewer multiply-adds than this runs on the calling thread: waking the other threads costs more than
+// the work (a draft model's or a decode step's short rows), and a thread the OS has descheduled on a shared machine
+// stalls the whole parallel region. Which thread computes an output never changes its bits.
+constexpr int64_t INLINE_MACS = int64_t(1) << 18;
+
+// at::parallel_for's grain for `tasks` items of `macs` multiply-adds in all: all of them on one thread when small.
+inline int64_t attention_grain(int64_t tasks, int64_t macs) { return macs < INLINE_MACS ? std::max<int64_t>(tasks, 1) : 1; }
 
 using bf16 = uint16_t;  // bfloat16 bits
 
@@ -196,7 +203,7 @@ void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tenso
   const T *qp = ptr<T>(q), *kp = ptr<T>(keys), *vp = ptr<T>(values), *mp = ptr<T>(mask);
   T* op = mut<T>(out);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  at::parallel_for(0, b * H * n, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, b * H * n, attention_grain(b * H * n, 2 * b * H * n * L * d), [&](int64_t begin, int64_t end) {
     std::vector<float> qf(d), s(L), acc(d);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t row = item / (H * n), h = item / n % H, t = item % n, kh = h / g;
@@ -421,7 +428,8 @@ void attention_tiled(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   int64_t run = std::max<int64_t>(1, std::min<int64_t>(n, 48 / g));
   while (run > 4 && b * Hk * ((n + run - 1) / run) < 4 * threads) run /= 2;
   const int64_t runs = (n + run - 1) / run, items = b * Hk * runs;
-  at::parallel_for(0, threads, 1, [&](int64_t begin, int64_t end) {
+  const int64_t macs = 2 * b * q.size(1) * n * mask.size(3) * q.size(3);  // an upper bound (causal chunks attend less)
+  at::parallel_for(0, threads, attention_grain(threads, macs), [&](int64_t begin, int64_t end) {
     TileScratch w;
     for (int64_t tid = begin; tid < end; ++tid)
       for (int64_t item = tid; item < items; item += threads) {
