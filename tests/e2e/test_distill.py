@@ -147,6 +147,48 @@ def test_cli_distills_a_head_that_drafts_and_resumes(tiny_setup, capsys):
     assert torch.load(work / "head.pt", weights_only=False)["step"] == 5
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.cuda
+@CUDA
+def test_cli_distills_on_a_gpu(tiny_setup):
+    """--device cuda: the teacher's answers by HF generation on the GPU, training there; the draft comes back."""
+    tmp_path, target_dir, corpus, eval_data = tiny_setup
+    assert main(_argv(tmp_path, target_dir, corpus, eval_data, steps=3) + ["--device", "cuda"]) == 0
+    assert json.loads((tmp_path / "draft" / "distill_recipe.json").read_text())["device"] == "cuda"
+    assert load_model(tmp_path / "draft").config.hidden_size == 16
+
+
+def test_hf_teacher_answers_equal_the_engines(tiny_setup):
+    """The answers a GPU's teacher writes (HF generation, `generate_batch`) are the engine's (`engine_answers`, the
+    CPU's): the same greedy tokens and top-k, so a draft distilled on either device learns the same data."""
+    from verispec.distill.evaluate import _eos_ids
+    from verispec.distill.teacher import engine_answers, generate_batch
+    from verispec.engine import SpeculativeEngine
+
+    _, target_dir, _, _ = tiny_setup
+    target = load_model(target_dir, dtype=torch.float32)
+    prompts = [[5, 9, 13, 2 + i, 40 - i] for i in range(3)] + [[7, 7]]
+    tokenizer = make_tokenizer()
+    eos = _eos_ids(target, tokenizer)
+    hf = generate_batch(target, prompts, 8, eos_ids=eos, pad_id=min(eos), topk=3)
+    engine = SpeculativeEngine(target, tokenizer, None, max_len=64, max_batch_size=4)
+    ours = engine_answers(engine, prompts, 8, topk=3)
+    for (ids, top, lp), (ids2, top2, lp2) in zip(hf, ours):
+        assert ids.tolist() == ids2.tolist()
+        assert top[:, 0].tolist() == top2[:, 0].tolist()
+        assert torch.allclose(lp.float(), lp2.float(), atol=1e-2)
+
+
+def test_cli_device_it_lacks_exits_2(tiny_setup, capsys):
+    tmp_path, target_dir, corpus, eval_data = tiny_setup
+    with pytest.raises(SystemExit) as exc:
+        main(_argv(tmp_path, target_dir, corpus, eval_data, steps=1) + ["--device", "nodevice"])
+    assert exc.value.code == 2
+    assert "--device" in capsys.readouterr().err
+
+
 def test_cli_missing_target_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["distill", "--target", str(tmp_path / "nowhere"), "--out", str(tmp_path / "d"), "--no-progress"])

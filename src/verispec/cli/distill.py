@@ -105,6 +105,10 @@ def add_parser(subparsers) -> None:
                         f"softmax (default {d['negatives']})")
     g.add_argument("--seed", type=int, default=d["seed"])
     g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--device", default="cpu",
+                   help="where the teacher writes its answers and the draft model trains: cpu (default; verispec's "
+                        "engine writes the answers) or a GPU such as cuda (Hugging Face generation in batches of "
+                        "--gen-batch-size); the evaluation runs on the CPU")
     g = p.add_argument_group("evaluation")
     g.add_argument("--eval-data", type=Path, default=None,
                    help="Spec-Bench style JSONL for the final evaluation (default: shared/data/spec_bench_dev.jsonl "
@@ -154,10 +158,18 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"evaluation prompts file {eval_data} does not exist")
     if args.threads:
         torch.set_num_threads(args.threads)
+    from ..drafters.placement import check_device
+
+    try:
+        check_device(args.device, "--device")
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    if args.head and torch.device(args.device).type != "cpu":
+        raise CliError("a draft head distils on the CPU only: drop --device, or distil a draft model")
     work_dir = args.work_dir or args.out.with_name(args.out.name + ".work")
     try:
         run_distill(recipe, args.out, work_dir, resume=args.resume, eval_data=eval_data,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, device=args.device)
     except (DistillError, ModelLoadError) as exc:
         raise CliError(str(exc)) from None
     return 0

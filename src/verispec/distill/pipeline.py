@@ -46,12 +46,16 @@ class DistillError(ValueError):
 
 
 def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bool = False,
-                eval_data: Path | None = None, progress: bool = True, log=print) -> dict:
+                eval_data: Path | None = None, progress: bool = True, log=print, device: str = "cpu") -> dict:
     """Run every stage; returns the report also written into `out_dir/distill_recipe.json` (a draft head's run:
-    head_pipeline.py, when recipe.head)."""
+    head_pipeline.py, when recipe.head). device: where the teacher writes its data and the draft trains (a GPU:
+    Hugging Face generation in batches of `gen_batch_size`; the CPU: verispec's own engine); the evaluation runs on
+    the CPU."""
     out_dir, work_dir = Path(out_dir), Path(work_dir)
-    tokenizer, samples, pad_id, timings, clock = teacher_data(recipe, work_dir, resume, progress, log)
+    tokenizer, samples, pad_id, timings, clock = teacher_data(recipe, work_dir, resume, progress, log, device)
     if recipe.head:
+        if torch.device(device).type != "cpu":
+            raise DistillError("a draft head distils on the CPU only: drop --device, or distil a draft model")
         from .head_pipeline import run_head_distill
 
         return run_head_distill(recipe, out_dir, work_dir, tokenizer, samples, timings, clock, eval_data,
@@ -71,7 +75,7 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
                              copy_weight=recipe.copy_weight)
     try:
         train_stats = train(draft, samples, settings, pad_id, work_dir / "checkpoint.pt", resume=True,
-                            progress=progress)
+                            progress=progress, device=device)
     except ValueError as exc:
         raise DistillError(str(exc)) from None
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
@@ -88,6 +92,7 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
         },
         "draft": {"parameters": n_params},
         "train": train_stats,
+        "device": str(device),
         "timings_s": timings,
     }
     export_draft(draft, tokenizer, out_dir, getattr(torch, recipe.storage_dtype), report,
@@ -108,15 +113,15 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     return report
 
 
-def teacher_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: bool, log):
-    """The shared data stages (documents, prompts, the target's answers), resumable in `work_dir`.
-    -> (tokenizer, samples, pad id, timings so far, clock start)."""
+def teacher_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: bool, log, device: str = "cpu"):
+    """The shared data stages (documents, prompts, the target's answers), resumable in `work_dir`; the teacher runs
+    on `device`. -> (tokenizer, samples, pad id, timings so far, clock start)."""
     _prepare_work_dir(recipe, work_dir, resume)
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     log(f"loading target {recipe.target}")
     tokenizer = load_tokenizer(recipe.target)
-    teacher = load_model(recipe.target, dtype=getattr(torch, recipe.teacher_dtype))
+    teacher = load_model(recipe.target, dtype=getattr(torch, recipe.teacher_dtype), device=device)
     eos = ev._eos_ids(teacher, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos)
     documents = _documents_stage(recipe, work_dir, teacher, tokenizer, eos, pad_id, progress, log)
@@ -152,7 +157,7 @@ def _documents_stage(recipe, work_dir, teacher, tokenizer, eos, pad_id, progress
         return []
     requests = material_requests(recipe.documents, recipe.seed)
     encoded = [ev.chat_ids(tokenizer, text) for text in requests]
-    generator = torch.Generator().manual_seed(recipe.seed)
+    generator = torch.Generator(device=teacher.device).manual_seed(recipe.seed)
     texts: list[str] = [""] * len(requests)
     bar = tqdm(total=len(requests), desc="documents", unit="doc", disable=not progress, dynamic_ncols=True)
     for batch in length_batches([len(e) for e in encoded], recipe.gen_batch_size, recipe.gen_batch_tokens):
@@ -205,11 +210,21 @@ def _answers_stage(recipe, work_dir, prompts, teacher, tokenizer, eos, pad_id, p
             encoded = [ev.chat_ids(tokenizer, p.text) for p in items]
             keep = [i for i, e in enumerate(encoded) if len(e) + recipe.max_new_tokens <= recipe.max_length]
             skipped += len(items) - len(keep)
-            if engine is None:
-                engine = SpeculativeEngine(teacher, tokenizer, None, max_len=recipe.max_length,
-                                           max_batch_size=recipe.gen_batch_size)
-            results = engine_answers(engine, [encoded[i] for i in keep], recipe.max_new_tokens, recipe.topk,
-                                     on_step=bar.update)
+            if teacher.device.type != "cpu":  # HF generation in large batches: a GPU's step costs ~ the same at any
+                results = []                    # batch size, and the engine's per-row Python would dominate
+                kept = [encoded[i] for i in keep]
+                for batch in length_batches([len(e) for e in kept], recipe.gen_batch_size, recipe.gen_batch_tokens):
+                    answers = generate_batch(teacher, [kept[i] for i in batch], recipe.max_new_tokens, eos, pad_id,
+                                             topk=recipe.topk)
+                    results.extend(zip(batch, answers))
+                    bar.update(sum(len(a[0]) for a in answers))
+                results = [answer for _, answer in sorted(results, key=lambda pair: pair[0])]
+            else:
+                if engine is None:
+                    engine = SpeculativeEngine(teacher, tokenizer, None, max_len=recipe.max_length,
+                                               max_batch_size=recipe.gen_batch_size)
+                results = engine_answers(engine, [encoded[i] for i in keep], recipe.max_new_tokens, recipe.topk,
+                                         on_step=bar.update)
             for i, (ids, top_ids, top_lp) in zip(keep, results):
                 chunk.append(Sample(items[i].category, torch.tensor(encoded[i], dtype=torch.int32), ids,
                                     top_ids, top_lp))

@@ -41,19 +41,21 @@ def generate_batch(
     the end-of-sequence token when one was generated.
     """
     batch = len(prompts)
+    device = next(model.parameters()).device  # the batch runs there; the results come back to the CPU
     width = max(len(p) for p in prompts)
     input_ids = torch.full((batch, width), pad_id, dtype=torch.long)  # [batch, width]
     attention = torch.zeros((batch, width), dtype=torch.long)  # [batch, width]
     for row, prompt in enumerate(prompts):
         input_ids[row, width - len(prompt):] = torch.tensor(prompt)
         attention[row, width - len(prompt):] = 1
+    input_ids, attention = input_ids.to(device), attention.to(device)
     positions = (attention.cumsum(-1) - 1).clamp(min=0)  # [batch, width]
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=device)
 
     cache = DynamicCache()
     out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
                 use_cache=True, logits_to_keep=1)
-    rows = torch.arange(batch)  # original row index of each live row
+    rows = torch.arange(batch)  # original row index of each live row (on the CPU)
     next_pos = positions[:, -1] + 1  # [live]
     tokens: list[list[torch.Tensor]] = [[] for _ in range(batch)]
     top_ids: list[list[torch.Tensor]] = [[] for _ in range(batch)]
@@ -68,11 +70,12 @@ def generate_batch(
         else:
             nxt = logprobs.argmax(-1)  # [live]
         lp, ids = logprobs.topk(topk, dim=-1)  # [live, k]
+        step = [t.cpu() for t in (nxt, ids, lp, done)]  # one copy each per step where the model is not on the CPU
         for i, row in enumerate(rows.tolist()):
-            if not done[i]:
-                tokens[row].append(nxt[i])
-                top_ids[row].append(ids[i])
-                top_lp[row].append(lp[i])
+            if not step[3][i]:
+                tokens[row].append(step[0][i])
+                top_ids[row].append(step[1][i])
+                top_lp[row].append(step[2][i])
         done |= torch.isin(nxt, eos)
         if bool(done.all()):
             break
@@ -80,9 +83,10 @@ def generate_batch(
         if live <= 0.75 * last_compacted:
             keep = (~done).nonzero().squeeze(1)
             cache.batch_select_indices(keep)
-            rows, nxt, next_pos, attention, done = rows[keep], nxt[keep], next_pos[keep], attention[keep], done[keep]
+            rows = rows[keep.cpu()]
+            nxt, next_pos, attention, done = nxt[keep], next_pos[keep], attention[keep], done[keep]
             last_compacted = live
-        attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long)], dim=1)
+        attention = torch.cat([attention, torch.ones((len(rows), 1), dtype=torch.long, device=device)], dim=1)
         out = model(input_ids=nxt[:, None], attention_mask=attention, position_ids=next_pos[:, None],
                     past_key_values=cache, use_cache=True)
         next_pos = next_pos + 1

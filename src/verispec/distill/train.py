@@ -160,11 +160,14 @@ def lr_at(step: int, settings: TrainSettings) -> float:
 
 
 def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, checkpoint: Path,
-          resume: bool, progress: bool = True) -> dict:
-    """Train `draft` in place for `settings.steps` steps, checkpointing to `checkpoint`; returns final stats.
+          resume: bool, progress: bool = True, device: str = "cpu") -> dict:
+    """Train `draft` in place for `settings.steps` steps on `device`, checkpointing to `checkpoint`; returns final
+    stats. The draft ends on the CPU.
 
     The batch order is a pure function of (seed, epoch), so a resumed run replays exactly the batches it missed.
     """
+    device = torch.device(device)
+    draft.to(device)
     decay = [p for n, p in draft.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in draft.named_parameters() if p.dim() < 2]
     optimizer = torch.optim.AdamW(
@@ -191,16 +194,17 @@ def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, ch
             epoch += 1
             batches = _batches_of(epoch, samples, settings)
         batch = batches.pop(0)
-        ids, mask, labels, topk_ids, topk_p = collate([samples[i] for i in batch], settings.max_length, pad_id)
+        ids, mask, labels, topk_ids, topk_p = (t.to(device) for t in collate(
+            [samples[i] for i in batch], settings.max_length, pad_id))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, settings)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=settings.bf16):
             # Seeded per step, so a resumed run draws the same negatives.
             generator = _step_generator(settings.seed, step)
-            step_vocab = None if vocab is None else vocab.draw(generator)
+            step_vocab = None if vocab is None else tuple(t.to(device) for t in vocab.draw(generator))
             loss, n, correct = draft_loss(draft, ids, mask, labels, topk_ids, topk_p, settings.kd_weight, step_vocab)
             if settings.copy_weight > 0:
-                copy = copy_batch(samples, settings.copy_rows, generator, pad_id)
+                copy = tuple(t.to(device) for t in copy_batch(samples, settings.copy_rows, generator, pad_id))
                 loss = loss + settings.copy_weight * copy_loss(draft, *copy, step_vocab)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -215,6 +219,7 @@ def train(draft, samples: list[Sample], settings: TrainSettings, pad_id: int, ch
         if step % settings.checkpoint_every == 0 or step == settings.steps:
             save_checkpoint(checkpoint, draft, optimizer, step, settings)
     bar.close()
+    draft.to("cpu")
     draft.eval()
     if ema_loss is not None:
         stats = {"loss": ema_loss, "agreement": ema_acc}
