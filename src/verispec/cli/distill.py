@@ -59,6 +59,9 @@ def add_parser(subparsers) -> None:
                    help=f"longest such document (default {d['document_tokens']})")
     g.add_argument("--gen-batch-size", type=_positive_int, default=d["gen_batch_size"],
                    help=f"prompts per generation batch (default {d['gen_batch_size']})")
+    g.add_argument("--gen-batch-tokens", type=_positive_int, default=d["gen_batch_tokens"],
+                   help=f"padded prompt tokens per generation batch (default {d['gen_batch_tokens']}; a GPU takes "
+                        f"far more)")
     g.add_argument("--teacher-dtype", choices=["bfloat16", "float16", "float32"], default=d["teacher_dtype"],
                    help="the target's dtype while it writes the data (default %(default)s; float32 is faster on "
                         "CPUs without AVX-512)")
@@ -131,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
             target=str(args.target), corpus=[str(c) for c in args.corpus], seed=args.seed, tokens=args.tokens,
             max_new_tokens=args.max_new_tokens, documents=args.documents,
             document_tokens=args.document_tokens, gen_batch_size=args.gen_batch_size,
+            gen_batch_tokens=args.gen_batch_tokens,
             teacher_dtype=args.teacher_dtype, head=args.head, head_vocab=args.head_vocab,
             head_unroll=args.head_unroll, head_tree_nodes=args.head_tree_nodes,
             head_prompt_loss=not args.head_answers_only, head_holdout=args.head_holdout,
