@@ -60,7 +60,7 @@ def generate_batch(
     tokens: list[list[torch.Tensor]] = [[] for _ in range(batch)]
     top_ids: list[list[torch.Tensor]] = [[] for _ in range(batch)]
     top_lp: list[list[torch.Tensor]] = [[] for _ in range(batch)]
-    done = torch.zeros(batch, dtype=torch.bool)  # [live]
+    done = torch.zeros(batch, dtype=torch.bool, device=device)  # [live]
     last_compacted = batch
     for _ in range(max_new_tokens):
         logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)  # [live, vocab]
