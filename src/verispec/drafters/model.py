@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 
 import torch
@@ -12,6 +14,54 @@ from ..runtime.prefix_cache import PrefixCache
 from ..runtime.runner import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
+
+logger = logging.getLogger("verispec")
+
+# The block type a draft model's linears and LM head run as on the native CPU runner: "Q8_0" (GGUF's 8-bit blocks,
+# ~1/4 of fp32's bytes: a draft token at about half the cost, measured in docs/bench.md), or "float" (as loaded).
+# A draft's numerics move only how often its tokens are accepted, never the output (verification decides), so
+# "auto" picks Q8_0 wherever verispec's quantized kernel runs. VERISPEC_DRAFT_WEIGHTS overrides it (A/B runs).
+DRAFT_WEIGHTS = os.environ.get("VERISPEC_DRAFT_WEIGHTS", "auto")
+DRAFT_QTYPE = "Q8_0"
+
+
+def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
+    """What `model`'s weights run as under the runner `options`: DRAFT_QTYPE or "float" (see DRAFT_WEIGHTS)."""
+    from ..runtime import quant
+    from ..runtime.llama import LlamaSpec, UnsupportedModel
+    from ..runtime.native import model_device
+
+    if DRAFT_WEIGHTS not in ("auto", "float", DRAFT_QTYPE):
+        raise ValueError(f"VERISPEC_DRAFT_WEIGHTS={DRAFT_WEIGHTS!r}: choose auto, float or {DRAFT_QTYPE}")
+    if getattr(model, "_verispec_released", False):  # its native twin's weights were chosen at load
+        return getattr(model, "_verispec_draft_weights", "float")
+    if DRAFT_WEIGHTS == "float" or (options is not None and (options.backend == "hf" or options.compile)):
+        return "float"
+    try:
+        spec = LlamaSpec.from_config(model.config, 1)
+    except UnsupportedModel:
+        return "float"
+    fits = spec.hidden_size % quant.BLOCK == 0 and spec.intermediate_size % quant.BLOCK == 0
+    if not fits or model_device(model).type != "cpu" or quant.kernel() is None:
+        return "float"
+    return DRAFT_QTYPE
+
+
+def draft_runner(model: PreTrainedModel, max_len: int, num_slots: int, options: RunnerOptions | None):
+    """The draft model's runner; on the native CPU runner its native twin first gets DRAFT_QTYPE blocks for its
+    linears and LM head (draft_weights). HF keeps its float copies (the bench's HF assisted generation runs them)."""
+    if draft_weights(model, options) == DRAFT_QTYPE and not _in_blocks(model):
+        from ..runtime.native import use_quantized_weights
+
+        use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False)
+        model._verispec_draft_weights = DRAFT_QTYPE
+        logger.info("draft model: linears and LM head as %s blocks (a draft's numerics move only acceptance)",
+                    DRAFT_QTYPE)
+    return make_runner(model, max_len, num_slots, options)
+
+
+def _in_blocks(model: PreTrainedModel) -> bool:
+    return getattr(model, "_verispec_draft_weights", None) == DRAFT_QTYPE
 
 
 def cross(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
@@ -52,6 +102,7 @@ class ModelDrafter(Drafter):
         self.model = model
         self.max_len = max_len
         self.options = runner
+        # The weights are chosen at the first `reserve`, when the engine's runner options are known.
         self.runner = make_runner(model, max_len, num_slots, runner)
 
     @property
@@ -61,9 +112,11 @@ class ModelDrafter(Drafter):
         return self.__dict__.setdefault("_unstarted_slots", {})
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
-        if runner is not None and runner != self.options:
-            self.options = runner
-            self.runner = make_runner(self.model, self.max_len, num_slots, runner)
+        options = runner if runner is not None else self.options
+        to_blocks = not _in_blocks(self.model) and draft_weights(self.model, options) == DRAFT_QTYPE
+        if (runner is not None and runner != self.options) or to_blocks:
+            self.options = options
+            self.runner = draft_runner(self.model, self.max_len, num_slots, options)
         self.runner.reserve(num_slots)  # buffers are allocated on the first forward, so this is cheap
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:

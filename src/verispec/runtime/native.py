@@ -85,7 +85,7 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
         if model.cos.shape[0] < max_len:
             raise ValueError(f"max_len {max_len} exceeds the native model's rotary table ({model.cos.shape[0]})")
         return model
-    fingerprint = tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
+    fingerprint = _fingerprint(hf_model)
     model, seen = _TWINS.get(hf_model, (None, None))
     other_layout = model is not None and model.invariant != invariant and model.lm_head.packed is True
     if model is None or seen != fingerprint or model.cos.shape[0] < max_len or other_layout:
@@ -93,6 +93,11 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
         model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions), invariant=invariant)
         _TWINS[hf_model] = (model, fingerprint)
     return model
+
+
+def _fingerprint(hf_model) -> tuple:
+    """Where hf_model's weights are and their versions: a twin built from them is stale once this changes."""
+    return tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
 
 
 def native_twin_of(hf_model) -> LlamaModel | None:
@@ -219,11 +224,12 @@ class NativeRunner(SlotRunner):
 
 
 def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None = None,
-                          quantization: str | None = None) -> LlamaModel:
+                          quantization: str | None = None, release: bool = True) -> LlamaModel:
     """hf_model's native twin on quantized weights (runtime/quant.py), and HF's own copies released: the GGUF file's
     weights as stored (`--weights gguf`: the same values as the fp32 conversion hf_model was loaded from), or the
     twin's linears quantized (`--quantization int8`: a different model than the original). -> the twin.
-    Afterwards hf_model holds no weights (meta tensors of the same shapes): only native runners run it."""
+    Afterwards hf_model holds no weights (meta tensors of the same shapes): only native runners run it. With
+    release=False HF keeps its float weights (a draft model that HF's own assisted generation may also run)."""
     from .gguf_weights import read_gguf_weights
     from .quant import quantize_linears
 
@@ -235,7 +241,9 @@ def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None =
     else:
         weights = quantize_linears(weights_of(hf_model), quantization)
     model = LlamaModel(spec, weights, rope_table(hf_model, positions), pack=False)
-    _TWINS[hf_model] = (model, None)
+    _TWINS[hf_model] = (model, None if release else _fingerprint(hf_model))
+    if not release:
+        return model
     # HF's copies go (the twin is now the model), their shapes stay: vocabulary checks read them.
     for module in hf_model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
