@@ -103,9 +103,9 @@ def prefix_cache_tokens(config: ServerConfig, target, slots: int, free_bytes: in
 
 
 def on_own_thread(work: Callable[[], T]) -> T:
-    """work() on a new thread that ends before this returns (its exception raised here): the OpenMP pool that the
-    thread's torch ops start ends with it, and none stays behind on the calling thread. The thread is a daemon:
-    Ctrl-C during a long load exits without waiting for it."""
+    """work() on a new thread that ends with it (its exception raised here): the OpenMP pool that the thread's torch
+    ops start ends with the thread, and none stays behind on the calling thread. The thread is a daemon: Ctrl-C
+    during a long load exits without waiting for it."""
     outcome: dict[str, object] = {}
 
     def run() -> None:
