@@ -59,3 +59,28 @@ def test_shared_system_prompt_goes_before_every_request_of_the_sweep(flags, syst
     config = config_from_args(args)
     assert config.system == (SYSTEM_PROMPT if system == "builtin" else system)
     assert config.concurrency == [1, 8, 16]
+
+
+
+@pytest.mark.parametrize("flags, weights", [([], "auto"), (["--dtypes", "float32,bfloat16"], "fp32"),
+                                            (["--weights", "fp32"], "fp32")])
+def test_servers_get_the_weights_the_bench_resolves(flags, weights):
+    """The servers are given the dtype, auto resolved: without --weights, an explicit dtype would make them pick the
+    float conversion. 'auto': what `verispec serve` picks with no flags (the embedded target's GGUF blocks where
+    the kernel is built)."""
+    from verispec.bench.serve_load import config_from_args
+    from verispec.cli import build_parser
+    from verispec.models import DEFAULT_TARGET, resolve_weights
+
+    config = config_from_args(build_parser().parse_args(["bench", "--serve", "--limit", "1", *flags]))
+    expected = resolve_weights("auto", DEFAULT_TARGET)[0] if weights == "auto" else weights
+    assert config.serve_args == ("--weights", expected, "--quantization", "none")
+
+
+def test_serve_args_come_after_the_resolved_weights():
+    """A flag given twice counts the last time: the user's --serve-args override what the bench resolved."""
+    from verispec.bench.serve_load import config_from_args
+    from verispec.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--serve", "--serve-args", "--weights fp32 --max-batched-tokens 64"])
+    assert config_from_args(args).serve_args[4:] == ("--weights", "fp32", "--max-batched-tokens", "64")

@@ -316,6 +316,19 @@ def dtypes_from_args(args) -> list[str]:
     return [dtype_name(target_dtype(args, d)[0]) for d in dtypes]
 
 
+def weights_flags(args) -> tuple[str, ...]:
+    """The target's weights as flags for the servers the bench starts: --weights resolved as `verispec bench`
+    resolves it ('auto': the GGUF blocks where one dtype, auto, runs), and --quantization. Given explicitly because
+    the servers are given the dtype (auto resolved), and an explicit --dtype alone makes `--weights auto` pick the
+    float conversion (models.resolve_weights): the embedded target would serve its fp32 weights, 2.5x the step time
+    of its GGUF blocks. CliError on a bad combination."""
+    from ..cli.common import target_weights
+
+    dtypes = [d.strip() for d in (args.dtypes or args.dtype).split(",") if d.strip()]
+    weights, _ = target_weights(args, dtypes[0] if len(dtypes) == 1 else "float32")
+    return "--weights", weights, "--quantization", args.quantization
+
+
 def config_from_args(args) -> ServeLoadConfig:
     """`verispec bench --serve`'s flags (parsed by cli/bench.py) as a ServeLoadConfig; CliError on bad ones."""
     from ..cli import CliError
@@ -330,7 +343,7 @@ def config_from_args(args) -> ServeLoadConfig:
     except (ValueError, PromptError) as exc:
         raise CliError(str(exc)) from None
     dtypes = dtypes_from_args(args)
-    serve_args = tuple(shlex.split(args.serve_args or ""))
+    serve_args = weights_flags(args) + tuple(shlex.split(args.serve_args or ""))  # the user's --serve-args win
     if not getattr(args, "enable_prefix_caching", True) and not getattr(args, "prefix_cache", False):
         serve_args += ("--no-enable-prefix-caching",)
     config = ServeLoadConfig(

@@ -22,7 +22,7 @@ import httpx
 from .batching import parse_int_list
 from .machine import describe_machine, machine_line
 from .prompts import BenchPrompt
-from .serve_load import MAX_CONCURRENCY, ServerProcess, drive, dtypes_from_args, summarize
+from .serve_load import MAX_CONCURRENCY, ServerProcess, drive, dtypes_from_args, summarize, weights_flags
 
 MAX_REPLICAS = 64
 
@@ -172,7 +172,7 @@ def config_from_args(args) -> ReplicaSweepConfig:
         model=args.model, draft=args.draft_model, dtype=dtypes_from_args(args)[0],  # 'auto' as the server resolves it
         prompts=prompts, replicas=replicas, concurrency=concurrency, max_new_tokens=args.max_new_tokens or 128,
         out=args.out, device=args.device, threads=args.threads or 1, repeats=args.serve_repeats,
-        serve_args=tuple(shlex.split(args.serve_args or "")),
+        serve_args=weights_flags(args) + tuple(shlex.split(args.serve_args or "")),
     )
 
 

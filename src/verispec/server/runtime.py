@@ -2,7 +2,12 @@
 
 Threads, once the server runs: the front end's threads (server/prepare.py) encode prompts and check requests,
 which only read the tokenizer and fixed sizes; everything else (drafters, the engine) is the worker thread's.
-`load` runs before the worker starts.
+`load` runs before the worker starts, on a thread of its own that ends with it (`on_own_thread`), so that the
+engine thread's OpenMP pool is the only one in the process: torch's CPU kernels run about 270 parallel regions a
+decode step, and libgomp lets a pool's workers spin between regions only while the workers of all pools fit the
+CPUs. A pool the loading main thread kept, idle, tipped that count on 2 CPUs, and the engine thread's worker
+then slept in the kernel after each region (~300 context switches a step): a GGUF decode step took 9.9 ms in the
+server against 5.0 ms in process (docs/bench.md, "Runs of 2026-11-26 (SERVE helper)").
 
 Memory: the target's KV cache grows slot by slot up to `max_num_seqs` slots of `max_len` tokens, so the slots are
 capped at start-up to what fits in free memory (`kv_bounded_slots`): further requests wait for a slot instead of
@@ -16,8 +21,11 @@ from __future__ import annotations
 
 import gc
 import logging
+import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import replace
+from typing import TypeVar
 
 from ..config import SamplingParams, cache_len
 from ..drafters.base import Drafter
@@ -35,6 +43,8 @@ from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found
 
 logger = logging.getLogger("verispec.server")
+
+T = TypeVar("T")
 
 # A prompt as the worker receives it: text, token ids, or chat messages ({"role", "content"} dicts).
 Prompt = str | list[int] | list[dict]
@@ -92,6 +102,26 @@ def prefix_cache_tokens(config: ServerConfig, target, slots: int, free_bytes: in
     return max(int(room // per_token), 0)
 
 
+def on_own_thread(work: Callable[[], T]) -> T:
+    """work() on a new thread that ends with it (its exception raised here): the OpenMP pool that the thread's torch
+    ops start ends with the thread, and none stays behind on the calling thread. The thread is a daemon: Ctrl-C
+    during a long load exits without waiting for it."""
+    outcome: dict[str, object] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller as it is
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, name="verispec-load", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
 class ServedModel:
     def __init__(self, config: ServerConfig, target, tokenizer) -> None:
         self.config = config
@@ -116,9 +146,14 @@ class ServedModel:
 
     @classmethod
     def load(cls, config: ServerConfig) -> ServedModel:
-        """Load the target and tokenizer, and the default drafter when speculation is on by default.
+        """Load the target and tokenizer, and the default drafter when speculation is on by default, on a thread of
+        their own (see the module's docstring).
 
         Raises ValueError (ModelLoadError) for a model that cannot be found or read."""
+        return on_own_thread(lambda: cls._load(config))
+
+    @classmethod
+    def _load(cls, config: ServerConfig) -> ServedModel:
         target = quantize_target(load_model(config.model, dtype=config.dtype, device=config.device), config.model,
                                  config.weights, config.quantization)
         tokenizer = load_tokenizer(config.model)
