@@ -6,7 +6,9 @@ import torch
 
 from verispec.config import RunnerOptions, SamplingParams, SpeculativeConfig
 from verispec.drafters import model as model_drafter
-from verispec.drafters.model import DRAFT_QTYPE, ModelDrafter
+from verispec.drafters.cascade import CascadeDrafter
+from verispec.drafters.model import DRAFT_QTYPE, ModelDrafter, draft_model_weights
+from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
 from verispec.runtime import quant
 from verispec.runtime.native import native_twin_of
@@ -50,6 +52,9 @@ def test_native_draft_runs_q8_0_blocks_and_keeps_hf_floats(trained_pair, tokeniz
     blocks = [w for w in draft_linears(drafter) if isinstance(w, QuantWeight)]
     assert blocks and all(w.qtype == DRAFT_QTYPE for w in blocks)
     assert native_twin_of(draft) is drafter.runner.model
+    assert draft_model_weights(drafter) == DRAFT_QTYPE  # what --json and the bench report
+    assert draft_model_weights(CascadeDrafter([NgramDrafter(), drafter])) == DRAFT_QTYPE
+    assert draft_model_weights(NgramDrafter()) is None
     assert all(p.device.type == "cpu" and p.numel() for p in draft.parameters())  # HF's floats stay
     prompts = [tokenizer(TEXT)["input_ids"], tokenizer(TEXT[30:])["input_ids"]]
     results = engine.generate_batch(prompts, greedy())
@@ -67,6 +72,7 @@ def test_hf_runner_and_float_setting_keep_float_weights(trained_pair, tokenizer,
     draft = fresh(draft)
     engine, drafter = engine_on(target, draft, tokenizer, RunnerOptions(backend="hf"))
     assert drafter.runner.backend == "hf" and model_drafter.draft_weights(draft, engine.runner_options) == "float"
+    assert draft_model_weights(drafter) == "float"
     monkeypatch.setattr(model_drafter, "DRAFT_WEIGHTS", "float")
     engine, drafter = engine_on(target, fresh(trained_pair[1]), tokenizer)
     assert not any(isinstance(w, QuantWeight) for w in draft_linears(drafter))

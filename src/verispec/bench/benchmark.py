@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..drafters.build import build_drafter
+from ..drafters.model import draft_model_weights
 from ..drafters.spec import parse_drafter_spec
 from ..config import RunnerOptions
 from ..runtime.compile import cache_counts
@@ -104,8 +105,10 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
         log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
         models, encoded = load_models(config, dtype, prompts)
         runner = runner_info(models.engine.target)
+        draft_weights = draft_model_weights(models.engine.drafter)
         log(f"[bench] runner: {runner['backend']}{' compiled' if runner['compiled'] else ''}"
-            f"{', weights pre-packed' if runner.get('packed_weights') else ''}")
+            f"{', weights pre-packed' if runner.get('packed_weights') else ''}"
+            f"{f'; draft model weights: {draft_weights}' if draft_weights else ''}")
         if settings.batch_sizes:
             section, _ = run_batch_sweep(models, encoded, settings)
             base = section["batching"]["results"]["1"][BASELINE]

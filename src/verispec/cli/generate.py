@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..drafters.model import draft_model_weights
 from ..runtime.native import release_engine_weights
 from ..runtime.runner import runner_info
 from ..stats import GenerationStats
@@ -102,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "model": args.model, "draft_model": loaded.name, "drafter_warning": loaded.warning,
                "runner": {**runner_info(gen.engine.target), "dtype_reason": args.dtype_reason,
-                          "weights_reason": args.weights_reason},
+                          "weights_reason": args.weights_reason,
+                          "draft_weights": draft_model_weights(gen.engine.drafter)},
                "stats": result.stats.to_dict()}
         if result.logprobs is not None:
             out["logprobs"] = logprobs_json(result.logprobs, tokenizer)

@@ -64,6 +64,17 @@ def _in_blocks(model: PreTrainedModel) -> bool:
     return getattr(model, "_verispec_draft_weights", None) == DRAFT_QTYPE
 
 
+def draft_model_weights(drafter) -> str | None:
+    """What the draft models among `drafter`'s stages run as once reserved (DRAFT_QTYPE or "float"; a twin is its own
+    format, `self:...`), for --json and bench reports; None where no draft model drafts."""
+    seen = []
+    for stage in getattr(drafter, "stages", [drafter]):
+        stage = getattr(stage, "inner", stage)  # a draft across tokenizers wraps its model drafter
+        if isinstance(stage, ModelDrafter) and isinstance(stage.model, PreTrainedModel):
+            seen.append(DRAFT_QTYPE if _in_blocks(stage.model) else "float")
+    return ", ".join(seen) or None
+
+
 def cross(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """The one way a tensor moves between the target's device and the draft model's (a no-op where they are the
     same); tests count its calls."""
