@@ -6,7 +6,7 @@ import torch
 from conftest import chisquare_pvalue, propose_one, sample_first_tokens, tiny_llama
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.factory import NAMED_DRAFTERS, make_drafter
-from verispec.drafters.ngram import NgramDrafter, continuation, find_match
+from verispec.drafters.ngram import NgramDrafter, continuation, find_match, recurs
 from verispec.engine import SpeculativeEngine
 from verispec.verify import rejection_verify
 
@@ -41,6 +41,18 @@ def test_find_match_none_and_min_ngram():
     # only the 1-gram [4] recurs: found with min_ngram=1, refused with min_ngram=2
     assert find_match(ids(4, 7, 1, 4), 3, min_ngram=1) == (1, 1)
     assert find_match(ids(4, 7, 1, 4), 3, min_ngram=2) == (0, 0)
+
+
+def test_recurs_is_whether_find_match_finds_one():
+    """can_propose's shortcut: the min_ngram-suffix recurs iff find_match finds a match of >= min_ngram tokens."""
+    generator = torch.Generator().manual_seed(0)
+    cases = [ids(), ids(5), ids(3, 3), ids(9, 9, 9), ids(4, 7, 1, 4), ids(1, 2, 3, 4)]
+    cases += [torch.randint(0, vocab, (n,), generator=generator) for vocab in (2, 3, 5, 40) for n in range(0, 30)]
+    for tokens in cases:
+        for min_ngram in (1, 2, 3):
+            for max_ngram in range(min_ngram, 5):
+                assert recurs(tokens, min_ngram) == (find_match(tokens, max_ngram, min_ngram)[0] > 0), \
+                    (tokens.tolist(), min_ngram, max_ngram)
 
 
 def test_find_match_never_matches_the_suffix_itself_or_padding():
