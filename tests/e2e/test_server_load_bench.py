@@ -28,6 +28,8 @@ def test_bench_serve_writes_its_report(model_dirs, tmp_path):
     report = json.loads((out / "report.json").read_text())
     [run] = report["runs"]
     assert set(run["results"]) == {"1", "2"} and "--max-num-seqs 2" in run["server_command"]
+    # untimed: each mode alone, then at the sweep's largest concurrency (the KV buffers grow before the timed runs)
+    assert run["warm_up"]["clients"] == 2 and set(run["warm_up"]["modes"]) == {"on", "off"}
     for clients, figures in run["results"].items():
         assert figures["on_vs_off"] > 0
         for mode in ("on", "off"):

@@ -247,6 +247,22 @@ def run_serve_load(config: ServeLoadConfig, log=print) -> dict:
     return report
 
 
+def warm_up(server: ServerProcess, config: ServeLoadConfig) -> dict:
+    """Untimed requests before the sweep, in each mode: one alone (loads the drafter, first calls of each kernel),
+    then one round at the sweep's largest concurrency, so that the KV buffers already hold every slot the sweep
+    uses. They grow by doubling the first time a forward reaches a higher slot (runtime/kv_cache.py): at 16 slots
+    of the embedded model that is ~1.5 GB zeroed and copied, a stall of about a second paid once per server, which
+    would otherwise land in whichever mode ran first at a new concurrency (measured: TTFT p99 1.2-1.4 s there
+    against 0.3 s, and on/off 0.89-0.91x or 1.08x depending on the order). -> what ran."""
+    clients = max(config.concurrency)
+    for mode in MODES:
+        asyncio.run(drive(server.url, server.model_id, config.prompts[:1], 1, 1, mode, 8, 0.0, config.system))
+        if clients > 1:
+            asyncio.run(drive(server.url, server.model_id, config.prompts, clients, clients, mode, 8, 0.0,
+                              config.system))
+    return {"modes": list(MODES), "clients": clients, "max_new_tokens": 8}
+
+
 def _run_dtype(config: ServeLoadConfig, dtype: str, log) -> dict:
     args = ["--model", config.model, "--draft-model", config.draft, "--enable-speculative", "--dtype", dtype,
             "--device", config.device, "--max-num-seqs", str(max(config.concurrency)), *config.serve_args]
@@ -256,8 +272,7 @@ def _run_dtype(config: ServeLoadConfig, dtype: str, log) -> dict:
     with ServerProcess(args, config.out / f"server_{dtype}.log") as server:
         run["server_command"] = shlex.join(["verispec", *server.command[3:]])
         log(f"[bench --serve] {dtype}: {run['server_command']}")
-        for mode in MODES:  # warm-up: loads the drafter, first calls of each kernel
-            asyncio.run(drive(server.url, server.model_id, config.prompts[:1], 1, 1, mode, 8, 0.0, config.system))
+        run["warm_up"] = warm_up(server, config)
         references: dict[str, dict[int, str]] = {}
         solo_latency: dict[str, float] = {}
         for step, concurrency in enumerate(config.concurrency):
