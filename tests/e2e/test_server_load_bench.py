@@ -24,7 +24,10 @@ def test_bench_serve_writes_its_report(model_dirs, tmp_path):
     out = tmp_path / "out"
     assert cli_main(["bench", "--serve", "--concurrency", "2", "--model", str(model_dirs["target"]),
                      "--draft-model", str(model_dirs["draft"]), "--prompts", str(prompts), "--max-new-tokens", "12",
-                     "--threads", "1", "--out", str(out), "--serve-args", "--max-len 256"]) == 0
+                     "--threads", "1", "--out", str(out),
+                     # a fixed K and no confidence cut-off: "on" drafts whatever the measured costs (adaptive K may
+                     # settle at 0 on a tiny pair, and the warm-up at the largest concurrency feeds it more rounds)
+                     "--serve-args", "--max-len 256 --no-adaptive --speculative-threshold 0"]) == 0
     report = json.loads((out / "report.json").read_text())
     [run] = report["runs"]
     assert set(run["results"]) == {"1", "2"} and "--max-num-seqs 2" in run["server_command"]
