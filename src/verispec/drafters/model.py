@@ -47,17 +47,14 @@ def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
     return DRAFT_QTYPE
 
 
-def draft_runner(model: PreTrainedModel, max_len: int, num_slots: int, options: RunnerOptions | None):
-    """The draft model's runner; on the native CPU runner its native twin first gets DRAFT_QTYPE blocks for its
-    linears and LM head (draft_weights). HF keeps its float copies (the bench's HF assisted generation runs them)."""
-    if draft_weights(model, options) == DRAFT_QTYPE and not _in_blocks(model):
-        from ..runtime.native import use_quantized_weights
+def to_draft_blocks(model: PreTrainedModel, max_len: int) -> None:
+    """Give `model`'s native twin DRAFT_QTYPE blocks for its linears and LM head (where `draft_weights` says so).
+    HF keeps its float copies (the bench's HF assisted generation runs them)."""
+    from ..runtime.native import use_quantized_weights
 
-        use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False)
-        model._verispec_draft_weights = DRAFT_QTYPE
-        logger.info("draft model: linears and LM head as %s blocks (a draft's numerics move only acceptance)",
-                    DRAFT_QTYPE)
-    return make_runner(model, max_len, num_slots, options)
+    use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False)
+    model._verispec_draft_weights = DRAFT_QTYPE
+    logger.info("draft model: linears and LM head as %s blocks (a draft's numerics move only acceptance)", DRAFT_QTYPE)
 
 
 def _in_blocks(model: PreTrainedModel) -> bool:
@@ -125,9 +122,11 @@ class ModelDrafter(Drafter):
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         options = runner if runner is not None else self.options
         to_blocks = not _in_blocks(self.model) and draft_weights(self.model, options) == DRAFT_QTYPE
+        if to_blocks:
+            to_draft_blocks(self.model, self.max_len)
         if (runner is not None and runner != self.options) or to_blocks:
             self.options = options
-            self.runner = draft_runner(self.model, self.max_len, num_slots, options)
+            self.runner = make_runner(self.model, self.max_len, num_slots, options)
         self.runner.reserve(num_slots)  # buffers are allocated on the first forward, so this is cheap
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
