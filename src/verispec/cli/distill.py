@@ -168,8 +168,6 @@ def run(args: argparse.Namespace) -> int:
         check_device(args.device, "--device")
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    if args.head and torch.device(args.device).type != "cpu":
-        raise CliError("a draft head distils on the CPU only: drop --device, or distil a draft model")
     work_dir = args.work_dir or args.out.with_name(args.out.name + ".work")
     try:
         run_distill(recipe, args.out, work_dir, resume=args.resume, eval_data=eval_data,

@@ -52,10 +52,10 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     Hugging Face generation in batches of `gen_batch_size`; the CPU: verispec's own engine); the evaluation runs on
     the CPU."""
     out_dir, work_dir = Path(out_dir), Path(work_dir)
+    if recipe.head and torch.device(device).type != "cpu":  # before any stage runs
+        raise DistillError("a draft head distils on the CPU only: drop --device, or distil a draft model")
     tokenizer, samples, pad_id, timings, clock = teacher_data(recipe, work_dir, resume, progress, log, device)
     if recipe.head:
-        if torch.device(device).type != "cpu":
-            raise DistillError("a draft head distils on the CPU only: drop --device, or distil a draft model")
         from .head_pipeline import run_head_distill
 
         return run_head_distill(recipe, out_dir, work_dir, tokenizer, samples, timings, clock, eval_data,
