@@ -173,22 +173,64 @@ def test_many_rows_are_bitwise_their_one_row_calls_and_the_reference_order(dtype
         torch.set_num_threads(before)
 
 
+def fma_paths_with_bf16() -> list[int]:
+    """The AVX-512 bf16 paths this build has: 3 (vdpbf16ps itself) and 2 (its arithmetic as FMAs)."""
+    return [path for path in paths(torch.bfloat16) if path in (dense.PATHS["vdpbf16ps"], dense.PATHS["avx512"])]
+
+
 @pytest.mark.parametrize("rows", [1, 5, 16, 100])
-def test_bf16_denormals_follow_vdpbf16ps_on_the_best_path(rows):
-    """The AVX-512 bf16 path keeps vdpbf16ps's rules (its bits before it ran as FMAs): denormal inputs count as
-    zero, and sums below fp32's normal range flush to zero. The AVX2 path keeps denormals (the contrast: these
-    data do reach them)."""
-    if paths(torch.bfloat16)[0] != dense.PATHS["avx512"]:
+def test_bf16_denormals_follow_vdpbf16ps_on_the_avx512_paths(rows):
+    """Both AVX-512 bf16 paths keep vdpbf16ps's rules (path 2 ran on vdpbf16ps before it ran as FMAs; path 3 is
+    vdpbf16ps): denormal inputs count as zero, and sums below fp32's normal range flush to zero. The AVX2 path
+    keeps denormals (the contrast: these data do reach them)."""
+    if not fma_paths_with_bf16():
         pytest.skip("no AVX512_BF16 here")
     weight, x, _ = data(48, 96, rows, torch.bfloat16, seed=7)
     packed = dense.pack(weight)
     tiny = (x.float() * 1e-39).to(torch.bfloat16)  # [rows, in] denormal bf16 inputs (and zeros)
     assert (tiny != 0).any()
-    assert torch.equal(dense.linear(tiny, packed, None), torch.zeros(rows, 48, dtype=torch.bfloat16))
     assert (dense.linear(tiny, packed, None, dense.PATHS["avx2"]) != 0).any()
-    assert torch.equal(dense.linear(x + tiny, packed, None), dense.linear(x, packed, None))
     small = (x.float() * 2e-19).to(torch.bfloat16)  # products about 1e-38 (weights ~0.1): sums at the boundary
     small_weight = dense.pack((weight.float() * 1e-19).to(torch.bfloat16))
-    y, kept = dense.linear(small, small_weight, None).float(), dense.linear(small, small_weight, None, 1).float()
+    kept = dense.linear(small, small_weight, None, 1).float()
     assert (kept.abs() < 2.0**-126).logical_and(kept != 0).any()  # denormal sums exist without the flush
-    assert not (y.abs() < 2.0**-126).logical_and(y != 0).any()  # and none with it
+    for path in fma_paths_with_bf16():
+        assert torch.equal(dense.linear(tiny, packed, None, path), torch.zeros(rows, 48, dtype=torch.bfloat16)), path
+        assert torch.equal(dense.linear(x + tiny, packed, None, path), dense.linear(x, packed, None, path)), path
+        y = dense.linear(small, small_weight, None, path).float()
+        assert not (y.abs() < 2.0**-126).logical_and(y != 0).any(), path  # none with it
+
+
+@pytest.mark.parametrize("out, size", MODEL_SHAPES + [(33, 7)])
+def test_vdpbf16ps_is_bitwise_the_fma_path(out, size):
+    """Path 3 runs vdpbf16ps where path 2 runs its arithmetic as two FMAs a pair: the same bits on the model's
+    shapes and an odd input count, at row counts through every tile, on data from normal through denormal
+    magnitudes (weights scaled per output down to 1e-38), with NaN and inf, from rows that are not contiguous
+    (a stride of K + 1: the odd-K copy and the strided read)."""
+    if len(fma_paths_with_bf16()) < 2:
+        pytest.skip("no AVX512_BF16 here")
+    weight, x, bias = data(out, size, 130, torch.bfloat16, seed=8)
+    scale = torch.logspace(0, -38, out).view(out, 1)  # [out, 1]
+    weight = (weight.float() * scale).to(torch.bfloat16)
+    x[7, 3], x[9, 1] = float("nan"), float("inf")
+    packed = dense.pack(weight)
+    wide = torch.zeros(130, size + 1, dtype=torch.bfloat16)
+    wide[:, :size] = x
+    for rows in (1, 2, 5, 8, 13, 16, 24, 64, 130):
+        for source in (x[:rows], wide[:rows, :size]):
+            for b in (None, bias):
+                fma = dense.linear(source, packed, b, dense.PATHS["avx512"])
+                dp = dense.linear(source, packed, b, dense.PATHS["vdpbf16ps"])
+                assert torch.equal(fma.view(torch.int16), dp.view(torch.int16)), (rows, source.stride(), b is None)
+
+
+def test_vdpbf16ps_goes_first_only_where_measured_faster():
+    """`paths` puts vdpbf16ps first for bf16 exactly where the kernel measured it at least 1.3x the FMAs'
+    multiply-adds (2.0 on CPUs that issue both at one rate, 0.5 where vdpbf16ps runs at a quarter of it)."""
+    if len(fma_paths_with_bf16()) < 2:
+        pytest.skip("no AVX512_BF16 here")
+    speedup = dense.kernel().vdpbf16ps_speedup()
+    assert 0.2 < speedup < 3.0
+    first = paths(torch.bfloat16)[0]
+    assert first == (dense.PATHS["vdpbf16ps"] if speedup >= 1.3 else dense.PATHS["avx512"])
+    assert paths(torch.float32)[0] == dense.PATHS["avx512"]

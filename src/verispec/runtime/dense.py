@@ -5,12 +5,14 @@ row, and it is row-invariant only up to 1024 inputs (the runner then splits wide
 streams each block of 16 output columns as one contiguous run, keeps a register tile of up to 6 rows x 4 blocks
 (so 2..16 rows cost little more than one), and is row-invariant by construction: every output element is one
 accumulator over k in increasing order, whatever the number of rows, the tile and the thread count (the kernel's
-header says how). bf16 accumulates in fp32 with vdpbf16ps's arithmetic (run as two exact FMAs a pair: on CPUs without
-AMX vdpbf16ps issues at a quarter of the FMA rate) and rounds the output once; fp32 uses FMA. Many rows: 12-row tiles
-over K passes whose weight panel stays in L1.
+header says how). bf16 accumulates in fp32 with vdpbf16ps's arithmetic and rounds the output once: on vdpbf16ps
+itself where the CPU issues it at the FMA rate (twice the multiply-adds: AMD Zen 4 class, measured once per process,
+`kernel().vdpbf16ps_speedup()`), else as two exact FMAs a pair (on Intel CPUs without AMX vdpbf16ps issues at a
+quarter of the FMA rate); the two give the same bits. fp32 uses FMA. Many rows: 12-row tiles over K passes whose
+weight panel stays in L1.
 
-Paths: "avx512" (FMA; bf16 where the CPU has AVX512_BF16, with vdpbf16ps's denormal rules), "avx2" (FMA; bf16 widened by a shift,
-exact), "scalar". The best one built for this CPU runs unless VERISPEC_DENSE_PATH names another, so a CI machine
+Paths: "vdpbf16ps" (bf16 on AVX512_BF16's instruction; fp32 runs "avx512"), "avx512" (FMA; bf16 where the CPU has
+AVX512_BF16, with vdpbf16ps's denormal rules), "avx2" (FMA; bf16 widened by a shift, exact), "scalar". The best one built for this CPU runs unless VERISPEC_DENSE_PATH names another, so a CI machine
 with AVX-512 tests the AVX2 and scalar code too ("off": models pack their weights for oneDNN as before).
 fp32 results are the same bits on every path; bf16 too, except where denormals occur (vdpbf16ps flushes them).
 """
@@ -23,7 +25,7 @@ import torch
 
 from .ext import build
 
-PATHS = {"avx512": 2, "avx2": 1, "scalar": 0, "off": None}  # "off": Linear packs for oneDNN instead
+PATHS = {"vdpbf16ps": 3, "avx512": 2, "avx2": 1, "scalar": 0, "off": None}  # "off": Linear packs for oneDNN instead
 PATH_ENV = "VERISPEC_DENSE_PATH"
 BLOCK = 16  # output columns per packed block
 DTYPES = (torch.float32, torch.bfloat16)

@@ -16,6 +16,9 @@
 // FMA chain); bf16 paths agree except where denormals occur (AVX-512 flushes them as vdpbf16ps does).
 //
 // Paths (argument `path`; dense.py picks the best built one or VERISPEC_DENSE_PATH forces another):
+//   3 AVX-512 bf16 on vdpbf16ps itself (bf16 only; fp32 takes path 2): the same bits as path 2 (which computes
+//     vdpbf16ps's arithmetic), twice its multiply-adds per instruction where the CPU issues vdpbf16ps at the FMA
+//     rate (AMD Zen 4 class); `paths` puts it first only where `vdpbf16ps_speedup` measured it faster
 //   2 AVX-512: FMA for both dtypes (bf16 with vdpbf16ps's rules), bf16 where built with AVX512_BF16 (else the
 //     AVX2 bf16 code: it keeps denormals)
 //   1 AVX2 + FMA: both dtypes (bf16 -> fp32 by a 16-bit shift, exact)
@@ -23,6 +26,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -211,6 +215,8 @@ constexpr int64_t PART_WIDTH = 4 * BW;  // scratch columns a row (the widest gro
 struct Pass {
   const float* x;
   int64_t ldx, row0, k0, k1;
+  const uint32_t* xp;  // path 3: the rows as bf16 pairs (x[k], x[k + 1]) in one 32-bit word, ldp words a row
+  int64_t ldp;
   float* part;  // [rows][PART_WIDTH] sums between passes
   bool first, last;
 };
@@ -299,73 +305,123 @@ void avx512_tile(const Problem<c10::BFloat16>& p, const Pass& s, int64_t r0, int
   finish(p, acc, s, r0, j, mask);
 }
 
+#if defined(__AVX512BF16__)
+// Path 3: the same pairs on vdpbf16ps itself (its bits are the FMA tile's above: the odd product, then the even
+// one, each rounded, denormals flushed whatever MXCSR says). A row's pair is one 32-bit broadcast.
+template <int R, int C, bool TAIL>
+void avx512_dp_tile(const Problem<c10::BFloat16>& p, const Pass& s, int64_t r0, int64_t j) {
+  const int64_t width = TAIL ? p.N - j * BW : BW;
+  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
+  __m512 acc[R][C];
+  start(acc, s, r0);
+  const bf16* w = reinterpret_cast<const bf16*>(p.w) + j * p.block_stride();
+  const uint32_t* x = s.xp + r0 * s.ldp;
+  for (int64_t k = s.k0; k < s.k1; k += 2) {
+    __m512bh wv[C];
+    for (int c = 0; c < C; ++c)
+      wv[c] = (__m512bh)(TAIL ? _mm512_maskz_loadu_epi32(mask, w + k * width)
+                              : _mm512_loadu_si512(w + c * p.block_stride() + k * BW));
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * s.ldp + k / 2]));
+      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[c], xb);
+    }
+  }
+  finish(p, acc, s, r0, j, mask);
+}
+#endif
+
 // Rows [r0, r0 + left) of a pass, left <= R, as one tile of exactly `left` rows.
-template <typename T, int R, int C, bool TAIL>
+template <typename T, int R, int C, bool TAIL, bool DP>
 void avx512_rest(const Problem<T>& p, const Pass& s, int64_t r0, int64_t left, int64_t j) {
   if constexpr (R > 0) {
-    if (left == R) avx512_tile<R, C, TAIL>(p, s, r0, j);
-    else avx512_rest<T, R - 1, C, TAIL>(p, s, r0, left, j);
+    if (left == R) {
+#if defined(__AVX512BF16__)
+      if constexpr (DP) {
+        avx512_dp_tile<R, C, TAIL>(p, s, r0, j);
+        return;
+      }
+#endif
+      avx512_tile<R, C, TAIL>(p, s, r0, j);
+    } else {
+      avx512_rest<T, R - 1, C, TAIL, DP>(p, s, r0, left, j);
+    }
   }
 }
 
 // A pass's rows in tiles of at most R rows, of equal height within one (16 rows: 8 + 8, not 12 + 4: a short tile
 // has too few independent chains to keep the FMA units busy).
-template <typename T, int R, int C, bool TAIL>
+template <typename T, int R, int C, bool TAIL, bool DP>
 void avx512_rows(const Problem<T>& p, const Pass& s, int64_t rows, int64_t j) {
   const int64_t tiles = (rows + R - 1) / R, base = rows / tiles, taller = rows % tiles;
   for (int64_t t = 0, r = 0; t < tiles; ++t) {
     const int64_t height = base + (t < taller ? 1 : 0);
-    avx512_rest<T, R, C, TAIL>(p, s, r, height, j);
+    avx512_rest<T, R, C, TAIL, DP>(p, s, r, height, j);
     r += height;
   }
 }
 
 // Blocks [j, j + C) of a chunk's rows, K in passes of at most `step` inputs (step even for bf16).
-template <typename T, int R, int C, bool TAIL>
+template <typename T, int R, int C, bool TAIL, bool DP>
 void avx512_group(const Problem<T>& p, Pass s, int64_t rows, int64_t j, int64_t step) {
   for (int64_t k0 = 0; k0 < p.Ke; k0 += step) {
     s.k0 = k0;
     s.k1 = std::min(p.Ke, k0 + step);
     s.first = k0 == 0;
     s.last = s.k1 == p.Ke;
-    avx512_rows<T, R, C, TAIL>(p, s, rows, j);
+    avx512_rows<T, R, C, TAIL, DP>(p, s, rows, j);
   }
 }
 
 // Blocks [j0, j1) of a chunk's rows: groups of C full blocks, then single ones, then the tail block if here.
-template <typename T>
+template <typename T, bool DP>
 void avx512_chunk(const Problem<T>& p, const Pass& s, int64_t rows, int64_t j0, int64_t j1) {
   const int64_t full_end = std::min(j1, p.N / BW);
   int64_t j = j0;
   if (std::is_same_v<T, float> || rows < BIG_ROWS) {  // fp32: 6 x 4 tiles measured faster at every row count
     constexpr int R = std::is_same_v<T, float> ? 6 : 5;  // 6 x 4 + 4 or 5 x 4 + 8 of the 32 zmm registers
-    for (; j + 4 <= full_end; j += 4) avx512_group<T, R, 4, false>(p, s, rows, j, p.Ke);
-    for (; j + 2 <= full_end; j += 2) avx512_group<T, R, 2, false>(p, s, rows, j, p.Ke);
-    for (; j < full_end; ++j) avx512_group<T, R, 1, false>(p, s, rows, j, p.Ke);
-    if (j1 > full_end) avx512_group<T, R, 1, true>(p, s, rows, full_end, p.Ke);
+    for (; j + 4 <= full_end; j += 4) avx512_group<T, R, 4, false, DP>(p, s, rows, j, p.Ke);
+    for (; j + 2 <= full_end; j += 2) avx512_group<T, R, 2, false, DP>(p, s, rows, j, p.Ke);
+    for (; j < full_end; ++j) avx512_group<T, R, 1, false, DP>(p, s, rows, j, p.Ke);
+    if (j1 > full_end) avx512_group<T, R, 1, true, DP>(p, s, rows, full_end, p.Ke);
     return;
   }
   constexpr int64_t unit = std::is_same_v<T, float> ? 1 : 2;
   const int64_t most = std::max(unit, PANEL_BYTES / (2 * BW * static_cast<int64_t>(sizeof(T))) / unit * unit);
   const int64_t passes = (p.Ke + most - 1) / most, step = ((p.Ke + passes - 1) / passes + unit - 1) / unit * unit;
-  for (; j + 2 <= full_end; j += 2) avx512_group<T, 12, 2, false>(p, s, rows, j, step);  // 24 + 2 or 4 zmm
-  for (; j < full_end; ++j) avx512_group<T, 12, 1, false>(p, s, rows, j, step);
-  if (j1 > full_end) avx512_group<T, 12, 1, true>(p, s, rows, full_end, step);
+  for (; j + 2 <= full_end; j += 2) avx512_group<T, 12, 2, false, DP>(p, s, rows, j, step);  // 24 + 2 or 4 zmm
+  for (; j < full_end; ++j) avx512_group<T, 12, 1, false, DP>(p, s, rows, j, step);
+  if (j1 > full_end) avx512_group<T, 12, 1, true, DP>(p, s, rows, full_end, step);
 }
 
 // One thread's share on AVX-512: rows in equal chunks of at most X_CHUNK_BYTES of fp32 rows (the weights stream
-// once per chunk), bf16 rows widened to fp32 first (a zero after the last input where K is odd).
-template <typename T>
+// once per chunk), bf16 rows widened to fp32 first (a zero after the last input where K is odd); on path 3 (DP)
+// bf16 rows stay bf16, read as pairs where K is even, copied with a zero after the last input where it is odd.
+template <typename T, bool DP>
 void avx512_blocks(const Problem<T>& p, int64_t j0, int64_t j1) {
   thread_local std::vector<float> widened, part;
+  thread_local std::vector<bf16> padded;
   const int64_t most = std::max<int64_t>(BIG_ROWS, X_CHUNK_BYTES / (p.Ke * 4));
   const int64_t chunks = (p.M + most - 1) / most, chunk = (p.M + chunks - 1) / chunks;
   if (static_cast<int64_t>(part.size()) < chunk * PART_WIDTH) part.resize(chunk * PART_WIDTH);
   for (int64_t r0 = 0; r0 < p.M; r0 += chunk) {
     const int64_t rows = std::min(chunk, p.M - r0);
-    Pass s{nullptr, p.ldx, r0, 0, 0, part.data(), true, true};
+    Pass s{nullptr, p.ldx, r0, 0, 0, nullptr, 0, part.data(), true, true};
     if constexpr (std::is_same_v<T, float>) {
       s.x = p.x + r0 * p.ldx;
+    } else if constexpr (DP) {
+      const bf16* x = reinterpret_cast<const bf16*>(p.x);
+      if (p.Ke == p.K && p.ldx % 2 == 0 && reinterpret_cast<uintptr_t>(x) % 4 == 0) {
+        s.xp = reinterpret_cast<const uint32_t*>(x + r0 * p.ldx);
+        s.ldp = p.ldx / 2;
+      } else {
+        if (static_cast<int64_t>(padded.size()) < rows * p.Ke) padded.resize(rows * p.Ke);
+        for (int64_t r = 0; r < rows; ++r) {
+          std::memcpy(padded.data() + r * p.Ke, x + (r0 + r) * p.ldx, p.K * sizeof(bf16));
+          if (p.Ke > p.K) padded[r * p.Ke + p.K] = 0;
+        }
+        s.xp = reinterpret_cast<const uint32_t*>(padded.data());
+        s.ldp = p.Ke / 2;
+      }
     } else {
       if (static_cast<int64_t>(widened.size()) < rows * p.Ke) widened.resize(rows * p.Ke);
       const bf16* x = reinterpret_cast<const bf16*>(p.x);
@@ -377,24 +433,25 @@ void avx512_blocks(const Problem<T>& p, int64_t j0, int64_t j1) {
       s.x = widened.data();
       s.ldx = p.Ke;
     }
-    avx512_chunk(p, s, rows, j0, j1);
+    avx512_chunk<T, DP>(p, s, rows, j0, j1);
   }
 }
 #endif
 
 // The AVX-512 code for T where it is built (fp32: AVX-512F; bf16: AVX512_BF16): false where it is not.
-inline bool avx512_blocks_if_built(const Problem<float>& p, int64_t j0, int64_t j1) {
+inline bool avx512_blocks_if_built(const Problem<float>& p, int64_t /*path*/, int64_t j0, int64_t j1) {
 #if defined(__AVX512F__)
-  avx512_blocks(p, j0, j1);
+  avx512_blocks<float, false>(p, j0, j1);
   return true;
 #else
   return false;
 #endif
 }
 
-inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t j0, int64_t j1) {
+inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t path, int64_t j0, int64_t j1) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-  avx512_blocks(p, j0, j1);
+  if (path >= 3) avx512_blocks<c10::BFloat16, true>(p, j0, j1);
+  else avx512_blocks<c10::BFloat16, false>(p, j0, j1);
   return true;
 #else
   return false;
@@ -404,7 +461,7 @@ inline bool avx512_blocks_if_built(const Problem<c10::BFloat16>& p, int64_t j0, 
 // One thread's share: output blocks [j0, j1) of every row, on `path` or the best built path below it.
 template <typename T>
 void run_blocks(const Problem<T>& p, int64_t path, int64_t j0, int64_t j1) {
-  if (path >= 2 && avx512_blocks_if_built(p, j0, j1)) return;
+  if (path >= 2 && avx512_blocks_if_built(p, path, j0, j1)) return;
   // Rows in equal chunks of at most X_CHUNK_BYTES of x (the weights stream once per chunk: a small last chunk
   // would pay a whole pass for a few rows).
   const int64_t most = std::max<int64_t>(6, X_CHUNK_BYTES / (p.K * static_cast<int64_t>(sizeof(T))));
@@ -459,13 +516,64 @@ torch::Tensor dense_linear(const torch::Tensor& x, const torch::Tensor& packed, 
   return y;
 }
 
-// The paths built here, best first, per dtype: {"float32": [2, 1, 0], "bfloat16": [2, 1, 0]}.
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// vdpbf16ps's multiply-adds per second over the FMA's (2 on CPUs that issue both at one rate: vdpbf16ps does two
+// per lane; 0.5 where vdpbf16ps issues at a quarter of the FMA rate): the same register-only loop of each, 24
+// independent chains, the best of several short runs taking turns (about 2 ms in all).
+template <bool DP>
+__attribute__((noinline)) double chains_seconds(int64_t n, int seed) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));
+  const __m512 x = _mm512_set1_ps(1e-9f * seed);
+  const __m512bh xb = (__m512bh)_mm512_set1_epi32(seed);
+  const auto start = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < n; ++i) {
+#pragma GCC unroll 24
+    for (int c = 0; c < 24; ++c) {
+      if constexpr (DP) acc[c] = _mm512_dpbf16_ps(acc[c], xb, xb);
+      else acc[c] = _mm512_fmadd_ps(x, x, acc[c]);
+    }
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  __m512 sum = acc[0];
+  for (int i = 1; i < 24; ++i) sum = _mm512_add_ps(sum, acc[i]);
+  volatile float sink = _mm512_reduce_add_ps(sum);
+  (void)sink;
+  return seconds;
+}
+#endif
+
+double vdpbf16ps_speedup() {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  static const double measured = [] {
+    constexpr int64_t n = 4000;  // 96k instructions a run
+    double fma = 1e9, dp = 1e9;
+    for (int run = 0; run < 7; ++run) {
+      fma = std::min(fma, chains_seconds<false>(n, run + 1));
+      dp = std::min(dp, chains_seconds<true>(n, run + 1));
+    }
+    return 2.0 * fma / dp;  // vdpbf16ps: 32 multiply-adds an instruction, FMA 16
+  }();
+  return measured;
+#else
+  return 0.0;
+#endif
+}
+
+// The paths built here, best first, per dtype: {"float32": [2, 1, 0], "bfloat16": [3, 2, 1, 0]}; bf16's path 3
+// (vdpbf16ps) goes first only where it was measured at least 1.3x the FMAs' multiply-adds, else after path 2.
 std::map<std::string, std::vector<int64_t>> paths() {
   std::vector<int64_t> f32, b16;
 #if defined(__AVX512F__)
   f32.push_back(2);
 #if defined(__AVX512BF16__)
-  b16.push_back(2);
+  if (vdpbf16ps_speedup() >= 1.3) {
+    b16.push_back(3);
+    b16.push_back(2);
+  } else {
+    b16.push_back(2);
+    b16.push_back(3);
+  }
 #endif
 #endif
 #if defined(__AVX2__) && defined(__FMA__)
@@ -478,8 +586,10 @@ std::map<std::string, std::vector<int64_t>> paths() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("dense_linear", &dense_linear, "x @ W^T (+ bias) on a packed weight; path 2 AVX-512, 1 AVX2, 0 scalar");
+  m.def("dense_linear", &dense_linear, "x @ W^T (+ bias) on a packed weight; path 3 AVX-512 vdpbf16ps (bf16), 2 AVX-512, 1 AVX2, 0 scalar");
   m.def("paths", &paths, "the paths built, best first, per dtype");
+  m.def("vdpbf16ps_speedup", &vdpbf16ps_speedup,
+        "vdpbf16ps's multiply-adds per second over the FMA's on this CPU (measured once; 0 where not built)");
   // For layer_loop.h, which calls dense_linear from C++ (one process, one libtorch: Tensors pass as they are).
   m.def("dense_linear_address", [] { return reinterpret_cast<int64_t>(&dense_linear); }, "&dense_linear");
 }
