@@ -97,7 +97,8 @@ class SpeculativeGenerator:
 
         backend = (runner or RunnerOptions()).backend
         reads = isinstance(draft, str) and draft != "auto" and parse_drafter_spec(draft).reads_target_weights
-        weights, _ = resolve_weights(weights, target, dtype, device, quantization, backend, drafter_reads_weights=reads)
+        weights, _ = resolve_weights(weights, target, dtype, device, quantization, backend, drafter_reads_weights=reads,
+                                     compile=(runner or RunnerOptions()).compile)
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
         dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization, backend)
         target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)

@@ -197,11 +197,13 @@ def target_gguf_file(name_or_path: str | os.PathLike) -> Path | None:
 
 def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.dtype = "auto",
                     device: str | torch.device = "cpu", quantization: str = "none", runner: str = "auto",
-                    hf_methods: bool = False, drafter_reads_weights: bool = False) -> tuple[str, str]:
+                    hf_methods: bool = False, drafter_reads_weights: bool = False,
+                    compile: bool | None = False) -> tuple[str, str]:
     """`--weights auto` -> 'gguf' or 'fp32', and why: a GGUF target (the embedded default is one) runs its own
     blocks where verispec's GGUF kernel runs them (CPU, native runner, block types it has, the kernel built) and
     nothing asked for the float conversion (an explicit --dtype, --quantization, Hugging Face runs, a draft head or
-    twin, which read the target's float weights: `drafter_reads_weights`); the values
+    twin, which read the target's float weights: `drafter_reads_weights`, --compile, whose programs take float
+    weights); the values
     are those of the fp32 conversion, at a quarter of the bytes (docs/runner.md). 'fp32' / 'gguf' are kept.
     ValueError naming the choices for an unknown value."""
     if weights not in WEIGHTS:
@@ -217,6 +219,8 @@ def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.
         return "fp32", why + "the GGUF kernel runs on the CPU only"
     if drafter_reads_weights:
         return "fp32", why + "the drafter (a draft head or the twin) reads the target's float weights"
+    if compile:
+        return "fp32", why + "--compile compiles float weights (the GGUF blocks run eager only)"
     if hf_methods or not in_native_family(target, runner):
         return "fp32", why + "Hugging Face modeling runs the target, which has no GGUF kernel"
     try:

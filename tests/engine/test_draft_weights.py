@@ -96,3 +96,29 @@ def test_q8_0_draft_proposes_what_its_blocks_compute(trained_pair, tokenizer):
     assert not torch.equal(out, float_logits)  # blocks, not the floats
     assert torch.allclose(out, float_logits, atol=0.05 * float_logits.abs().max().item())
     assert twin is native_twin_of(draft)
+
+
+def test_no_options_means_the_default_runner_options(trained_pair, monkeypatch):
+    """`draft_weights(model, None)` answers for the options make_runner will use (runner.DEFAULT_OPTIONS): a
+    compiled default keeps floats, since compiled programs take float weights."""
+    from verispec.runtime import runner as runners
+
+    draft = fresh(trained_pair[1])
+    assert model_drafter.draft_weights(draft, None) == DRAFT_QTYPE
+    monkeypatch.setattr(runners, "DEFAULT_OPTIONS", RunnerOptions(compile=True))
+    assert model_drafter.draft_weights(draft, None) == "float"
+
+
+def test_quantized_weights_run_eager_when_compile_is_asked(trained_pair, tokenizer):
+    """A runner asked to compile a model on quantized blocks runs it eager (the same logits), saying so."""
+    from verispec.runtime.native import NativeRunner
+
+    target, draft = trained_pair
+    engine, drafter = engine_on(target, fresh(draft), tokenizer)
+    twin = drafter.runner.model
+    assert twin.quantized()
+    asked = NativeRunner(twin, drafter.runner.config, 64, compile=True)
+    eager = NativeRunner(twin, drafter.runner.config, 64)
+    assert not asked.compiled
+    ids = torch.tensor([tokenizer(TEXT)["input_ids"][:20]])
+    assert torch.equal(asked.forward(ids).logits, eager.forward(ids).logits)

@@ -39,6 +39,7 @@ def test_the_embedded_files_block_types_are_read_from_its_header():
     ({"hf_methods": True}, "Hugging Face modeling"),
     ({"device": "cuda"}, "CPU only"),
     ({"drafter_reads_weights": True}, "draft head or the twin"),
+    ({"compile": True}, "--compile compiles float weights"),
 ])
 def test_anything_that_asks_for_the_float_conversion_gets_it(asked, reason):
     weights, why = resolve_weights("auto", DEFAULT_TARGET, **asked)

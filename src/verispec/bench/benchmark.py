@@ -117,7 +117,7 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
             base = section["results"][OVERALL][BASELINE]
         runner["compile_s"] = round(models.engine.target.compile_s, 1)  # first calls of new shapes, warm-ups included
         if runner["compiled"]:
-            runner["compile_cache"] = cache_counts()  # graphs loaded from / written to the disk cache so far
+            runner["compile_cache"] = cache_counts()  # programs loaded from the disk cache / compiled so far
         run = {"dtype": dtype, "runner": runner, **section, "floor": decode_floor(
             model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
             base["seconds"])}

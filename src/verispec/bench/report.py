@@ -146,8 +146,8 @@ def render_markdown(report: dict) -> str:
             lines += [f"- runner: {r['backend']}{' compiled' if r['compiled'] else ' eager'}"
                       f"{_packing(r.get('packed_weights'))}; compile time "
                       f"{r.get('compile_s', 0):.1f} s (first calls of each new shape)"
-                      + (f"; Inductor's disk cache: {r['compile_cache']['hits']} graph(s) loaded, "
-                         f"{r['compile_cache']['misses']} generated" if r.get("compile_cache") else "")]
+                      + (f"; compiled programs: {r['compile_cache'].get('programs_loaded', 0)} loaded from disk, "
+                         f"{r['compile_cache'].get('programs_compiled', 0)} compiled" if r.get("compile_cache") else "")]
         if run.get("floor"):
             lines += [f"- {floor_line(run['floor'])}. {FLOOR_NOTE}"]
         if "batching" in run:

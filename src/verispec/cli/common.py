@@ -246,7 +246,7 @@ def target_weights(args: argparse.Namespace, dtype: str, hf_methods: bool = Fals
         reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights
         return resolve_weights(args.weights, getattr(args, "model", DEFAULT_TARGET), dtype, args.device,
                                getattr(args, "quantization", "none"), getattr(args, "runner", "auto"), hf_methods,
-                               reads)
+                               reads, getattr(args, "compile", False))
     except ValueError as exc:
         raise CliError(str(exc)) from None
 

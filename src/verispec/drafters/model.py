@@ -35,7 +35,10 @@ def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
         raise ValueError(f"VERISPEC_DRAFT_WEIGHTS={DRAFT_WEIGHTS!r}: choose auto, float or {DRAFT_QTYPE}")
     if getattr(model, "_verispec_released", False):  # its native twin's weights were chosen at load
         return getattr(model, "_verispec_draft_weights", "float")
-    if DRAFT_WEIGHTS == "float" or (options is not None and (options.backend == "hf" or options.compile)):
+    from ..runtime import runner as runners
+
+    options = options or runners.DEFAULT_OPTIONS  # what make_runner will use
+    if DRAFT_WEIGHTS == "float" or options.backend == "hf" or options.compile:
         return "float"
     try:
         spec = LlamaSpec.from_config(model.config, 1)

@@ -1,22 +1,28 @@
 """The native model's whole step (`llama.model_forward`: embedding, every layer, the LM head) compiled as one
-program per shape class, and cached on disk so that a later process compiles nothing.
+program per shape class, saved on disk so that a later process loads it instead of tracing and compiling.
 
-Shape classes: Dynamo specialises sizes 0 and 1 and makes the rest dynamic, so a model compiles one program per
-(one row / many rows) x (one fed token / many) x (logits wanted at one / many / all positions), the attended
-length dynamic (the runner marks it): a decode step, a verify pass and a prefill chunk each compile once.
+Shape classes: a model compiles one program per (one row / many rows) x (one fed token / many) x (logits wanted at
+one / many / all positions); the sizes that are "many" and the attended length are dynamic in it (marked before
+the compile), so a decode step, a verify pass and a prefill chunk each compile once, whatever their sizes.
 
-The cache: Inductor's FX graph cache and AOTAutograd cache under `~/.cache/verispec/compile/<key>`, the key
-naming the torch version and the CPU's features (what generated code depends on); the model and dtype are part
-of Inductor's own key for each graph. A second process re-traces the Python (seconds) and loads the compiled
-code instead of generating and building it.
+Programs: `torch.compile(model_forward, fullgraph=True).aot_compile(...)`, saved with `save_compiled_function` under
+`~/.cache/verispec/compile/<torch version, CPU flags>/programs/<key>.bin`, the key naming the model's structure
+(its spec, the weights' shapes and dtypes, the packing), the cache length, the shape class and a hash of
+verispec's runtime sources (the code traced into the program). A later process loads the file
+(`torch.compiler.load_compiled_function`: no Dynamo trace, no Inductor), about 0.1-2 s a program instead of the
+5-50 s a trace and compile take. A program's guards still check every call's inputs; one that no longer fits
+(another torch, a changed model) is compiled again and replaced. Inductor's own caches (FX graph, AOTAutograd)
+sit beside it, so a program compiled again reuses what it can.
 """
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import logging
 import os
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -24,7 +30,9 @@ from .dtype import cpu_flags
 
 logger = logging.getLogger("verispec")
 
-_COMPILED = None
+_PROGRAMS: dict[str, Callable] = {}  # key -> this process's program for it (loaded or compiled)
+COUNTS: collections.Counter = collections.Counter()  # "loaded" / "compiled": programs this process
+_SOURCES: list[str] = []  # the runtime sources' hash, computed once
 
 
 def cache_dir() -> Path:
@@ -51,24 +59,93 @@ def use_disk_cache() -> Path:
     return folder
 
 
-def compiled_forward(model_forward):
-    """`model_forward` (`llama.model_forward`, passed in: this module sits below the model) under torch.compile
-    (Inductor), made once per process; it serves every model (the weights are inputs, so a target and its draft
-    share it, each with its own specialisations)."""
-    global _COMPILED
-    if _COMPILED is None:
-        folder = use_disk_cache()
-        logger.info("native runner: the whole step compiled per shape class, cached in %s", folder)
-        # A target and its draft, each at 1 or many rows and tokens, and the test suite's many tiny models: more
-        # specialisations than Dynamo's default 8, past which it would silently run eager.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-        _COMPILED = torch.compile(model_forward, dynamic=None)
-    return _COMPILED
+def sources_hash() -> str:
+    """A hash of verispec's runtime sources (what a program traces: the model, its kernels' wrappers): a saved
+    program from other sources is never loaded."""
+    if not _SOURCES:
+        digest = hashlib.sha256()
+        for path in sorted(Path(__file__).parent.glob("*.py")):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        _SOURCES.append(digest.hexdigest()[:16])
+    return _SOURCES[0]
+
+
+def program_path(key: tuple) -> Path:
+    """Where the program for `key` (what fixes the traced code: see `run_program`) is saved."""
+    name = hashlib.sha256(repr((sources_hash(), key)).encode()).hexdigest()[:32]
+    return cache_dir() / "programs" / f"{name}.bin"
+
+
+def _marked(value, dims: tuple[int, ...], views: dict[int, torch.Tensor]):
+    """A stand-in for value (or each tensor of a tuple) with `dims` marked dynamic; the caller's tensors stay
+    unmarked (a saved program's guards refuse inputs that carry markings the compile did not see). One stand-in per
+    tensor (`views`, by id), so arguments that are one tensor stay one (the guards check that too)."""
+    if isinstance(value, tuple):
+        return tuple(_marked(v, dims, views) for v in value)
+    if id(value) not in views:  # a view where value is one (the guards check which), else a fresh tensor of the
+        # same shape, dtype and strides, never read (the trace runs on fake tensors)
+        views[id(value)] = value.view(value.shape) if value._is_view() else torch.empty_strided(
+            value.shape, value.stride(), dtype=value.dtype, device=value.device)
+    view = views[id(value)]
+    for dim in dims:  # dynamic unless the traced code needs the size (then a guard holds it)
+        torch._dynamo.maybe_mark_dynamic(view, dim)
+    return view
+
+
+def _load(path: Path) -> Callable | None:
+    try:
+        with open(path, "rb") as file:
+            return torch.compiler.load_compiled_function(file)
+    except FileNotFoundError:
+        return None
+    except Exception as exc:  # an unreadable or foreign file: compiled again below
+        logger.warning("compiled step %s not loaded (%s: %s): compiling it again", path.name, type(exc).__name__, exc)
+        return None
+
+
+def _compile(fn: Callable, args: tuple, dynamic: dict[int, tuple[int, ...]], path: Path) -> Callable:
+    """fn traced and compiled on args (the `dynamic` argument dims marked), saved to path -> the program."""
+    use_disk_cache()
+    views: dict[int, torch.Tensor] = {}
+    marked = tuple(_marked(a, dynamic[i], views) if i in dynamic else a for i, a in enumerate(args))
+    program = torch.compile(fn, fullgraph=True).aot_compile((marked, {}))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_suffix(f".{os.getpid()}.part")
+    try:
+        program.save_compiled_function(str(part))
+        os.replace(part, path)  # whole or absent, whoever else writes it
+    except Exception as exc:  # kept for this process only
+        part.unlink(missing_ok=True)
+        logger.warning("compiled step not saved (%s: %s): later processes compile it again", type(exc).__name__, exc)
+    COUNTS["compiled"] += 1
+    return program
+
+
+def run_program(fn: Callable, key: tuple, args: tuple, dynamic: dict[int, tuple[int, ...]]):
+    """fn(*args) through the compiled program for `key` (hashable, naming everything that fixes the traced code
+    beside the sources: the model's structure, the shape class, the constant arguments): this process's, else the
+    one saved on disk, else compiled now (its argument dims in `dynamic` marked dynamic) and saved. A program whose
+    guards refuse args is compiled again and replaces it."""
+    path = program_path(key)
+    program = _PROGRAMS.get(path.name)
+    if program is None:
+        program = _load(path)
+        if program is not None:
+            COUNTS["loaded"] += 1
+    if program is not None:
+        try:
+            result = program(*args)
+            _PROGRAMS[path.name] = program
+            return result
+        except RuntimeError as exc:
+            if "GuardManager check failed" not in str(exc):
+                raise
+            logger.info("compiled step %s does not fit these inputs (%s): compiling it again", path.name, exc)
+    program = _compile(fn, args, dynamic, path)
+    _PROGRAMS[path.name] = program
+    return program(*args)
 
 
 def cache_counts() -> dict[str, int]:
-    """This process's Inductor FX graph cache hits and misses so far (a graph loaded vs generated and built)."""
-    from torch._dynamo.utils import counters
-
-    return {"hits": counters["inductor"]["fxgraph_cache_hit"], "misses": counters["inductor"]["fxgraph_cache_miss"]}
+    """This process's compiled programs: loaded from disk, and compiled (then saved)."""
+    return {"programs_loaded": COUNTS["loaded"], "programs_compiled": COUNTS["compiled"]}

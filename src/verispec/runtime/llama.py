@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import dense, fused, layer_loop
-from .compile import compiled_forward
+from .compile import run_program
 from .invariant import MAX_INVARIANT_IN, block_attention, split_in
 from .kv_cache import entry_index, write_entries
 
@@ -319,6 +319,7 @@ class LlamaModel(nn.Module):
         assert all(layer.packed == self.lm_head.packed for layer in self.layers)  # model_forward takes one flag
         self._loop: list = []  # layer_loop.build's, made on the first eager forward (the weights are final then)
         self._layer_weights: list = []  # every Block.weights(), gathered once (~4 us a layer through nn.Module)
+        self._structure: list = []  # [the embedding it was computed for, `structure()`]
 
     def layer_loop(self) -> layer_loop.Loop | None:
         """The C++ loop over this model's layers (`layer_loop.py`), or None where it does not serve."""
@@ -341,15 +342,36 @@ class LlamaModel(nn.Module):
         keys: list[torch.Tensor],  # per layer [b, Hk, max_len, d]
         values: list[torch.Tensor],  # per layer [b, Hk, max_len, d]
         select: torch.Tensor | None = None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
-        compiled: bool = False,
+        compiled: tuple | None = None,  # (shape class, {argument: dims dynamic}): run the compiled program
         all_hidden: bool = False,  # hidden of all n fed tokens, not only the selected ones
         invariant: bool = False,  # batch- and width-invariant attention (invariant.py)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
         args = (self.tensors(), self.spec, self.lm_head.packed, token_ids, positions, write_index, mask, tuple(keys),
                 tuple(values), select, all_hidden, invariant)
-        if compiled:  # the compiled program runs the layers itself: no C++ loop
-            return compiled_forward(model_forward)(*args)
+        if compiled is not None:  # the compiled program runs the layers itself: no C++ loop
+            shape_class, dynamic = compiled
+            key = (self.structure(), shape_class, tuple(keys[0].shape[1:]), str(keys[0].dtype), all_hidden, invariant)
+            return run_program(model_forward, key, args, {MODEL_ARGS[name]: dims for name, dims in dynamic.items()})
         return model_forward(*args, self.layer_loop())
+
+    def quantized(self) -> bool:
+        """Whether any linear holds quantized blocks (runtime/quant.py), which only eager steps run."""
+        tensors = self.tensors()
+        weights = [tensors.lm_head] + [w for layer in tensors.layers for w in layer]
+        return any(w is not None and not isinstance(w, (torch.Tensor, tuple)) for w in weights)
+
+    def structure(self) -> str:
+        """What fixes a compiled program's code besides the sources: the spec, the packing, every weight's type,
+        shape and dtype (computed once per embedding tensor: the embedding may be rebound)."""
+        if not self._structure or self._structure[0] is not self.embed:
+            tensors = self.tensors()
+            flat = [tensors.embed, tensors.cos, tensors.sin, tensors.norm, tensors.lm_head]
+            flat += [w for layer in tensors.layers for w in layer]
+            parts = [None if w is None else
+                     (type(w).__name__, tuple(getattr(w, "shape", ())), str(getattr(w, "dtype", "")))
+                     for w in flat]
+            self._structure[:] = [self.embed, repr((self.spec, self.lm_head.packed, parts))]
+        return self._structure[1]
 
 
 class ModelTensors(NamedTuple):
@@ -359,6 +381,10 @@ class ModelTensors(NamedTuple):
     layers: tuple[tuple[Weight | None, ...], ...]  # per layer: Block.weights()
     norm: torch.Tensor  # [hidden]
     lm_head: Weight  # [vocab, hidden], packed, or packed input chunks
+
+
+# model_forward's arguments by name -> position (a compiled program's dynamic dims are named per argument)
+MODEL_ARGS = {"token_ids": 3, "positions": 4, "write_index": 5, "mask": 6, "keys": 7, "values": 8, "select": 9}
 
 
 def model_forward(

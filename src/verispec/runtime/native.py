@@ -129,6 +129,10 @@ class NativeRunner(SlotRunner):
         self.dtype = model.embed.dtype
         self.vocab_size = model.spec.vocab_size
         self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
+        if compile and model.quantized():
+            logger.info("native runner: quantized weights run eager (the compiled step takes float weights; eager "
+                        "with the C++ kernels is the faster path anyway: docs/runner.md)")
+            compile = False
         self.compiled = compile
         if compile:  # built before the first trace: Dynamo cannot trace the build (a graph break)
             fused.kernel()
@@ -188,27 +192,26 @@ class NativeRunner(SlotRunner):
             select = logits_at.to(self.device)  # [batch, m]
         else:
             select = None
-        # Dynamo specialises sizes 0 and 1 and makes the others dynamic: one graph per class of (rows, fed tokens,
-        # logits wanted), whatever the attended length (marked dynamic). The first call of a class compiles.
+        # One program per class of (rows, fed tokens, logits wanted), its "many" sizes and the attended length
+        # dynamic (compile.py). The first call of a class in a process loads it from disk or compiles it.
         shape = (min(batch, 2), min(n, 2), 0 if select is None else min(select.shape[1], 2))
         first = self.compiled and shape not in self._shapes
         if first:
             what = f"{'1' if batch == 1 else 'many'} row(s) x {'1' if n == 1 else 'many'} token(s)"
-            logger.info("compiling the native step for %s (once per shape class; cached on disk for later "
-                        "processes)", what)
             self._shapes.add(shape)
+            logger.info("native step for %s: loading its compiled program, or compiling it (once per shape class)",
+                        what)
             before = cache_counts()
-        if self.compiled:  # dynamic from the first call of a class (not after a second, specialised compile)
-            torch._dynamo.mark_dynamic(mask, 3)
-            for tensor in (token_ids, positions, write_index, mask):
-                for dim, size in enumerate((batch, n)):
-                    if size > 1:
-                        torch._dynamo.maybe_mark_dynamic(tensor, dim if tensor is not mask else (0, 2)[dim])
-        if start_slot or keys[0].shape[0] != batch:  # (else the buffers are the batch's rows: no 60 views to make)
-            rows = slice(start_slot, start_slot + batch)
+        compiled = (shape, dynamic_dims(batch, n, select)) if self.compiled else None
+        if start_slot or keys[0].shape[0] != batch or self.compiled:  # (else the buffers are the batch's rows: no
+            rows = slice(start_slot, start_slot + batch)  # 60 views to make; a program's inputs are views every call)
             keys, values = [k[rows] for k in keys], [v[rows] for v in values]
+        if self.compiled:  # the same kind of tensors every call (a program's guards check views and strides)
+            token_ids, positions, write_index, mask = (t.clone(memory_format=torch.contiguous_format) for t in (
+                token_ids, positions, write_index, mask))
+            select = None if select is None else select.clone(memory_format=torch.contiguous_format)
         logits, hidden = self.model(token_ids, positions, write_index, mask, keys, values, select,
-                                    compiled=self.compiled, all_hidden=all_hidden, invariant=self.batch_invariant)
+                                    compiled=compiled, all_hidden=all_hidden, invariant=self.batch_invariant)
         for slot, length in enumerate(lengths, start_slot):
             self.cache.lengths[slot] = length + n
         if self.device.type == "cuda":
@@ -217,10 +220,22 @@ class NativeRunner(SlotRunner):
         if first:
             self.compile_s += self.last_forward_s
             after = cache_counts()
-            logger.info("compiled the native step for %s in %.1f s (Inductor's disk cache: %d graph(s) loaded, "
-                        "%d generated)", what, self.last_forward_s, after["hits"] - before["hits"],
-                        after["misses"] - before["misses"])
+            logger.info("native step for %s ready in %.1f s (programs: %d loaded from disk, %d compiled)", what,
+                        self.last_forward_s, after["programs_loaded"] - before["programs_loaded"],
+                        after["programs_compiled"] - before["programs_compiled"])
         return RunnerOutput(logits, hidden if want_hidden or all_hidden else None)
+
+
+def dynamic_dims(batch: int, n: int, select: torch.Tensor | None) -> dict[str, tuple[int, ...]]:
+    """model_forward's argument dims a compiled program leaves dynamic (by argument name): the rows where many, the
+    fed tokens where many, the attended length, the logits wanted where many."""
+    rows, fed = ((0,) if batch > 1 else ()), ((1,) if n > 1 else ())
+    dims = {name: rows + fed for name in ("token_ids", "positions", "write_index")}
+    dims["mask"] = rows + ((2,) if n > 1 else ()) + (3,)  # [b, 1, n, L]
+    dims["keys"] = dims["values"] = rows
+    if select is not None:
+        dims["select"] = rows + ((1,) if select.shape[1] > 1 else ())
+    return {name: d for name, d in dims.items() if d}
 
 
 def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None = None,

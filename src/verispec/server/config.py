@@ -100,7 +100,8 @@ class ServerConfig:
             draft = self.draft_model
             reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights  # head, twin
             weights, reason = resolve_weights(self.weights, self.model, self.dtype, self.device, self.quantization,
-                                              self.runner.backend, drafter_reads_weights=reads)
+                                              self.runner.backend, drafter_reads_weights=reads,
+                                              compile=self.runner.compile)
             object.__setattr__(self, "weights", weights)
             object.__setattr__(self, "weights_reason", reason)
         if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
