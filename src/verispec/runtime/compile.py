@@ -106,9 +106,17 @@ def _load(path: Path) -> Callable | None:
 def _compile(fn: Callable, args: tuple, dynamic: dict[int, tuple[int, ...]], path: Path) -> Callable:
     """fn traced and compiled on args (the `dynamic` argument dims marked), saved to path -> the program."""
     use_disk_cache()
+    compiled = torch.compile(fn, fullgraph=True)
+    COUNTS["compiled"] += 1
+    if not hasattr(compiled, "aot_compile"):  # a torch before 2.13 (the pin): compiled in process, Inductor's cache
+        logger.info("this torch (%s) has no aot_compile: the step is compiled in each process", torch.__version__)
+        # every class shares model_forward's code object: more specialisations than Dynamo's default 8
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        return compiled
     views: dict[int, torch.Tensor] = {}
     marked = tuple(_marked(a, dynamic[i], views) if i in dynamic else a for i, a in enumerate(args))
-    program = torch.compile(fn, fullgraph=True).aot_compile((marked, {}))
+    program = compiled.aot_compile((marked, {}))
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(f".{os.getpid()}.part")
     try:
@@ -117,7 +125,6 @@ def _compile(fn: Callable, args: tuple, dynamic: dict[int, tuple[int, ...]], pat
     except Exception as exc:  # kept for this process only
         part.unlink(missing_ok=True)
         logger.warning("compiled step not saved (%s: %s): later processes compile it again", type(exc).__name__, exc)
-    COUNTS["compiled"] += 1
     return program
 
 
