@@ -71,6 +71,16 @@ inline __m512 reduce16(const __m512* acc) {
                        _mm512_shuffle_ps(v2[0], v2[1], _MM_SHUFFLE(3, 1, 3, 1)));  // transpose undone: lane i
 }
 
+// Software prefetch of the cache entries PREFETCH_ENTRIES ahead of the one in use. A (row, KV head)'s keys and values
+// are short runs (a 4 KB page holds 16 entries of d = 64 in fp32) that the hardware's stream prefetchers, which stop
+// at page boundaries, barely cover: a decode step's attention read its caches at ~12 GB/s on one thread without
+// this (docs/runner.md). Hints only: the arithmetic and the bits are unchanged.
+constexpr int64_t PREFETCH_ENTRIES = 16;
+inline void prefetch_entry(const void* at, int64_t bytes) {
+  const char* c = static_cast<const char*>(at);
+  for (int64_t i = 0; i < bytes; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+}
+
 struct TileScratch {
   std::vector<float> q, k, v, m, s;  // the tile's queries, keys, values, masks, scores (then p)
   std::vector<int64_t> len;  // per query: 1 + its last unmasked entry (0: none)
@@ -96,6 +106,7 @@ void weigh_values(TileScratch& w, const V* v, int64_t vstride, const std::vector
   }
   for (int64_t j = 0; j < Lr; ++j) {
     const V* vj = v + j * vstride;
+    if (j + PREFETCH_ENTRIES < Lr) prefetch_entry(vj + PREFETCH_ENTRIES * vstride, d * sizeof(V));
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float pj = p[r][j];
@@ -171,6 +182,10 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   }
   const T* krow = ptr<T>(keys) + row * ks[0] + kh * ks[1];
   const T* vrow = ptr<T>(values) + row * vs[0] + kh * vs[1];
+  for (int64_t j = 0; j < std::min(Lt, PREFETCH_ENTRIES); ++j) {  // the first entries, all at once
+    prefetch_entry(krow + j * ks[2], d * sizeof(T));
+    prefetch_entry(vrow + j * vs[2], d * sizeof(T));
+  }
   // fp32 keys with contiguous entries: whole blocks of 16 are read where they are (the copy would be exact, so the
   // bits are the same); the last partial block is copied, zero-padded (never read past the cache's end).
   const int64_t Lc = std::is_same<T, float>::value && ks[2] == d ? Lt / 16 * 16 : 0;  // keys read in place
@@ -196,6 +211,8 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   std::vector<float> tops(Q * 16, -inf);  // per query, the lanes' maxima (exact: the maximum in any order)
   for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
     const float* kb = j0 < Lc ? reinterpret_cast<const float*>(krow) + j0 * d : w.k.data() + (j0 - Lc) * d;
+    if (j0 + PREFETCH_ENTRIES + 16 <= Lc)  // the block PREFETCH_ENTRIES ahead, read in place
+      prefetch_entry(kb + PREFETCH_ENTRIES * d, 16 * d * sizeof(float));
     for (int64_t qi = 0; qi < Q; ++qi) {
       if (j0 >= w.len[qi]) continue;
       __m512 qv[NC], acc[16];
