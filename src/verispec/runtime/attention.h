@@ -91,7 +91,8 @@ struct TileScratch {
 // The values come from `v` (stride `vstride` between entries): the tile's fp32 copy, or the cache itself (V).
 template <int NC, int R, typename T, typename V>
 void weigh_values(TileScratch& w, const V* v, int64_t vstride, const std::vector<float>& top, int64_t q0, int64_t Lp,
-                  const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0) {
+                  const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0,
+                  bool prefetch = false) {  // prefetch: v is the cache (else the tile's copy, in cache already)
   constexpr int64_t d = 16 * NC;
   int64_t Lr = 0;
   for (int r = 0; r < R; ++r) Lr = std::max(Lr, w.len[q0 + r]);
@@ -106,7 +107,7 @@ void weigh_values(TileScratch& w, const V* v, int64_t vstride, const std::vector
   }
   for (int64_t j = 0; j < Lr; ++j) {
     const V* vj = v + j * vstride;
-    if (j + PREFETCH_ENTRIES < Lr) prefetch_entry(vj + PREFETCH_ENTRIES * vstride, d * sizeof(V));
+    if (prefetch && j + PREFETCH_ENTRIES < Lr) prefetch_entry(vj + PREFETCH_ENTRIES * vstride, d * sizeof(V));
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const float pj = p[r][j];
@@ -140,11 +141,12 @@ void weigh_values(TileScratch& w, const V* v, int64_t vstride, const std::vector
 // weigh_values for a run-time count of R <= QR queries (R <= 10).
 template <int NC, int QR, typename T, typename V>
 void weigh_some(int64_t R, TileScratch& w, const V* v, int64_t vstride, const std::vector<float>& top, int64_t q0,
-                int64_t Lp, const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0) {
+                int64_t Lp, const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0,
+                bool prefetch = false) {
   switch (R) {
 #define VERISPEC_WEIGH(N) \
   case N: \
-    if constexpr (N <= QR) return weigh_values<NC, N, T>(w, v, vstride, top, q0, Lp, out, row, kh, g, nt, t0);
+    if constexpr (N <= QR) return weigh_values<NC, N, T>(w, v, vstride, top, q0, Lp, out, row, kh, g, nt, t0, prefetch);
     VERISPEC_WEIGH(1) VERISPEC_WEIGH(2) VERISPEC_WEIGH(3) VERISPEC_WEIGH(4) VERISPEC_WEIGH(5)
     VERISPEC_WEIGH(6) VERISPEC_WEIGH(7) VERISPEC_WEIGH(8) VERISPEC_WEIGH(9) VERISPEC_WEIGH(10)
 #undef VERISPEC_WEIGH
@@ -198,6 +200,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   const bool copy_v = Q > QR;  // values read in more than one pass: an fp32 copy (else read where they are)
   for (int64_t j = 0; copy_v && j < Lt; ++j) {
     const T* vj = vrow + j * vs[2];
+    if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(vj + PREFETCH_ENTRIES * vs[2], d * sizeof(T));
     float* vw = w.v.data() + j * d;
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(vw + 16 * c, load16(vj + 16 * c, 0xffff));
   }
@@ -240,7 +243,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     std::fill(s + std::min(done, Lp), s + Lp, 0.0f);
   }
   // sum_j p_j v_j and sum_j p_j, QR queries at a time (then the rest together), each in j order
-  if (!copy_v) return weigh_some<NC, QR, T>(Q, w, vrow, vs[2], top, 0, Lp, out, row, kh, g, nt, t0);
+  if (!copy_v) return weigh_some<NC, QR, T>(Q, w, vrow, vs[2], top, 0, Lp, out, row, kh, g, nt, t0, true);
   int64_t q0 = 0;
   for (; q0 + QR <= Q; q0 += QR) weigh_values<NC, QR, T>(w, w.v.data(), d, top, q0, Lp, out, row, kh, g, nt, t0);
   if (q0 < Q) weigh_some<NC, QR, T>(Q - q0, w, w.v.data(), d, top, q0, Lp, out, row, kh, g, nt, t0);
