@@ -13,24 +13,14 @@ runs its best one below it. Each path's logits must equal the first's bit for bi
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
+from quant_step_bench import prefill  # one n-token prompt from an empty cache -> (seconds, last logits)
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.models import DEFAULT_TARGET, load_model, quantize_target
 from verispec.runtime import dense
-from verispec.runtime.native import NativeRunner
 from verispec.runtime.runner import make_runner
-
-
-def prefill(runner: NativeRunner, n: int) -> tuple[float, torch.Tensor]:
-    """-> (seconds, last logits) of one n-token prompt from an empty cache."""
-    runner.reset()
-    prompt = torch.arange(n).remainder(1000).add(100).view(1, n)  # [1, n]
-    start = time.perf_counter()
-    logits = runner.forward(prompt, last_only=True).logits
-    return time.perf_counter() - start, logits
 
 
 def main() -> None:

@@ -276,72 +276,56 @@ void avx512_tile(const Problem<float>& p, const Pass& s, int64_t r0, int64_t j) 
   finish(p, acc, s, r0, j, mask);
 }
 
-template <int R, int C, bool TAIL>
+// bf16: per pair, the odd product, then the even one. DP false (path 2): two FMAs on the widened pair, MXCSR's DAZ
+// and FTZ set for vdpbf16ps's denormal rules. DP true (path 3): vdpbf16ps itself on the bf16 rows' pairs (one 32-bit
+// broadcast a row), which flushes denormals whatever MXCSR says: the same bits.
+template <int R, int C, bool TAIL, bool DP = false>
 void avx512_tile(const Problem<c10::BFloat16>& p, const Pass& s, int64_t r0, int64_t j) {
   const int64_t width = TAIL ? p.N - j * BW : BW;
   const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
   __m512 acc[R][C];
   start(acc, s, r0);
   const bf16* w = reinterpret_cast<const bf16*>(p.w) + j * p.block_stride();
-  const float* x = s.x + r0 * s.ldx;
   const unsigned csr = _mm_getcsr();
-  _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ: vdpbf16ps's denormal rules
+  if constexpr (!DP) _mm_setcsr(csr | 0x8040u);  // FTZ | DAZ: vdpbf16ps's denormal rules
   for (int64_t k = s.k0; k < s.k1; k += 2) {  // one pair: the block's 16 columns x (k, k + 1), interleaved
-    __m512 odd[C], even[C];
-    for (int c = 0; c < C; ++c) {
-      const __m512i v = TAIL ? _mm512_maskz_loadu_epi32(mask, w + k * width)
-                             : _mm512_loadu_si512(w + c * p.block_stride() + k * BW);
-      odd[c] = odd_f32(v);
-      even[c] = even_f32(v);
-    }
-    for (int r = 0; r < R; ++r) {
-      const __m512 xo = _mm512_set1_ps(x[r * s.ldx + k + 1]);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(odd[c], xo, acc[r][c]);
-      const __m512 xe = _mm512_set1_ps(x[r * s.ldx + k]);
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(even[c], xe, acc[r][c]);
-    }
-  }
-  _mm_setcsr(csr);
-  finish(p, acc, s, r0, j, mask);
-}
-
-#if defined(__AVX512BF16__)
-// Path 3: the same pairs on vdpbf16ps itself (its bits are the FMA tile's above: the odd product, then the even
-// one, each rounded, denormals flushed whatever MXCSR says). A row's pair is one 32-bit broadcast.
-template <int R, int C, bool TAIL>
-void avx512_dp_tile(const Problem<c10::BFloat16>& p, const Pass& s, int64_t r0, int64_t j) {
-  const int64_t width = TAIL ? p.N - j * BW : BW;
-  const __mmask16 mask = static_cast<__mmask16>((1u << width) - 1u);
-  __m512 acc[R][C];
-  start(acc, s, r0);
-  const bf16* w = reinterpret_cast<const bf16*>(p.w) + j * p.block_stride();
-  const uint32_t* x = s.xp + r0 * s.ldp;
-  for (int64_t k = s.k0; k < s.k1; k += 2) {
-    __m512bh wv[C];
+    __m512i v[C];
     for (int c = 0; c < C; ++c)
-      wv[c] = (__m512bh)(TAIL ? _mm512_maskz_loadu_epi32(mask, w + k * width)
-                              : _mm512_loadu_si512(w + c * p.block_stride() + k * BW));
-    for (int r = 0; r < R; ++r) {
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * s.ldp + k / 2]));
-      for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], wv[c], xb);
+      v[c] = TAIL ? _mm512_maskz_loadu_epi32(mask, w + k * width) : _mm512_loadu_si512(w + c * p.block_stride() + k * BW);
+    if constexpr (DP) {
+#if defined(__AVX512BF16__)
+      const uint32_t* x = s.xp + r0 * s.ldp;
+      for (int r = 0; r < R; ++r) {
+        const __m512bh xb = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * s.ldp + k / 2]));
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)v[c], xb);
+      }
+#endif
+    } else {
+      const float* x = s.x + r0 * s.ldx;
+      __m512 odd[C], even[C];
+      for (int c = 0; c < C; ++c) {
+        odd[c] = odd_f32(v[c]);
+        even[c] = even_f32(v[c]);
+      }
+      for (int r = 0; r < R; ++r) {
+        const __m512 xo = _mm512_set1_ps(x[r * s.ldx + k + 1]);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(odd[c], xo, acc[r][c]);
+        const __m512 xe = _mm512_set1_ps(x[r * s.ldx + k]);
+        for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(even[c], xe, acc[r][c]);
+      }
     }
   }
+  if constexpr (!DP) _mm_setcsr(csr);
   finish(p, acc, s, r0, j, mask);
 }
-#endif
 
 // Rows [r0, r0 + left) of a pass, left <= R, as one tile of exactly `left` rows.
 template <typename T, int R, int C, bool TAIL, bool DP>
 void avx512_rest(const Problem<T>& p, const Pass& s, int64_t r0, int64_t left, int64_t j) {
   if constexpr (R > 0) {
     if (left == R) {
-#if defined(__AVX512BF16__)
-      if constexpr (DP) {
-        avx512_dp_tile<R, C, TAIL>(p, s, r0, j);
-        return;
-      }
-#endif
-      avx512_tile<R, C, TAIL>(p, s, r0, j);
+      if constexpr (DP) avx512_tile<R, C, TAIL, true>(p, s, r0, j);  // bf16 only
+      else avx512_tile<R, C, TAIL>(p, s, r0, j);
     } else {
       avx512_rest<T, R - 1, C, TAIL, DP>(p, s, r0, left, j);
     }
