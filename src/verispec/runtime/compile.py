@@ -30,7 +30,7 @@ from .dtype import cpu_flags
 
 logger = logging.getLogger("verispec")
 
-_PROGRAMS: dict[str, Callable] = {}  # key -> this process's program for it (loaded or compiled)
+_PROGRAMS: dict[str, list[Callable]] = {}  # a key's file name -> this process's programs for it (loaded, compiled)
 COUNTS: collections.Counter = collections.Counter()  # "loaded" / "compiled": programs this process
 _SOURCES: list[str] = []  # the runtime sources' hash, computed once
 
@@ -129,27 +129,27 @@ def _compile(fn: Callable, args: tuple, dynamic: dict[int, tuple[int, ...]], pat
 
 
 def run_program(fn: Callable, key: tuple, args: tuple, dynamic: dict[int, tuple[int, ...]]):
-    """fn(*args) through the compiled program for `key` (hashable, naming everything that fixes the traced code
-    beside the sources: the model's structure, the shape class, the constant arguments): this process's, else the
-    one saved on disk, else compiled now (its argument dims in `dynamic` marked dynamic) and saved. A program whose
-    guards refuse args is compiled again and replaces it."""
+    """fn(*args) through a compiled program for `key` (hashable, naming everything that fixes the traced code beside
+    the sources: the model's structure, the shape class, the constant arguments): one of this process's, else the
+    one saved on disk, else compiled now (its argument dims in `dynamic` marked dynamic) and saved. Where every
+    program's guards refuse args, one more is compiled (kept beside the others, so inputs that alternate between
+    two kinds compile each once) and saved in place of the file."""
     path = program_path(key)
-    program = _PROGRAMS.get(path.name)
-    if program is None:
-        program = _load(path)
-        if program is not None:
+    programs = _PROGRAMS.setdefault(path.name, [])
+    if not programs:
+        loaded = _load(path)
+        if loaded is not None:
             COUNTS["loaded"] += 1
-    if program is not None:
+            programs.append(loaded)
+    for program in programs:
         try:
-            result = program(*args)
-            _PROGRAMS[path.name] = program
-            return result
+            return program(*args)
         except RuntimeError as exc:
             if "GuardManager check failed" not in str(exc):
                 raise
-            logger.info("compiled step %s does not fit these inputs (%s): compiling it again", path.name, exc)
+            logger.info("compiled step %s does not fit these inputs (%s)", path.name, exc)
     program = _compile(fn, args, dynamic, path)
-    _PROGRAMS[path.name] = program
+    programs.append(program)
     return program(*args)
 
 
