@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,9 +41,19 @@ pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 
 def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A free port for the ingress, outside the ranges others take between this check and Ray's bind: the kernel's
+    ephemeral ports (32768-60999: a port 0 bind would come from there, and Ray's own processes take ports from
+    there while the cluster starts, which once took this one first) and Ray's worker ports (10002-19999)."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 32000)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 20000-31999")
 
 
 def _config(model_dirs) -> ServerConfig:
