@@ -193,6 +193,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   const int64_t Lc = std::is_same<T, float>::value && ks[2] == d ? Lt / 16 * 16 : 0;  // keys read in place
   for (int64_t j = Lc; j < Lt; ++j) {
     const T* kj = krow + j * ks[2];
+    if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(kj + PREFETCH_ENTRIES * ks[2], d * sizeof(T));
     float* kw = w.k.data() + (j - Lc) * d;
     for (int64_t i = 0; i < d; ++i) kw[i] = to_f(kj[i]);
   }
