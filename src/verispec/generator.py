@@ -95,10 +95,11 @@ class SpeculativeGenerator:
         draft_device: where a draft model runs (default: `device`)."""
         from .models import load_model, load_tokenizer, quantize_target, resolve_target_dtype, resolve_weights
 
-        backend = (runner or RunnerOptions()).backend
+        options = runner or RunnerOptions()
+        backend = options.backend
         reads = isinstance(draft, str) and draft != "auto" and parse_drafter_spec(draft).reads_target_weights
         weights, _ = resolve_weights(weights, target, dtype, device, quantization, backend, drafter_reads_weights=reads,
-                                     compile=(runner or RunnerOptions()).compile)
+                                     compile=options.compile)
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
         dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization, backend)
         target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)

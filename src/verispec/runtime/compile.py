@@ -30,7 +30,7 @@ from .dtype import cpu_flags
 
 logger = logging.getLogger("verispec")
 
-_PROGRAMS: dict[str, list[Callable]] = {}  # a key's file name -> this process's programs for it (loaded, compiled)
+_PROGRAMS: dict[tuple, list[Callable]] = {}  # key -> this process's programs for it (loaded, compiled)
 COUNTS: collections.Counter = collections.Counter()  # "loaded" / "compiled": programs this process
 _SOURCES: list[str] = []  # the runtime sources' hash, computed once
 
@@ -134,10 +134,9 @@ def run_program(fn: Callable, key: tuple, args: tuple, dynamic: dict[int, tuple[
     one saved on disk, else compiled now (its argument dims in `dynamic` marked dynamic) and saved. Where every
     program's guards refuse args, one more is compiled (kept beside the others, so inputs that alternate between
     two kinds compile each once) and saved in place of the file."""
-    path = program_path(key)
-    programs = _PROGRAMS.setdefault(path.name, [])
+    programs = _PROGRAMS.setdefault(key, [])  # (the key's hash is cached with its strings: no file name to make)
     if not programs:
-        loaded = _load(path)
+        loaded = _load(program_path(key))
         if loaded is not None:
             COUNTS["loaded"] += 1
             programs.append(loaded)
@@ -147,8 +146,8 @@ def run_program(fn: Callable, key: tuple, args: tuple, dynamic: dict[int, tuple[
         except RuntimeError as exc:
             if "GuardManager check failed" not in str(exc):
                 raise
-            logger.info("compiled step %s does not fit these inputs (%s)", path.name, exc)
-    program = _compile(fn, args, dynamic, path)
+            logger.info("a compiled step does not fit these inputs (%s)", exc)
+    program = _compile(fn, args, dynamic, program_path(key))
     programs.append(program)
     return program(*args)
 
