@@ -16,6 +16,8 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from verispec.runtime import hugepages
+
 
 class SlotLayer(CacheLayerMixin):
     """One attention layer's KV buffers; the write positions of a forward come from the parent `SlotCache`."""
@@ -38,8 +40,8 @@ class SlotLayer(CacheLayerMixin):
         """Buffers for at least `slots` slots (doubling, up to num_slots): memory follows the largest batch seen,
         and a slot's entries never move when the buffers grow. keys, values: [slots, kv_heads, max_len, dim]."""
         size = min(max(slots, 2 * self.keys.shape[0]), self.cache.num_slots)
-        keys = self.keys.new_zeros(size, *self.keys.shape[1:])
-        values = self.values.new_zeros(size, *self.values.shape[1:])
+        keys = hugepages.zeros((size, *self.keys.shape[1:]), self.keys.dtype, self.keys.device)  # streamed every step
+        values = hugepages.zeros((size, *self.values.shape[1:]), self.values.dtype, self.values.device)
         keys[: self.keys.shape[0]] = self.keys
         values[: self.values.shape[0]] = self.values
         self.keys, self.values = keys, values

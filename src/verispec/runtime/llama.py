@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dense, fused, layer_loop
+from . import dense, fused, hugepages, layer_loop
 from .compile import run_program
 from .invariant import MAX_INVARIANT_IN, block_attention, split_in
 from .kv_cache import entry_index, write_entries
@@ -317,9 +317,28 @@ class LlamaModel(nn.Module):
         self.cos = nn.Buffer(rope[0], persistent=False)  # [max_len, d]
         self.sin = nn.Buffer(rope[1], persistent=False)  # [max_len, d]
         assert all(layer.packed == self.lm_head.packed for layer in self.layers)  # model_forward takes one flag
+        self._onto_huge_pages()
         self._loop: list = []  # layer_loop.build's, made on the first eager forward (the weights are final then)
         self._layer_weights: list = []  # every Block.weights(), gathered once (~4 us a layer through nn.Module)
         self._structure: list = []  # [the embedding it was computed for, `structure()`]
+
+    def _onto_huge_pages(self) -> None:
+        """Every linear's weight (dense-packed or quantized: what a step streams) moved into one arena on huge pages,
+        in the order a step reads them (`hugepages.gather`: a layer's weights are each under 2 MiB, so alone they sit
+        on 4 KiB pages). A weight shared by two linears (a tied LM head) moves once."""
+        owners: dict[int, list] = {}  # id of the tensor -> [tensor, the places that hold it]
+        for linear in [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]:
+            w = linear.weight
+            if linear.packed == DENSE:
+                owners.setdefault(id(w), [w]).append((linear, "weight"))
+            elif not isinstance(w, (torch.Tensor, tuple)) and hasattr(w, "packed"):  # a QuantWeight
+                owners.setdefault(id(w.packed), [w.packed]).append((w, "packed"))
+        moved = hugepages.gather([entry[0] for entry in owners.values()])
+        for (tensor, *places), new in zip(owners.values(), moved):
+            if new is tensor:
+                continue
+            for holder, name in places:
+                setattr(holder, name, nn.Parameter(new, requires_grad=False) if name == "weight" else new)
 
     def layer_loop(self) -> layer_loop.Loop | None:
         """The C++ loop over this model's layers (`layer_loop.py`), or None where it does not serve."""

@@ -1,0 +1,61 @@
+"""runtime/hugepages.py: buffers cut 2 MiB-aligned and advised onto transparent huge pages hold exactly what
+torch.zeros / a copy would, and the kernel backs them with huge pages where THP is on."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from verispec.runtime import hugepages
+
+MIB = 1 << 20
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def test_zeros_and_copies_hold_the_same_values_aligned_to_a_huge_page(monkeypatch):
+    monkeypatch.setattr(hugepages, "ENABLED", True)
+    z = hugepages.zeros((3, 5, 1000, 64), torch.float32)  # 3.8 MB
+    assert z.shape == (3, 5, 1000, 64) and z.dtype == torch.float32 and z.is_contiguous()
+    assert z.data_ptr() % hugepages.HUGE == 0 and not z.any()
+    z[2, 4, 999, 63] = 7.0  # writable to its last element
+    t = torch.randn(1100, 1024, dtype=torch.bfloat16)  # 2.25 MB
+    c = hugepages.like(t)
+    assert c.data_ptr() % hugepages.HUGE == 0 and torch.equal(c, t) and c.dtype == torch.bfloat16
+    small = hugepages.zeros((4, 4), torch.float32)  # under a huge page: an ordinary tensor
+    assert torch.equal(small, torch.zeros(4, 4))
+
+
+def test_turned_off_gives_ordinary_tensors(monkeypatch):
+    monkeypatch.setattr(hugepages, "ENABLED", False)
+    z = hugepages.zeros((4 * MIB,), torch.uint8)
+    assert z.untyped_storage().nbytes() == 4 * MIB and hugepages.huge_bytes(z) == 0
+    t = [torch.randn(1000, 1000)]
+    assert hugepages.gather(t)[0] is t[0]
+
+
+def test_gather_copies_into_one_arena_in_order(monkeypatch):
+    monkeypatch.setattr(hugepages, "ENABLED", True)
+    tensors = [torch.randn(1000, 577),  # 2.3 MB in all: torch.randint(0, 255, (1001, 333), dtype=torch.uint8),
+               torch.randn(64, 2048, dtype=torch.bfloat16)]
+    views = hugepages.gather(tensors)
+    storage = views[0].untyped_storage().data_ptr()
+    assert views[0].data_ptr() % hugepages.HUGE == 0
+    for t, v in zip(tensors, views):
+        assert torch.equal(t, v) and v.dtype == t.dtype and v.is_contiguous()
+        assert v.untyped_storage().data_ptr() == storage and v.data_ptr() % 64 == 0
+    assert [v.data_ptr() for v in views] == sorted(v.data_ptr() for v in views)  # in the order given
+    small = [torch.randn(4, 4)]
+    assert hugepages.gather(small)[0] is small[0]  # under a huge page in all: left as is
+
+
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
+def test_the_kernel_backs_the_buffers_with_huge_pages(monkeypatch):
+    """Where THP is on (`always` or `madvise`), the advised buffers sit on huge pages and torch's own do not (the
+    advice is what makes the difference under `madvise`)."""
+    monkeypatch.setattr(hugepages, "ENABLED", True)
+    z = hugepages.zeros((16 * MIB,), torch.uint8)
+    assert hugepages.huge_bytes(z) >= 8 * MIB
+    views = hugepages.gather([torch.randn(MIB // 4) for _ in range(12)])  # 12 x 1 MiB, each alone too small
+    assert hugepages.huge_bytes(views[5]) > 0
+    if "[madvise]" in THP.read_text():
+        assert hugepages.huge_bytes(torch.ones(16 * MIB, dtype=torch.uint8)) == 0
