@@ -122,6 +122,7 @@ void tile512_q4r(const Args& a, int64_t o0, int64_t r0) {
   const int64_t g0 = o0 / CHANNELS_PER_GROUP;
   const float* x0 = a.x + r0 * a.in;
   alignas(64) float d[NG][RUN * CHANNELS_PER_GROUP], m[NG][T == Q4_1R ? RUN * CHANNELS_PER_GROUP : 1];
+  for (int g = 0; g < NG; ++g) prefetch_scales<T>(a, g0 + g + PREFETCH_TILES * NG);
   for (int64_t b0 = 0; b0 < a.blocks; b0 += RUN) {
     const int64_t run = std::min(RUN, a.blocks - b0);
     for (int g = 0; g < NG; ++g) {
@@ -132,7 +133,7 @@ void tile512_q4r(const Args& a, int64_t o0, int64_t r0) {
       const float* x = x0 + (b0 + b) * QK;
       for (int g = 0; g < NG; ++g) {
         const uint8_t* nib = nibbles_at(a, g0 + g, b0 + b);
-        _mm_prefetch(reinterpret_cast<const char*>(nib + NG * a.row_bytes), _MM_HINT_T0);  // the next tile's
+        _mm_prefetch(reinterpret_cast<const char*>(nib + PREFETCH_TILES * NG * a.row_bytes), _MM_HINT_T0);
         const __m512i v = _mm512_loadu_si512(nib);
         for (int c = 0; c < CHANNELS_PER_GROUP; ++c) {
           const int64_t i = b * CHANNELS_PER_GROUP + c;
@@ -169,13 +170,14 @@ void tile512_q4r_rows(const Args& a, int64_t o0, int64_t r0) {
   const int64_t g = o0 / CHANNELS_PER_GROUP;
   const float* x0 = a.x + r0 * a.in;
   alignas(64) float d[RUN * CHANNELS_PER_GROUP], m[T == Q4_1R ? RUN * CHANNELS_PER_GROUP : 1];
+  prefetch_scales<T>(a, g + PREFETCH_TILES);
   for (int64_t b0 = 0; b0 < a.blocks; b0 += RUN) {
     const int64_t run = std::min(RUN, a.blocks - b0);
     halves_to_floats(d_at(a, g, b0), run * CHANNELS_PER_GROUP, d);
     if (T == Q4_1R) halves_to_floats(m_at(a, g, b0), run * CHANNELS_PER_GROUP, m);
     for (int64_t b = 0; b < run; ++b) {
       const uint8_t* nib = nibbles_at(a, g, b0 + b);
-      _mm_prefetch(reinterpret_cast<const char*>(nib + a.row_bytes), _MM_HINT_T0);  // the next tile's
+      _mm_prefetch(reinterpret_cast<const char*>(nib + PREFETCH_TILES * a.row_bytes), _MM_HINT_T0);
       const __m512i v = _mm512_loadu_si512(nib);
       __m512 w[2][CHANNELS_PER_GROUP];  // [lo, hi][channel]
       for (int c = 0; c < CHANNELS_PER_GROUP; ++c) {
