@@ -104,6 +104,14 @@ def test_stable_softmax_handles_huge_logits_in_fp32():
 def test_nan_logits_raise_clear_error():
     with pytest.raises(NumericalError, match="NaN"):
         check_finite(torch.tensor([[0.0, float("nan")]]), "target")
+    for dtype in (torch.float32, torch.bfloat16):  # a NaN anywhere in a batch of rows, beside +-inf
+        logits = torch.randn(16, 3, 1000).to(dtype)
+        logits[5, 1, 7], logits[2, 0, 3], logits[9, 2, 11] = float("inf"), float("-inf"), float("nan")
+        with pytest.raises(NumericalError, match="NaN"):
+            check_finite(logits, "target")
+        logits[9, 2, 11] = 0.0
+        check_finite(logits, "target")  # infinities alone are no NaN
+    check_finite(torch.empty(0, 1, 1000), "target")
 
 
 def test_seed_makes_sampling_reproducible():

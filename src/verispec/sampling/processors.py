@@ -37,8 +37,10 @@ def stable_softmax(logits: Tensor) -> Tensor:
 
 
 def check_finite(logits: Tensor, who: str) -> None:
-    # One host sync per forward pass, not per token: the price of never sampling from NaN.
-    if torch.isnan(logits).any():
+    # One host sync per forward pass, not per token: the price of never sampling from NaN. The maximum propagates
+    # NaN, so one reduction finds any (isnan().any() also wrote a bool copy: 0.34 vs 0.025 ms for 16 rows of a
+    # 49,152 vocabulary on 2 threads, ~2% of a 16-row step); +-inf alone is no NaN.
+    if logits.numel() and torch.isnan(logits.amax()):
         raise NumericalError(
             f"the {who} model produced NaN logits; try float32 (--dtype float32) or check the model weights"
         )
