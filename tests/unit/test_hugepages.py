@@ -28,7 +28,7 @@ def test_zeros_and_copies_hold_the_same_values_aligned_to_a_huge_page(monkeypatc
 def test_turned_off_gives_ordinary_tensors(monkeypatch):
     monkeypatch.setattr(hugepages, "ENABLED", False)
     z = hugepages.zeros((4 * MIB,), torch.uint8)
-    assert z.untyped_storage().nbytes() == 4 * MIB and hugepages.huge_bytes(z) == 0
+    assert z.untyped_storage().nbytes() == 4 * MIB  # torch's own allocation, not a padded cut of one
     t = [torch.randn(1000, 1000)]
     assert hugepages.gather(t)[0] is t[0]
 
@@ -50,12 +50,11 @@ def test_gather_copies_into_one_arena_in_order(monkeypatch):
 
 @pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
 def test_the_kernel_backs_the_buffers_with_huge_pages(monkeypatch):
-    """Where THP is on (`always` or `madvise`), the advised buffers sit on huge pages and torch's own do not (the
-    advice is what makes the difference under `madvise`)."""
+    """Where THP is on (`always` or `madvise`), the advised buffers sit on huge pages. (Whether torch's own do is
+    not asserted: smaps counts huge pages per mapping, and the allocator may hand back a region an earlier test's
+    huge buffer left.)"""
     monkeypatch.setattr(hugepages, "ENABLED", True)
     z = hugepages.zeros((16 * MIB,), torch.uint8)
     assert hugepages.huge_bytes(z) >= 8 * MIB
     views = hugepages.gather([torch.randn(MIB // 4) for _ in range(12)])  # 12 x 1 MiB, each alone too small
     assert hugepages.huge_bytes(views[5]) > 0
-    if "[madvise]" in THP.read_text():
-        assert hugepages.huge_bytes(torch.ones(16 * MIB, dtype=torch.uint8)) == 0

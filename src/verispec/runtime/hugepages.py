@@ -80,8 +80,9 @@ def like(t: torch.Tensor) -> torch.Tensor:
 
 
 def huge_bytes(t: torch.Tensor) -> int:
-    """Bytes of t's memory that sit on huge pages (Linux: /proc/self/smaps' AnonHugePages of the mappings it
-    overlaps, counted within t's range; 0 elsewhere). For tests and probes."""
+    """Bytes of t's memory on huge pages, as far as /proc/self/smaps tells (Linux; 0 elsewhere): the AnonHugePages
+    of each mapping t overlaps, capped at the overlap. smaps counts per mapping, so where t shares one with other
+    memory this is an upper bound. For tests and probes."""
     if not sys.platform.startswith("linux") or t.device.type != "cpu":
         return 0
     lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
