@@ -20,9 +20,15 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def real_gen():
-    target = load_model(DEFAULT_TARGET)
-    draft = load_model(DEFAULT_DRAFT)
+    # fp32 (not `auto`'s bf16 on a bf16 CPU): these tests compare with Hugging Face's own generation and logits
+    target = load_model(DEFAULT_TARGET, dtype=torch.float32)
+    draft = load_model(DEFAULT_DRAFT, dtype=torch.float32)
     return SpeculativeGenerator(target, draft, load_tokenizer(DEFAULT_TARGET), K=4, max_len=1024)
+
+
+def hf_of(runner):
+    """The Hugging Face model a runner runs (a native runner's `model` is its own twin of it)."""
+    return getattr(runner, "hf_model", runner.model)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -31,7 +37,7 @@ def test_real_pair_greedy_equals_target_alone_and_hf(real_gen, prompt):
     spec = real_gen.generate(ids, max_new_tokens=48, return_dict=True)
     alone = real_gen.generate(ids, max_new_tokens=48, speculative=False)
     assert spec.token_ids == alone
-    target = real_gen.engine.target.model
+    target = hf_of(real_gen.engine.target)
     hf = target.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=False)[0, len(ids) :].tolist()
     assert spec.token_ids == hf
     assert spec.stats.accepted_tokens > 0  # the distilled draft is used (it is weak: 1.06-1.6 per round)
@@ -62,8 +68,8 @@ def test_real_default_cascade_equals_target_alone(real_gen):
     from verispec.models import DEFAULT_DRAFTER
 
     engine = real_gen.engine
-    cascade = make_drafter(DEFAULT_DRAFTER, engine.target.model, real_gen.tokenizer, engine.max_len + CACHE_SLACK,
-                           draft_model=engine.drafter.runner.model)
+    cascade = make_drafter(DEFAULT_DRAFTER, hf_of(engine.target), real_gen.tokenizer, engine.max_len + CACHE_SLACK,
+                           draft_model=hf_of(engine.drafter.runner))
     used = count_stage_rounds(cascade)
     params = SamplingParams(max_new_tokens=64)
     for prompt in PROMPTS:
@@ -82,9 +88,9 @@ def test_real_pair_batch_rows_equal_each_prompt_alone(real_gen, batch_size):
     from verispec.engine import CACHE_SLACK, SpeculativeEngine
     from verispec.models import DEFAULT_DRAFTER
 
-    target = real_gen.engine.target.model
+    target = hf_of(real_gen.engine.target)
     cascade = make_drafter(DEFAULT_DRAFTER, target, real_gen.tokenizer, 1024 + CACHE_SLACK,
-                           draft_model=real_gen.engine.drafter.runner.model)
+                           draft_model=hf_of(real_gen.engine.drafter.runner))
     engine = SpeculativeEngine(target, real_gen.tokenizer, cascade, SpeculativeConfig(num_draft_tokens=4),
                                max_len=1024, max_batch_size=batch_size)
     ids = [real_gen.encode(PROMPTS[i % len(PROMPTS)], chat=True) for i in range(max(batch_size, 3))]
@@ -102,7 +108,7 @@ def test_native_runner_matches_hf_on_the_real_target():
     from verispec.runtime.native import NativeRunner
     from verispec.runtime.runner import ModelRunner, make_runner
 
-    target = load_model(DEFAULT_TARGET)
+    target = load_model(DEFAULT_TARGET, dtype=torch.float32)
     assert make_runner(target, 64).backend == "native"
     hf, native = ModelRunner(target, 512, 2), NativeRunner.from_hf(target, 512, 2)
     ids = load_tokenizer(DEFAULT_TARGET)(PROMPTS[1])["input_ids"]
