@@ -99,19 +99,36 @@ def huge_bytes(t: torch.Tensor) -> int:
     return total
 
 
-def gather(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """The tensors copied, in order, into one arena on huge pages (each contiguous, starting on a 64-byte boundary)
-    -> views of it with their shapes and dtypes; the tensors themselves where the arena is not wanted (too small,
-    not on the CPU, turned off). For many weights each under 2 MiB (a layer's linears) that one step streams in
-    turn: alone, each would sit on ordinary pages."""
+def arena(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+    """One arena on huge pages for `tensors` (on the CPU, together at least a huge page) -> (the arena, an empty view
+    per tensor with its shape and dtype, cut in order, each on a 64-byte boundary); None where it is not wanted (too
+    small, not on the CPU, turned off). The caller fills the views (`copy_`) and can drop each original as it goes,
+    so memory peaks at the arena plus what is not moved yet, then calls `settle(arena)`."""
     sizes = [(t.numel() * t.element_size() + 63) // 64 * 64 for t in tensors]
     if not tensors or any(t.device.type != "cpu" for t in tensors) or not wanted(sum(sizes)):
-        return list(tensors)
-    arena = empty((sum(sizes),), torch.uint8)
+        return None
+    buffer = empty((sum(sizes),), torch.uint8)
     views, offset = [], 0
     for t, size in zip(tensors, sizes):
-        nbytes = t.numel() * t.element_size()
-        views.append(arena[offset : offset + nbytes].view(t.dtype).view(t.shape).copy_(t))
+        views.append(buffer[offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape))
         offset += size
-    _collapse(arena)
+    return buffer, views
+
+
+def settle(buffer: torch.Tensor) -> None:
+    """An `arena` (or `empty`) buffer, now written, collapsed into huge pages where the advice came too late."""
+    _collapse(buffer)
+
+
+def gather(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors copied, in order, into one `arena` -> views of it with their shapes and dtypes; the tensors
+    themselves where the arena is not wanted. For many weights each under 2 MiB (a layer's linears) that one step
+    streams in turn: alone, each would sit on ordinary pages."""
+    made = arena(tensors)
+    if made is None:
+        return list(tensors)
+    buffer, views = made
+    for t, view in zip(tensors, views):
+        view.copy_(t)
+    settle(buffer)
     return views

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from verispec.runtime import hugepages
+from . import hugepages
 
 
 class SlotLayer(CacheLayerMixin):
