@@ -20,10 +20,8 @@ def runner_of(weights: str) -> NativeRunner:
 
 def streamed(runner: NativeRunner) -> list[torch.Tensor]:
     """What a step streams: every linear's packed weight or quantized blocks (others are not gathered)."""
-    model = runner.model
-    linears = [m for layer in model.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [model.lm_head]
     out = []
-    for linear in linears:
+    for linear in runner.model.linears():
         if isinstance(linear.weight, QuantWeight):
             out.append(linear.weight.packed)
         elif linear.packed == DENSE:

@@ -48,7 +48,7 @@ def wanted(nbytes: int, device: torch.device | str = "cpu") -> bool:
 def empty(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """torch.empty(shape), on huge pages where wanted (the memory is advised, not yet touched)."""
     shape = tuple(shape)
-    nbytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+    nbytes = torch.Size(shape).numel() * dtype.itemsize
     if not wanted(nbytes, device):
         return torch.empty(shape, dtype=dtype, device=device)
     padded = (nbytes + HUGE - 1) // HUGE * HUGE
@@ -59,24 +59,24 @@ def empty(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> torc
     return raw[start : start + nbytes].view(dtype).view(shape)
 
 
-def _collapse(t: torch.Tensor) -> torch.Tensor:
-    """t (an `empty` buffer, now written) collapsed into huge pages where its memory was touched before the advice
-    (the allocator reused heap memory): MADV_COLLAPSE, best effort."""
-    if wanted(t.numel() * t.element_size(), t.device) and t.data_ptr() % HUGE == 0:
-        _madvise(t.data_ptr(), (t.numel() * t.element_size() + HUGE - 1) // HUGE * HUGE, MADV_COLLAPSE)
+def settle(t: torch.Tensor) -> torch.Tensor:
+    """t (an `empty` or `arena` buffer, now written) collapsed into huge pages where its memory was touched before
+    the advice (the allocator reused heap memory): MADV_COLLAPSE, best effort. -> t"""
+    if wanted(t.nbytes, t.device) and t.data_ptr() % HUGE == 0:
+        _madvise(t.data_ptr(), (t.nbytes + HUGE - 1) // HUGE * HUGE, MADV_COLLAPSE)
     return t
 
 
 def zeros(shape, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
     """torch.zeros(shape), on huge pages where wanted."""
-    return _collapse(empty(shape, dtype, device).zero_())
+    return settle(empty(shape, dtype, device).zero_())
 
 
 def like(t: torch.Tensor) -> torch.Tensor:
     """A contiguous copy of t on huge pages where wanted (else t itself, when already contiguous)."""
-    if not wanted(t.numel() * t.element_size(), t.device):
+    if not wanted(t.nbytes, t.device):
         return t.contiguous()
-    return _collapse(empty(t.shape, t.dtype, t.device).copy_(t))
+    return settle(empty(t.shape, t.dtype, t.device).copy_(t))
 
 
 def huge_bytes(t: torch.Tensor) -> int:
@@ -85,7 +85,7 @@ def huge_bytes(t: torch.Tensor) -> int:
     memory this is an upper bound. For tests and probes."""
     if not sys.platform.startswith("linux") or t.device.type != "cpu":
         return 0
-    lo, hi = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+    lo, hi = t.data_ptr(), t.data_ptr() + t.nbytes
     total, inside = 0, None
     with open("/proc/self/smaps") as smaps:
         for line in smaps:
@@ -104,20 +104,15 @@ def arena(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]
     per tensor with its shape and dtype, cut in order, each on a 64-byte boundary); None where it is not wanted (too
     small, not on the CPU, turned off). The caller fills the views (`copy_`) and can drop each original as it goes,
     so memory peaks at the arena plus what is not moved yet, then calls `settle(arena)`."""
-    sizes = [(t.numel() * t.element_size() + 63) // 64 * 64 for t in tensors]
+    sizes = [(t.nbytes + 63) // 64 * 64 for t in tensors]
     if not tensors or any(t.device.type != "cpu" for t in tensors) or not wanted(sum(sizes)):
         return None
     buffer = empty((sum(sizes),), torch.uint8)
     views, offset = [], 0
     for t, size in zip(tensors, sizes):
-        views.append(buffer[offset : offset + t.numel() * t.element_size()].view(t.dtype).view(t.shape))
+        views.append(buffer[offset : offset + t.nbytes].view(t.dtype).view(t.shape))
         offset += size
     return buffer, views
-
-
-def settle(buffer: torch.Tensor) -> None:
-    """An `arena` (or `empty`) buffer, now written, collapsed into huge pages where the advice came too late."""
-    _collapse(buffer)
 
 
 def gather(tensors: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -322,14 +322,17 @@ class LlamaModel(nn.Module):
         self._layer_weights: list = []  # every Block.weights(), gathered once (~4 us a layer through nn.Module)
         self._structure: list = []  # [the embedding it was computed for, `structure()`]
 
+    def linears(self) -> list[Linear]:
+        """Every linear, in the order a step runs them: each layer's qkv, o, gate_up, down, then the LM head."""
+        return [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
+
     def _onto_huge_pages(self) -> None:
         """Every linear's weight (dense-packed or quantized: what a step streams) moved into one arena on huge pages,
         in the order a step reads them (`hugepages.arena`: a layer's weights are each under 2 MiB, so alone they sit
         on 4 KiB pages). A weight shared by two linears (a tied LM head) moves once. Each old copy is let go as soon
         as it is moved (the embedded GGUF target: peak and resident memory after load +19 MB for 96 MB of blocks)."""
         owners: dict[int, list] = {}  # id of the tensor -> [tensor, the places that hold it]
-        linears = [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        for linear in linears + [self.lm_head]:
+        for linear in self.linears():
             w = linear.weight
             if linear.packed == DENSE:
                 owners.setdefault(id(w), [w]).append((linear, "weight"))

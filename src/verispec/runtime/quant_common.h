@@ -66,7 +66,7 @@ constexpr int64_t PREFETCH_TILES = 4;
 // faults).
 template <int64_t T>
 inline void prefetch_scales(const Args& a, int64_t g) {
-  const char* s = reinterpret_cast<const char*>(a.w + g * a.row_bytes + a.blocks * 64);
+  const char* s = reinterpret_cast<const char*>(d_at(a, g, 0));
   for (int64_t i = 0; i < a.blocks * 8 * (file_type(T) == Q4_1 ? 2 : 1); i += 64) __builtin_prefetch(s + i, 0, 3);
 }
 
