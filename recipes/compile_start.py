@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from verispec.models import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
 from verispec.runtime.compile import cache_dir
 from verispec.runtime.native import NativeRunner
 

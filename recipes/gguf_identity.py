@@ -10,7 +10,7 @@ import torch
 from verispec.bench.prompts import encode_prompts, load_prompts, select_prompts
 from verispec.config import SamplingParams
 from verispec.generator import SpeculativeGenerator
-from verispec.models import DEFAULT_TARGET
+from verispec.runtime.model.loading import DEFAULT_TARGET
 
 
 def main() -> None:

@@ -22,7 +22,7 @@ import time
 import torch
 
 from verispec.bench.machine import measure_bandwidth
-from verispec.models import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
 from verispec.runtime import layer_loop, quant
 from verispec.runtime.native import NativeRunner, use_quantized_weights
 

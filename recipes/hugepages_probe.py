@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.models import embedded_gguf_path
+from verispec.runtime.model.loading import embedded_gguf_path
 from verispec.runtime import fused, hugepages
 from verispec.runtime.gguf_weights import read_gguf_weights
 

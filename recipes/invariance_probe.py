@@ -61,7 +61,7 @@ def attention_rows(dtype: torch.dtype) -> None:
 
 
 def costs(dtype: torch.dtype, repeats: int) -> None:
-    from verispec.models import DEFAULT_TARGET, load_model
+    from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
     from verispec.runtime.native import NativeRunner
 
     model = load_model(DEFAULT_TARGET, dtype=dtype)

@@ -6,7 +6,7 @@
 import time, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 from torch.profiler import profile, ProfilerActivity
-from verispec.models import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
 from verispec.runtime import fused
 from verispec.runtime.native import NativeRunner
 prompt = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]])

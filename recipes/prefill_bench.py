@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from verispec.models import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
 from verispec.runtime import fused
 from verispec.runtime.native import NativeRunner
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from verispec.models import embedded_gguf_path
+from verispec.runtime.model.loading import embedded_gguf_path
 from verispec.runtime import ext
 from verispec.runtime.gguf_weights import read_gguf_weights
 from verispec.runtime.llama import linear, try_pack

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from verispec.models import embedded_gguf_path
+from verispec.runtime.model.loading import embedded_gguf_path
 from verispec.runtime.gguf_weights import read_gguf_weights
 from verispec.runtime.quant import GGML_BLOCKS, KERNEL_PATH, kernel
 from quant_linear_bench import shapes

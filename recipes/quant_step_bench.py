@@ -15,7 +15,7 @@ import torch
 
 from quant_linear_bench import baseline_kernel
 from verispec.bench.machine import describe_machine, machine_line
-from verispec.models import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
 from verispec.runtime import layer_loop, quant
 from verispec.runtime.native import NativeRunner
 

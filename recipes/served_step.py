@@ -20,7 +20,7 @@ import time
 import torch
 
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.models import DEFAULT_TARGET
+from verispec.runtime.model.loading import DEFAULT_TARGET
 from verispec.server import ServerConfig
 from verispec.server.runtime import ServedModel
 

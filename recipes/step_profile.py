@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from verispec.models import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
 from verispec.runtime import dense, fused, layer_loop
 from verispec.runtime.native import NativeRunner
 

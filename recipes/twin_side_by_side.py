@@ -6,7 +6,7 @@ drafters, comma-separated; default self:int8,self:int4,self:q4_0 and the default
 bfloat16; default float32)."""
 import json, os, sys, time
 import torch
-from verispec.models import load_model, load_tokenizer, DEFAULT_TARGET, DEFAULT_DRAFTER
+from verispec.runtime.model.loading import load_model, load_tokenizer, DEFAULT_TARGET, DEFAULT_DRAFTER
 from verispec.bench.prompts import default_prompts_path
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine

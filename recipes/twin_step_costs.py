@@ -5,7 +5,7 @@ import statistics
 import time
 
 import torch
-from verispec.models import load_model, load_tokenizer, DEFAULT_TARGET
+from verispec.runtime.model.loading import load_model, load_tokenizer, DEFAULT_TARGET
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
 torch.set_num_threads(2)

@@ -19,7 +19,7 @@ from verispec.bench.prompts import default_prompts_path, encode_prompts, load_pr
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
-from verispec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
 from verispec.stats import GenerationStats
 
 

@@ -44,7 +44,7 @@ def generate(path: str, max_new_tokens: int = 256) -> None:
     from verispec.bench.prompts import encode_prompt, load_prompts, repetitive_prompts_file
     from verispec.config import SamplingParams
     from verispec.engine import SpeculativeEngine
-    from verispec.models import DEFAULT_TARGET, load_model, load_tokenizer
+    from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, load_tokenizer
 
     target, tokenizer = load_model(DEFAULT_TARGET), load_tokenizer(DEFAULT_TARGET)
     engine = SpeculativeEngine(target, tokenizer, None, max_len=1024)

@@ -93,7 +93,8 @@ class SpeculativeGenerator:
         verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`models.resolve_weights`);
         'fp32' the float conversion, 'gguf' the blocks; quantization='int8': weight-only int8 (a different model).
         draft_device: where a draft model runs (default: `device`)."""
-        from .models import load_model, load_tokenizer, quantize_target, resolve_target_dtype, resolve_weights
+        from .runtime.model.loading import (load_model, load_tokenizer, quantize_target, resolve_target_dtype,
+            resolve_weights)
 
         options = runner or RunnerOptions()
         backend = options.backend

@@ -28,7 +28,7 @@ from verispec.bench.peers import (
 from verispec.bench.prompts import BenchPrompt
 from verispec.bench.suite import BenchSettings
 from verispec.cli import main
-from verispec.memory import weights_bytes
+from verispec.runtime.model.memory import weights_bytes
 from verispec.runtime.dtype import choose_dtype, dtype_name
 
 AUTO = dtype_name(choose_dtype("cpu")[0])  # what --dtype auto runs the tiny Llama target in here
@@ -308,7 +308,7 @@ def test_real_llamacpp_driver_generates_exactly_the_tokens_asked():
     python = default_python("llama.cpp")
     if not python.is_file():
         pytest.skip(f"no llama.cpp virtualenv at {python} ({SETUP_SCRIPT} llama.cpp makes one)")
-    from verispec.models import embedded_gguf_path
+    from verispec.runtime.model.loading import embedded_gguf_path
 
     gguf_file = embedded_gguf_path()
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 2]

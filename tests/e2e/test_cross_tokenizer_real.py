@@ -11,7 +11,7 @@ from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.build import build_drafter
 from verispec.drafters.cross_tokenizer import CrossTokenizerDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.models import DEFAULT_TARGET, cache_root, load_model, load_tokenizer
+from verispec.runtime.model.loading import DEFAULT_TARGET, cache_root, load_model, load_tokenizer
 
 pytestmark = [
     pytest.mark.slow,

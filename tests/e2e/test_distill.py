@@ -10,7 +10,7 @@ from conftest import make_tokenizer, tiny_llama
 
 from verispec.cli import main
 from verispec.distill.evaluate import RoundStats, draft_matches, evaluate_draft, greedy_rounds
-from verispec.models import load_model
+from verispec.runtime.model.loading import load_model
 
 # --- the evaluator: hand-built cases ----------------------------------------------------------------------------
 
@@ -125,7 +125,7 @@ def test_cli_distills_a_loadable_draft_and_resumes(tiny_setup, capsys):
 def test_cli_distills_a_head_that_drafts_and_resumes(tiny_setup, capsys):
     """`distill --head`: the same teacher stages, the target's features, a head written as a loadable drafter with
     its report (training figures, evaluation by depth for a chain and a tree), and a resumed run continuing."""
-    from verispec.drafters.factory import make_drafter
+    from verispec.drafters.build import build_drafter
     from verispec.drafters.head import HeadDrafter
 
     tmp_path, target_dir, corpus, eval_data = tiny_setup
@@ -140,7 +140,7 @@ def test_cli_distills_a_head_that_drafts_and_resumes(tiny_setup, capsys):
     assert evaluation["chain_k4"]["identical_to_target"] == "2/2"
     assert evaluation["tree_k6_n6"]["identical_to_target"] == "2/2"
     assert "acceptance by depth" in capsys.readouterr().out
-    assert isinstance(make_drafter(f"head:{out}", tiny_llama(seed=0), make_tokenizer(), 64), HeadDrafter)
+    assert isinstance(build_drafter(f"head:{out}", tiny_llama(seed=0), make_tokenizer(), 64).drafter, HeadDrafter)
     work = tmp_path / "draft.work"
     assert sorted(p.name for p in (work / "features").iterdir())
     assert main(argv[: argv.index("--steps") + 1] + ["5"] + argv[argv.index("--steps") + 2 :] + ["--resume"]) == 0

@@ -7,7 +7,7 @@ import torch
 
 from verispec.cli import main
 from verispec.generator import SpeculativeGenerator
-from verispec.models import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -63,13 +63,13 @@ def test_real_default_cascade_equals_target_alone(real_gen):
     stages draft rounds (prompt lookup where the answer repeats itself or the prompt, the draft model elsewhere)."""
     from conftest import count_stage_rounds
     from verispec.config import SamplingParams, SpeculativeConfig
-    from verispec.drafters.factory import make_drafter
+    from verispec.drafters.build import build_drafter
     from verispec.engine import CACHE_SLACK
-    from verispec.models import DEFAULT_DRAFTER
+    from verispec.runtime.model.loading import DEFAULT_DRAFTER
 
     engine = real_gen.engine
-    cascade = make_drafter(DEFAULT_DRAFTER, hf_of(engine.target), real_gen.tokenizer, engine.max_len + CACHE_SLACK,
-                           draft_model=hf_of(engine.drafter.runner))
+    cascade = build_drafter(DEFAULT_DRAFTER, hf_of(engine.target), real_gen.tokenizer, engine.max_len + CACHE_SLACK,
+                           draft_model=hf_of(engine.drafter.runner)).drafter
     used = count_stage_rounds(cascade)
     params = SamplingParams(max_new_tokens=64)
     for prompt in PROMPTS:
@@ -84,13 +84,13 @@ def test_real_pair_batch_rows_equal_each_prompt_alone(real_gen, batch_size):
     """Rows of different prompt lengths in one batch (16 rows: the prompts repeated with different lengths of
     output), the default cascade drafting: every row equals its prompt run alone on the target."""
     from verispec.config import SamplingParams, SpeculativeConfig
-    from verispec.drafters.factory import make_drafter
+    from verispec.drafters.build import build_drafter
     from verispec.engine import CACHE_SLACK, SpeculativeEngine
-    from verispec.models import DEFAULT_DRAFTER
+    from verispec.runtime.model.loading import DEFAULT_DRAFTER
 
     target = hf_of(real_gen.engine.target)
-    cascade = make_drafter(DEFAULT_DRAFTER, target, real_gen.tokenizer, 1024 + CACHE_SLACK,
-                           draft_model=hf_of(real_gen.engine.drafter.runner))
+    cascade = build_drafter(DEFAULT_DRAFTER, target, real_gen.tokenizer, 1024 + CACHE_SLACK,
+                           draft_model=hf_of(real_gen.engine.drafter.runner)).drafter
     engine = SpeculativeEngine(target, real_gen.tokenizer, cascade, SpeculativeConfig(num_draft_tokens=4),
                                max_len=1024, max_batch_size=batch_size)
     ids = [real_gen.encode(PROMPTS[i % len(PROMPTS)], chat=True) for i in range(max(batch_size, 3))]
@@ -124,7 +124,7 @@ def test_native_runner_matches_hf_on_the_real_target():
 def test_shipped_head_greedy_equals_target_alone(tree_nodes):
     """The shipped draft head on the real target, as chains and as token trees, through the CLI's default path
     (cascaded behind prompt lookup) and alone: token-identical to the target, and it accepts."""
-    from verispec.drafters.factory import DEFAULT_HEAD
+    from verispec.drafters.spec import DEFAULT_HEAD
 
     gen = SpeculativeGenerator.from_pretrained(DEFAULT_TARGET, DEFAULT_HEAD, K=4, max_len=1024, tree_nodes=tree_nodes)
     for prompt in PROMPTS:

@@ -553,7 +553,7 @@ def test_verispec_serve_subprocess(model_dirs):
 @pytest.mark.slow
 def test_real_default_pair_speculation_is_lossless():
     """The embedded SmolLM2 target (and the shipped draft, or the n-gram drafter while it is not built)."""
-    from verispec.models import DEFAULT_DRAFT, ModelLoadError, resolve_model_path
+    from verispec.runtime.model.loading import DEFAULT_DRAFT, ModelLoadError, resolve_model_path
 
     try:
         resolve_model_path(DEFAULT_DRAFT)

@@ -23,7 +23,7 @@ from gates import EventReader, StepGate
 from test_server import MODEL, ServerThread, scrape
 from test_server_batching import LONG, alone, body, idle, metrics, texts, wait_for
 from verispec.config import SpeculativeConfig
-from verispec.drafters import factory
+from verispec.drafters import named
 from verispec.drafters.ngram import NgramDrafter
 from verispec.server import ServerConfig, create_app
 
@@ -59,7 +59,7 @@ class FaultyDrafter(NgramDrafter):
 def server(model_dirs):
     faulty = {f"faulty_{method}": (lambda method: lambda *_: FaultyDrafter(method))(method)
               for method in ("propose", "observe")}
-    factory.NAMED_DRAFTERS.update(faulty)
+    named.NAMED_DRAFTERS.update(faulty)
     config = ServerConfig(
         model=str(model_dirs["target"]), draft_model=str(model_dirs["draft"]), enable_speculative=True,
         spec=SpeculativeConfig(num_draft_tokens=3), max_len=256, max_num_seqs=SLOTS, max_batched_tokens=32,
@@ -71,7 +71,7 @@ def server(model_dirs):
             yield SimpleNamespace(url=running.url, app=app, worker=app.state.server.worker)
     finally:
         for name in faulty:
-            del factory.NAMED_DRAFTERS[name]
+            del named.NAMED_DRAFTERS[name]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ from conftest import propose_one, tiny_llama
 from gates import virtual_costs
 from verispec.engine.policy import AdaptivePolicy
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.drafters.factory import make_drafter
+from verispec.drafters.build import build_drafter
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.random import RandomDrafter
 from verispec.engine import FixedK, SpeculativeEngine
@@ -177,7 +177,7 @@ def test_engine_keeps_one_policy_per_drafter(tokenizer):
 
 def test_random_drafter_is_switched_off_and_output_unchanged(tokenizer, monkeypatch):
     target = tiny_llama(2)
-    assert isinstance(make_drafter("random", target, tokenizer, 512), RandomDrafter)
+    assert isinstance(build_drafter("random", target, tokenizer, 512).drafter, RandomDrafter)
     # A useless drafter that also costs something, like a real draft model: with a free drafter and a free
     # wider verify pass, K = 1 at ~1/vocab acceptance is a genuine (tiny) win and the choice is a coin toss.
     drafter = RandomDrafter(target.config.vocab_size, delay_s=0.003)

@@ -13,13 +13,13 @@ from verispec.cli import main
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.base import DraftProposal, Drafter
 from verispec.drafters.cascade import CascadeDrafter, split_spec
-from verispec.drafters.factory import cascade_parts, make_drafter, model_part
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
+from verispec.drafters.build import build_drafter
+from verispec.drafters.spec import parse_drafter_spec
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
-from verispec.fallback import load_drafter_or_fallback
-from verispec.models import ModelLoadError, load_model
-from verispec.verify import rejection_verify
+from verispec.runtime.model.loading import ModelLoadError, load_model
+from verispec.engine.acceptance import rejection_verify
 
 
 class Scripted(Drafter):
@@ -87,31 +87,39 @@ def test_cascade_needs_two_stages():
 # -- the '+' syntax -----------------------------------------------------------------------------------------------
 
 
+def stage_names(name):
+    return [stage.name for stage in parse_drafter_spec(name).stages]
+
+
+def model_part(name):
+    return parse_drafter_spec(name).model
+
+
 def test_spec_parsing(tmp_path):
     assert split_spec("ngram+some/draft") == ["ngram", "some/draft"]
-    assert cascade_parts("ngram+some/draft") == ["ngram", "some/draft"]
-    assert cascade_parts("ngram") == ["ngram"] and cascade_parts(None) == ["none"]
+    assert stage_names("ngram+some/draft") == ["ngram", "some/draft"]
+    assert stage_names("ngram") == ["ngram"] and stage_names(None) == []
     assert model_part("ngram+some/draft") == "some/draft"
     assert model_part("ngram") is None and model_part("none") is None and model_part("a/b") == "a/b"
     odd = tmp_path / "draft+v2"  # a folder whose name holds '+' is a path, not a cascade
     odd.mkdir()
-    assert cascade_parts(str(odd)) == [str(odd)]
+    assert stage_names(str(odd)) == [str(odd)]
     with pytest.raises(ValueError, match="empty drafter"):
-        cascade_parts("ngram+")
+        stage_names("ngram+")
     with pytest.raises(ValueError, match="'none' cannot be part"):
-        cascade_parts("ngram+none")
+        stage_names("ngram+none")
     with pytest.raises(ValueError, match="at most one draft model"):
-        cascade_parts("a/b+c/d")
+        stage_names("a/b+c/d")
 
 
-def test_make_drafter_builds_the_cascade(model_dirs, tokenizer):
+def test_build_drafter_builds_the_cascade(model_dirs, tokenizer):
     target = load_model(model_dirs["target"])
-    drafter = make_drafter(f"ngram+{model_dirs['draft']}", target, tokenizer, 128)
+    drafter = build_drafter(f"ngram+{model_dirs['draft']}", target, tokenizer, 128).drafter
     assert isinstance(drafter, CascadeDrafter) and drafter.provides_probs
     assert [type(s) for s in drafter.stages] == [NgramDrafter, ModelDrafter]
     assert drafter.runner is drafter.stages[1].runner
     with pytest.raises(ValueError, match="vocabulary size"):
-        make_drafter(f"ngram+{model_dirs['odd_vocab']}", target, tokenizer, 128)
+        build_drafter(f"ngram+{model_dirs['odd_vocab']}", target, tokenizer, 128)
 
 
 # -- end to end ---------------------------------------------------------------------------------------------------
@@ -174,7 +182,7 @@ def test_load_falls_back_stage_by_stage(model_dirs, tokenizer, tmp_path, caplog)
     target = load_model(model_dirs["target"])
 
     def load(name, **kwargs):
-        return load_drafter_or_fallback(name, target, tokenizer, 128 + CACHE_SLACK, **kwargs)
+        return build_drafter(name, target, tokenizer, 128 + CACHE_SLACK, on_error="fallback", **kwargs)
 
     loaded = load(f"ngram+{model_dirs['draft']}")
     assert isinstance(loaded.drafter, CascadeDrafter) and loaded.warning is None

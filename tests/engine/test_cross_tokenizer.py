@@ -146,7 +146,7 @@ def test_the_boundary_loses_nothing_when_the_draft_is_the_target(trained_pair, t
 
 def test_sampled_rows_are_verified_as_point_masses(trained_pair, tokenizer, bpe_pair, bpe, monkeypatch):
     import verispec.engine.verifier as verifier
-    from verispec.verify import rejection_verify
+    from verispec.engine.acceptance import rejection_verify
 
     seen = []
 

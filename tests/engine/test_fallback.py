@@ -13,8 +13,9 @@ from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.drafters.random import RandomDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
-from verispec.fallback import DrafterBackoff, load_drafter_or_fallback
-from verispec.models import ModelLoadError, load_model
+from verispec.drafters.build import build_drafter
+from verispec.engine.drafter_calls import DrafterBackoff
+from verispec.runtime.model.loading import ModelLoadError, load_model
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add contention
@@ -141,8 +142,8 @@ def test_consecutive_failures_back_off_exponentially(tokenizer):
 
 def load(name, folders, tokenizer, **kwargs):
     target = load_model(folders["target"])
-    return load_drafter_or_fallback(name, target, tokenizer, 256 + CACHE_SLACK, target_name=str(folders["target"]),
-                                    **kwargs)
+    return build_drafter(name, target, tokenizer, 256 + CACHE_SLACK, target_name=str(folders["target"]),
+                         on_error="fallback", **kwargs)
 
 
 def test_load_named_and_model_drafters(folders, tokenizer):
@@ -169,7 +170,7 @@ def test_corrupt_weights_fall_back_with_a_warning(folders, tokenizer, caplog):
 
 
 def test_memory_check_falls_back_before_loading(folders, tokenizer, monkeypatch):
-    import verispec.models as models
+    import verispec.runtime.model.loading as models
 
     loads = []
     real_load = models.load_model
@@ -216,7 +217,7 @@ def test_cli_corrupt_draft_falls_back_bad_path_exits_2(folders, capsys, tmp_path
 
 
 def test_cli_missing_default_draft_uses_ngram(folders, capsys, monkeypatch, tmp_path):
-    import verispec.models as models
+    import verispec.runtime.model.loading as models
 
     monkeypatch.setattr(models, "_DEFAULT_DRAFT_DIR", tmp_path / "not-shipped")
     code = main(["generate", "--model", str(folders["target"]), "--prompt", "the cat", "--max-new-tokens", "8",

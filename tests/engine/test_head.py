@@ -18,7 +18,7 @@ from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, h
 from verispec.distill.head_pipeline import split_holdout
 from verispec.distill.teacher import Sample
 from verispec.drafters.cascade import CascadeDrafter
-from verispec.drafters.factory import make_drafter
+from verispec.drafters.build import build_drafter
 from verispec.drafters.head import HeadConfig, HeadDrafter, load_head, save_head
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpeculativeEngine
@@ -108,12 +108,12 @@ def test_save_load_and_named_drafters(trained_pair, tokenizer, tmp_path):
     save_head(tmp_path / "h", config, net.export(), torch.float16)
     loaded, weights = load_head(tmp_path / "h")
     assert loaded == config and weights["vocab"].dtype == torch.int32
-    head = make_drafter(f"head:{tmp_path / 'h'}", target, tokenizer, 128)
+    head = build_drafter(f"head:{tmp_path / 'h'}", target, tokenizer, 128).drafter
     assert isinstance(head, HeadDrafter)
-    cascade = make_drafter(f"ngram+head:{tmp_path / 'h'}", target, tokenizer, 128)
+    cascade = build_drafter(f"ngram+head:{tmp_path / 'h'}", target, tokenizer, 128).drafter
     assert isinstance(cascade, CascadeDrafter) and cascade.wants_features
     with pytest.raises(ValueError, match="holds no draft head"):
-        make_drafter(f"head:{tmp_path}", target, tokenizer, 128)
+        build_drafter(f"head:{tmp_path}", target, tokenizer, 128).drafter
     other = tiny_llama(3, hidden=48)
     with pytest.raises(ValueError, match="trained for a target with hidden size"):
         HeadDrafter(config, weights, other, 64)
@@ -123,7 +123,7 @@ def test_keep_path_leaves_the_cache_as_a_chain_would(trained_pair):
     """A tree fed at scattered indices, its accepted path moved into place: the next forward's logits equal those
     after feeding the path as a chain (native and Hugging Face runners)."""
     from verispec.config import RunnerOptions
-    from verispec.verify import TreeDraft
+    from verispec.engine.acceptance import TreeDraft
 
     target, _ = trained_pair
     prompt = torch.tensor([[5, 6, 7, 8, 9]])

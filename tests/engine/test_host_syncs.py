@@ -66,7 +66,7 @@ class SyncCounter:
 
 def engine_syncs(sites: Counter) -> int:
     """The engine's own: the step's modules and the verification math (drafters and the NaN check apart)."""
-    return sum(n for site, n in sites.items() if site.startswith("engine/") or site == "verify.py")
+    return sum(n for site, n in sites.items() if site.startswith("engine/") or site == "acceptance.py")
 
 
 def run_rows(engine, tokenizer, sampled=(False, True, False, True), warm_steps=2):

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import tiny_gpt2, tiny_llama
-from verispec import memory
-from verispec.memory import check_draft_memory, free_memory_bytes, kv_cache_bytes, weights_bytes
+from verispec.runtime.model import memory
+from verispec.runtime.model.memory import check_draft_memory, free_memory_bytes, kv_cache_bytes, weights_bytes
 from verispec.runtime.llama import LlamaSpec
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, ViTConfig, ViTModel
 
-from verispec.models import (
+from verispec.runtime.model.loading import (
     DEFAULT_TARGET,
     ModelLoadError,
     load_model,

@@ -118,7 +118,7 @@ def test_engine_batch_is_equal_on_every_runner(runner, trained_pair, tokenizer):
     """Greedy speculative batches (draft model, ragged prompts) equal the HF target alone on each runner, and a
     seeded sampled batch gives the same tokens as on Hugging Face modeling."""
     target, draft = trained_pair
-    from verispec.drafters.factory import model_drafter
+    from verispec.drafters.build import model_drafter
 
     options = {"hf": RunnerOptions(backend="hf"), "native": RunnerOptions(compile=False),
                "compiled": RunnerOptions(compile=True)}[runner]

@@ -5,10 +5,11 @@ import torch
 
 from conftest import chisquare_pvalue, propose_one, sample_first_tokens, tiny_llama
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.drafters.factory import NAMED_DRAFTERS, make_drafter
+from verispec.drafters.named import NAMED_DRAFTERS
+from verispec.drafters.build import build_drafter
 from verispec.drafters.ngram import NgramDrafter, continuation, find_match, recurs
 from verispec.engine import SpeculativeEngine
-from verispec.verify import rejection_verify
+from verispec.engine.acceptance import rejection_verify
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: threads only add contention
@@ -83,7 +84,7 @@ def test_propose_by_hand():
 def test_registered_for_any_target():
     target = tiny_llama(1)
     assert "ngram" in NAMED_DRAFTERS
-    drafter = make_drafter("ngram", target, None, 128)
+    drafter = build_drafter("ngram", target, None, 128).drafter
     assert isinstance(drafter, NgramDrafter) and not drafter.provides_probs
 
 

@@ -6,12 +6,12 @@ from pathlib import Path
 import pytest
 
 from conftest import VOCAB, tiny_llama
-from verispec import pairs
+from verispec.drafters import auto as pairs
 from verispec.cli import main
-from verispec.drafters.factory import make_drafter
+from verispec.drafters.build import build_drafter
 from verispec.drafters.ngram import NgramDrafter
-from verispec.models import DEFAULT_DRAFT, DEFAULT_TARGET
-from verispec.pairs import (
+from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.drafters.auto import (
     find_family_draft,
     folder_signature,
     local_model_dirs,
@@ -122,7 +122,7 @@ def test_local_model_dirs_reads_the_hub_cache(tmp_path, monkeypatch):
 
 
 def test_auto_drafter_for_an_unknown_in_memory_target(tokenizer, empty_hub):
-    drafter = make_drafter("auto", tiny_llama(34), tokenizer, 128)
+    drafter = build_drafter("auto", tiny_llama(34), tokenizer, 128).drafter
     assert isinstance(drafter, NgramDrafter)
 
 

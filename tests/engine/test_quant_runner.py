@@ -155,7 +155,7 @@ def test_the_kernel_is_built_here():
 
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "int8"])
 def test_quantized_target_speculation_equals_its_target_alone(qtype, trained_pair, tokenizer):
-    from verispec.drafters.factory import model_drafter
+    from verispec.drafters.build import model_drafter
 
     target, draft = trained_pair
     quantized = copy.deepcopy(target)

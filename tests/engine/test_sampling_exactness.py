@@ -19,7 +19,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import target_probs
 
-from verispec import verify
+from verispec.engine import acceptance as verify
 from verispec.config import SamplingParams, SpeculativeConfig, StructuredOutput
 from verispec.drafters.base import DraftProposal, Drafter
 from verispec.drafters.model import ModelDrafter

@@ -5,7 +5,7 @@ import torch
 
 from conftest import EOS_ID
 from verispec.config import SamplingParams
-from verispec.detokenize import IncrementalDetokenizer, StopChecker
+from verispec.engine.detokenize import IncrementalDetokenizer, StopChecker
 from verispec.generator import SpeculativeGenerator
 
 

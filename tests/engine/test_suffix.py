@@ -12,7 +12,8 @@ from conftest import chisquare_pvalue, propose_one, sample_first_tokens, tiny_ll
 from gates import virtual_costs
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.cascade import CascadeDrafter
-from verispec.drafters.factory import NAMED_DRAFTERS, make_drafter
+from verispec.drafters.named import NAMED_DRAFTERS
+from verispec.drafters.build import build_drafter
 from verispec.drafters.random import RandomDrafter
 from verispec.drafters.suffix import SuffixDrafter
 from verispec.drafters.suffix_tree import SuffixCache, SuffixTrie
@@ -171,9 +172,9 @@ def test_cascade_stage_gives_way_after_a_one_token_match():
 
 def test_registered_by_name():
     assert "suffix" in NAMED_DRAFTERS
-    drafter = make_drafter("suffix", tiny_llama(1), None, 128)
+    drafter = build_drafter("suffix", tiny_llama(1), None, 128).drafter
     assert isinstance(drafter, SuffixDrafter) and not drafter.provides_probs
-    cascade = make_drafter("suffix+ngram", tiny_llama(1), None, 128)
+    cascade = build_drafter("suffix+ngram", tiny_llama(1), None, 128).drafter
     assert [stage.name for stage in cascade.stages] == ["suffix", "ngram"] and cascade.wants_tokens
 
 

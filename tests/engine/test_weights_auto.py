@@ -10,7 +10,7 @@ from verispec.cli import build_parser
 from verispec.cli.bench import build_config
 from verispec.cli.common import apply_runtime
 from verispec.drafters.build import build_drafter
-from verispec.models import (DEFAULT_TARGET, embedded_gguf_path, load_model, load_tokenizer, quantize_target,
+from verispec.runtime.model.loading import (DEFAULT_TARGET, embedded_gguf_path, load_model, load_tokenizer, quantize_target,
                              resolve_target_dtype, resolve_weights)
 from verispec.runtime import gguf_weights, quant
 from verispec.server.config import ServerConfig

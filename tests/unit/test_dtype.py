@@ -30,7 +30,7 @@ def test_a_model_on_hugging_face_modeling_stays_fp32():
 
 def test_in_native_family(tmp_path):
     from conftest import make_tokenizer, tiny_gpt2, tiny_llama
-    from verispec.models import in_native_family
+    from verispec.runtime.model.loading import in_native_family
 
     for name, model in (("llama", tiny_llama(0)), ("gpt2", tiny_gpt2(0))):
         model.save_pretrained(tmp_path / name)

@@ -15,10 +15,10 @@ PACKAGE = "verispec"
 
 # Lowest first; a module may import its own layer and the layers below, never above. Prefixes of dotted names.
 LAYERS = [
-    ("core", ["config", "verify", "sampling", "stats", "detokenize"]),
-    ("runtime", ["runtime", "models", "memory"]),
-    ("drafters", ["drafters", "pairs"]),
-    ("engine", ["engine", "fallback"]),
+    ("core", ["config", "sampling", "stats"]),
+    ("runtime", ["runtime"]),
+    ("drafters", ["drafters"]),
+    ("engine", ["engine"]),
     ("apps", ["generator", "server", "cli", "bench", "distill", "__init__", "__main__"]),
 ]
 

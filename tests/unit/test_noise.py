@@ -1,4 +1,4 @@
-"""The counter-based noise of coupled sampling (sampling/noise.py) and coupled verification (verify.py).
+"""The counter-based noise of coupled sampling (sampling/noise.py) and coupled verification (acceptance.py).
 
 Level (a): fixed hash values (a change of the noise changes every seeded coupled output, so it must be deliberate),
 a pure function of (seed, position, token), distinct uniforms within a position, choices verified by `choice_verify`.
@@ -15,7 +15,7 @@ from verispec.config import SamplingParams
 from verispec.sampling import RowSamplingState, SamplingBatch, row_choices
 from verispec.sampling import noise
 from verispec.sampling.noise import BLOCK, gumbel_argmax, gumbel_noise, lowbias32, position_keys, seed_halves
-from verispec.verify import SpecDecodeMetadata, TreeDraft, choice_tree_verify, choice_verify
+from verispec.engine.acceptance import SpecDecodeMetadata, TreeDraft, choice_tree_verify, choice_verify
 
 P_MIN = 1e-4  # a correct sampler fails a check with this probability at most
 

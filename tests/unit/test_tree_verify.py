@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from verispec import verify
-from verispec.verify import (
+from verispec.engine import acceptance as verify
+from verispec.engine.acceptance import (
     SpecDecodeMetadata,
     TreeDraft,
     greedy_tree_verify,

@@ -4,8 +4,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from verispec import verify
-from verispec.verify import (
+from verispec.engine import acceptance as verify
+from verispec.engine.acceptance import (
     SpecDecodeMetadata,
     count_accepted,
     greedy_verify,

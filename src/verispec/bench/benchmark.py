@@ -15,7 +15,7 @@ from ..drafters.spec import parse_drafter_spec
 from ..config import RunnerOptions
 from ..runtime.compile import cache_counts
 from ..runtime.runner import runner_info
-from ..models import model_weight_bytes
+from ..runtime.model.loading import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
 from .batching import batch_table, run_batch_sweep
 from .machine import decode_floor, describe_machine, floor_line, machine_line
@@ -63,7 +63,7 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 
     Our methods draft with the drafter `config.draft` names (a model, 'ngram', 'ngram+MODEL', ...); HF assisted
     generation gets its draft model, when it names one (model-free drafters: our methods only)."""
-    from ..models import load_model, load_tokenizer, quantize_target
+    from ..runtime.model.loading import load_model, load_tokenizer, quantize_target
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
     target = quantize_target(load_model(config.target, dtype=torch_dtype, device=config.device), config.target,

@@ -27,7 +27,7 @@ def gemma_dir() -> Path:
     """The cached fp32 folder of Gemma 3 270M, converted from the optional package's GGUF on first use.
 
     Raises ModelLoadError naming the extra when the package is not installed."""
-    from ..models import ModelLoadError, _load_gguf, cache_root, convert_gguf_model
+    from ..runtime.model.loading import ModelLoadError, _load_gguf, cache_root, convert_gguf_model
 
     folder = cache_root() / GEMMA
     if (folder / "config.json").is_file():
@@ -53,7 +53,7 @@ def measure(target_name: str, draft_name: str, prompts: list[str], max_new_token
     from ..config import SamplingParams, SpeculativeConfig
     from ..drafters.build import build_drafter
     from ..engine import SpeculativeEngine
-    from ..models import load_model, load_tokenizer
+    from ..runtime.model.loading import load_model, load_tokenizer
 
     target = load_model(target_name, dtype="float32")
     tokenizer = load_tokenizer(target_name)
@@ -99,7 +99,7 @@ def _encode(tokenizer, prompt: str) -> list[int]:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from ..models import DEFAULT_TARGET
+    from ..runtime.model.loading import DEFAULT_TARGET
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--threads", type=int, default=2)

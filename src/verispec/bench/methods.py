@@ -22,7 +22,7 @@ import torch
 from ..config import SamplingParams, SpeculativeConfig, StructuredOutput
 from ..drafters.cascade import CascadeDrafter
 from ..engine import FixedK, SpeculativeEngine
-from ..models import model_weight_bytes
+from ..runtime.model.loading import model_weight_bytes
 from ..stats import GenerationStats
 from .memory import PeakMemory, persistent_bytes
 

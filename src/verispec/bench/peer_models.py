@@ -11,10 +11,10 @@ from pathlib import Path
 
 
 def _draft_folder(config) -> Path | None:
-    from ..drafters.factory import model_part
-    from ..models import resolve_model_path
+    from ..drafters.spec import parse_drafter_spec
+    from ..runtime.model.loading import resolve_model_path
 
-    name = model_part(config.draft) if config.draft else None
+    name = parse_drafter_spec(config.draft).model if config.draft else None
     return None if name is None else resolve_model_path(name)
 
 
@@ -22,8 +22,8 @@ def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
     """-> (the driver's model fields, the weights' description, notes)."""
     import torch
 
-    from ..memory import weights_bytes
-    from ..models import resolve_model_path
+    from ..runtime.model.memory import weights_bytes
+    from ..runtime.model.loading import resolve_model_path
 
     target = resolve_model_path(config.target)
     if target.suffix == ".gguf":
@@ -44,7 +44,7 @@ def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
 
 def target_gguf(config) -> Path:
     """The target's GGUF file: the embedded default's own, or a .gguf the user named."""
-    from ..models import DEFAULT_TARGET, embedded_gguf_path, resolve_model_path
+    from ..runtime.model.loading import DEFAULT_TARGET, embedded_gguf_path, resolve_model_path
 
     if config.target == DEFAULT_TARGET:
         return embedded_gguf_path()
@@ -68,7 +68,7 @@ def gguf_weights(path: Path) -> tuple[str, int]:
 
 def llamacpp_models(config) -> tuple[dict, str, list[str]]:
     """-> (the driver's model fields, the weights' description, notes); the draft is converted to GGUF once."""
-    from ..models import cache_root
+    from ..runtime.model.loading import cache_root
     from .gguf_draft import cached_draft_gguf
 
     gguf_file = target_gguf(config)

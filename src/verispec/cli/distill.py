@@ -31,7 +31,7 @@ def _non_negative_int(text: str) -> int:
 
 
 def add_parser(subparsers) -> None:
-    from ..models import DEFAULT_TARGET
+    from ..runtime.model.loading import DEFAULT_TARGET
 
     d = _defaults()
     p = subparsers.add_parser(
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..distill.pipeline import DistillError, run_distill
     from ..distill.recipe import DistillRecipe
-    from ..models import ModelLoadError, resolve_model_path
+    from ..runtime.model.loading import ModelLoadError, resolve_model_path
 
     try:
         recipe = DistillRecipe(

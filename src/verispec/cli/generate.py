@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import SamplingParams, SpeculativeConfig
     from ..drafters.build import build_drafter
     from ..generator import SpeculativeGenerator
-    from ..models import ModelLoadError, load_model, load_tokenizer, quantize_target
+    from ..runtime.model.loading import ModelLoadError, load_model, load_tokenizer, quantize_target
 
     apply_runtime(args)
     setup_logging()

@@ -1,4 +1,4 @@
-"""`verispec pairs`: the registry of target -> draft pairs that `--draft-model auto` uses (see verispec.pairs)."""
+"""`verispec pairs`: the registry of target -> draft pairs that `--draft-model auto` uses (see verispec.drafters.auto)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..pairs import registry_rows, select_draft
+    from ..drafters.auto import registry_rows, select_draft
 
     rows = registry_rows()
     choice = select_draft(args.model, search_dirs=args.search_dir) if args.model else None

@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from ..config import SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.head import HEAD_CONFIG, HeadConfig, HeadDrafter, load_head, save_head
-from ..models import load_model
+from ..runtime.model.loading import load_model
 from . import evaluate as ev
 from .head import HeadNet, draft_vocabulary, extract_features, train_head
 from .recipe import DistillRecipe

@@ -32,7 +32,7 @@ from verispec.distill.student import build_draft, draft_config, export_draft
 from verispec.distill.teacher import Sample, engine_answers, generate_batch, length_batches
 from verispec.engine import SpeculativeEngine
 from verispec.distill.train import TrainSettings, train
-from verispec.models import load_model, load_tokenizer
+from verispec.runtime.model.loading import load_model, load_tokenizer
 
 CHUNK_PROMPTS = 192  # prompts per answers file: the unit of resumption while generating
 # Settings that change the teacher data; a resumed run must keep them. (`tokens` may change: answers are generated

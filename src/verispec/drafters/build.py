@@ -7,10 +7,10 @@ cache is sized from it here, in one place: `config.cache_len(max_len)` adds the 
 on_error="raise": every failure raises (a request that names a drafter learns why it cannot be used).
 on_error="fallback" (`--draft-model` of `verispec generate` and `serve`): a user's bad path or a draft whose
 vocabulary does not match the target's stays an error (the CLI exits 2); a draft that is valid but does not fit in
-memory (checked before loading, see memory.py) or fails to load (out of memory, corrupt weights) is left out with a
+memory (checked before loading, see runtime/model/memory.py) or fails to load (out of memory, corrupt weights) is left out with a
 warning, and the run goes on with the other stages of a cascade or the target alone.
 'auto' falls back to the n-gram drafter in both modes: what it picks is never the user's mistake.
-Failures while generating are the engine's to handle (fallback.py: back-off per drafter).
+Failures while generating are the engine's to handle (engine/drafter_calls.py: back-off per drafter).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     if build.draft_model is not None:
         return DrafterLoad(_loaded_drafter(build, build.draft_model, name), name, name)
     if build.on_error == "raise":
-        from ..models import load_model
+        from ..runtime.model.loading import load_model
 
         draft = load_model(name, dtype=build.dtype, device=build.device)
         return DrafterLoad(_loaded_drafter(build, draft, name), name, name)
@@ -141,7 +141,7 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
 def _twin_memory(name: str, build: _Build):
     """The memory check of the twin `name` (its quantized weights and one slot of KV cache, memory.twin_bytes)
     against free memory; None when not checked (check_memory off, or free memory unknown)."""
-    from ..memory import HEADROOM, MemoryCheck, free_memory_bytes, gib
+    from ..runtime.model.memory import HEADROOM, MemoryCheck, free_memory_bytes, gib
 
     if not build.check_memory:
         return None
@@ -154,8 +154,8 @@ def _twin_memory(name: str, build: _Build):
 
 
 def _auto(build: _Build) -> DrafterLoad:
-    """The registered draft for the target (pairs.py), or the n-gram drafter when there is none or it cannot load."""
-    from ..pairs import select_draft
+    """The registered draft for the target (drafters/auto.py), or the n-gram drafter when there is none or it cannot load."""
+    from .auto import select_draft
 
     target = build.target
     choice = select_draft(build.target_name or target.config.name_or_path, target_config=target.config,
@@ -180,8 +180,8 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | 
     Raises for a path that does not exist and for a vocabulary mismatch (a draft with the target's tokenizer but
     another output size): those are the user's to fix. A draft with another tokenizer drafts across tokenizers.
     """
-    from ..memory import check_draft_memory
-    from ..models import load_model, read_model_config, resolve_model_path
+    from ..runtime.model.memory import check_draft_memory
+    from ..runtime.model.loading import load_model, read_model_config, resolve_model_path
 
     path = resolve_model_path(name)
     if build.check_memory:
@@ -217,7 +217,7 @@ def _loaded_drafter(build: _Build, draft, name: str) -> Drafter:
 def _draft_tokenizer(name: str):
     """The tokenizer stored with a draft model, or None when it has none (the draft is then taken to share the
     target's, and its vocabulary size is checked)."""
-    from ..models import load_tokenizer
+    from ..runtime.model.loading import load_tokenizer
 
     try:
         return load_tokenizer(name)

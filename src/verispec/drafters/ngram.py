@@ -1,7 +1,7 @@
 """Prompt lookup: draft by copying what followed the latest earlier occurrence of the sequence's last n tokens.
 
 No second model: usable with any target (`--draft-model ngram`). The proposal carries no probabilities, so the
-verifier treats it as a point mass q = one_hot(x) (verify.py), which keeps sampling exact.
+verifier treats it as a point mass q = one_hot(x) (acceptance.py), which keeps sampling exact.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """`--draft-model` parsed once: a user's drafter value -> `DrafterSpec`, typed and validated (build.py builds it).
 
 Values: 'none' (the target alone); a name in `NAMED_DRAFTERS` (named.py: 'ngram' prompt lookup, 'random');
-'auto' (the registered draft for the target, see pairs.py); the target's own quantized twin ('self:int8',
+'auto' (the registered draft for the target, see drafters/auto.py); the target's own quantized twin ('self:int8',
 'self:int4', ...: twin.py); a draft head ('head:PATH', a folder holding
 head_config.json, or the shipped head's name `DEFAULT_HEAD`: see head.py); anything else names a draft model (a
 folder, a .gguf file, a hub id or the embedded default draft's name). Several values joined by '+' make a cascade
@@ -31,7 +31,7 @@ class DraftStage:
     """One drafter of a `--draft-model` value (a cascade has several, tried in order per row)."""
 
     kind: str
-    """'named' (a NAMED_DRAFTERS entry), 'auto' (pairs.py picks), 'head' (a trained draft head), 'twin' (the target's
+    """'named' (a NAMED_DRAFTERS entry), 'auto' (drafters/auto.py picks), 'head' (a trained draft head), 'twin' (the target's
     quantized twin, twin.py), 'model'."""
     name: str
     """The value as the user wrote it: 'ngram', 'auto', 'head:DIR', 'self:int8', a model path or hub id."""

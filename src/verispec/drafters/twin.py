@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ..config import RunnerOptions
-from ..memory import twin_bytes
+from ..runtime.model.memory import twin_bytes
 from ..runtime.llama import LlamaModel, LlamaSpec, UnsupportedModel
 from ..runtime.native import NativeRunner, native_twin_of, rope_table, weights_of
 from ..runtime.quant import BLOCK, quantize_linears

@@ -1,5 +1,8 @@
 """Every call the engine makes into a drafter goes through `DrafterCalls.call`: a drafter that raises is dropped
-from its rows (they go on with the target alone: no token lost or repeated) and backed off for later requests."""
+from its rows (they go on with the target alone: no token lost or repeated: the failed round is verified with no draft
+tokens), counted in `GenerationStats.fallbacks` and logged once, and backed off for later requests
+(`DrafterBackoff`: skipped for 1, 2, 4, ... requests after consecutive failures, forgotten after a request that used
+it without failing). A drafter that fails to load is drafters/build.py's (`build_drafter(..., on_error="fallback")`)."""
 
 from __future__ import annotations
 
@@ -7,11 +10,36 @@ import logging
 import weakref
 
 from ..drafters.base import Drafter
-from ..fallback import DrafterBackoff
 from ..stats import GenerationStats
 from .sequence import Sequence
 
 logger = logging.getLogger("verispec")
+
+
+class DrafterBackoff:
+    """Exponential back-off over requests after drafter failures (one per drafter, kept by the engine)."""
+
+    def __init__(self, max_skip: int = 64) -> None:
+        self.max_skip = max_skip
+        self.failures = 0  # consecutive failures
+        self.skip = 0  # requests still to run without the drafter
+
+    def should_try(self) -> bool:
+        """Called once per request: False while the drafter is being skipped (counts that request down)."""
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    def failed(self) -> int:
+        """A failure: skip the next 2 ** (failures - 1) requests (capped). Returns that number."""
+        self.failures += 1
+        self.skip = min(2 ** (self.failures - 1), self.max_skip)
+        return self.skip
+
+    def succeeded(self) -> None:
+        self.failures = 0
+        self.skip = 0
 
 
 def wants_features(drafter: Drafter | None) -> bool:

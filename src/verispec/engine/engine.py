@@ -8,7 +8,7 @@
 - propose (proposer.py): per running row, K from its routed drafter's policy, forced tokens of a grammar, one
   propose call per drafter, padded into the verify pass's inputs (`StepDrafts`).
 - verify (verifier.py): ONE target forward over [batch, max_k + 1] (a chain is a one-branch tree), each row's
-  own logits processing and randomness; verify.py's math decides accepted tokens and the recovered or bonus token
+  own logits processing and randomness; acceptance.py's math decides accepted tokens and the recovered or bonus token
   (`Verdict`, one host sync).
 - commit (output.py): stop checks, rollback by moving per-slot lengths, drafter observe, stats; finished
   sequences leave and the last running sequence moves into the freed slot (slots stay contiguous).

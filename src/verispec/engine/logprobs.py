@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..verify import SpecDecodeMetadata, VerifyResult
+from .acceptance import SpecDecodeMetadata, VerifyResult
 from .sequence import Sequence, TokenLogprob
 
 

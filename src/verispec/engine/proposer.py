@@ -21,7 +21,7 @@ import torch
 
 from ..drafters.base import DraftBatch, DraftProposal, DraftRow
 from ..sampling import SamplingBatch
-from ..verify import SpecDecodeMetadata, TreeDraft
+from .acceptance import SpecDecodeMetadata, TreeDraft
 from . import grammar_rows
 from .drafter_calls import DrafterCalls, wants_features
 from .policy import AdaptivePolicy, DraftPolicies, FixedK

@@ -9,7 +9,7 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import SamplingParams, SpeculativeConfig
-from ..detokenize import StopChecker
+from .detokenize import StopChecker
 from ..drafters.base import Drafter
 from ..sampling import Grammar, RowSamplingState
 from ..stats import GenerationStats

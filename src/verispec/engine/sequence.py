@@ -11,7 +11,7 @@ from enum import Enum
 import torch
 
 from ..config import SamplingParams, SpeculativeConfig
-from ..detokenize import StopChecker
+from .detokenize import StopChecker
 from ..drafters.base import Drafter
 from ..sampling import RowSamplingState
 from ..stats import GenerationStats

@@ -1,4 +1,4 @@
-"""The verifier: one target pass over every row's draft, and the per-row decision (verify.py's math).
+"""The verifier: one target pass over every row's draft, and the per-row decision (acceptance.py's math).
 
 A chain is a one-branch tree, and one code path serves both: the target scores each row's root (the last committed
 token) and its draft nodes in ONE forward over [batch, width] (a tree with its ancestor mask and positions
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import check_finite, process_logits, row_choices, stable_softmax
-from ..verify import (VerifyResult, choice_tree_verify, choice_verify, path_tokens, rejection_verify, top_n_accept,
-                      tree_rejection_verify)
+from .acceptance import (VerifyResult, choice_tree_verify, choice_verify, path_tokens, rejection_verify,
+    top_n_accept, tree_rejection_verify)
 from .logprobs import round_logprobs
 from .proposer import StepDrafts
 from .sequence import Sequence, TokenLogprob

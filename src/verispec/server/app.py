@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import SamplingParams, SpeculativeConfig
-from ..drafters.factory import NONE
+from ..drafters.spec import NONE
 from ..stats import GenerationStats
 from .config import ServerConfig
 from .errors import APIError, install_error_handlers, invalid, model_not_found

@@ -10,7 +10,7 @@ import torch
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.placement import check_device
 from ..drafters.spec import NONE, parse_drafter_spec
-from ..models import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype, resolve_weights
+from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype, resolve_weights
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"

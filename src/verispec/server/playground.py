@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from ..drafters.factory import NONE
+from ..drafters.spec import NONE
 
 
 class SpeculationSettings(BaseModel):

@@ -36,8 +36,9 @@ from ..drafters.spec import NONE, parse_drafter_spec
 from ..drafters.twin import twin_memory_bytes
 from ..engine import SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
-from ..memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
-from ..models import ModelLoadError, load_model, load_tokenizer, quantize_target, read_model_config, resolve_model_path
+from ..runtime.model.memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
+from ..runtime.model.loading import (ModelLoadError, load_model, load_tokenizer, quantize_target, read_model_config,
+    resolve_model_path)
 from ..sampling.grammar import prepare_tokenizer
 from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found

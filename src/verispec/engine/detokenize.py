@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .config import SamplingParams
+from ..config import SamplingParams
 
 _REPLACEMENT = "\ufffd"  # an incomplete UTF-8 sequence: wait for the next token before emitting text
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .sampling import sample_from_probs
+from ..sampling import sample_from_probs
 
 
 @dataclass

@@ -165,7 +165,7 @@ def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> b
     what `--dtype auto` needs to know before loading it (runtime/dtype.py). False where its config is unreadable."""
     if runner == "hf":
         return False
-    from .runtime.llama import ARCHITECTURES
+    from ..llama import ARCHITECTURES
 
     try:
         config = read_model_config(resolve_model_path(name_or_path))
@@ -178,7 +178,7 @@ def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, t
                          weights: str = "fp32", quantization: str = "none", runner: str = "auto"):
     """`runtime/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights and for a model that
     does not run natively (its config is read only then). -> (dtype, why)."""
-    from .runtime.dtype import resolve_dtype
+    from ..dtype import resolve_dtype
 
     if weights == "auto":
         weights, _ = resolve_weights(weights, target, dtype, device, quantization, runner)
@@ -229,8 +229,8 @@ def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.
         return "fp32", why + "the target's file could not be read"
     if gguf_file is None:
         return "fp32", why + "the target is not a GGUF file"
-    from .runtime import quant
-    from .runtime.gguf_weights import unsupported_types
+    from .. import quant
+    from ..gguf_weights import unsupported_types
 
     runs, other = unsupported_types(gguf_file)
     if other:
@@ -272,7 +272,7 @@ def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32
     """The loaded target on quantized weights (runtime/quant.py), in place: `weights="gguf"` its GGUF file's own
     blocks (the same values as the fp32 conversion), `quantization="int8"` its linears per channel. Afterwards only
     the native runner runs it. -> model."""
-    from .runtime.native import use_quantized_weights
+    from ..native import use_quantized_weights
 
     gguf_file = check_weights(name_or_path, weights, quantization, next(model.parameters()).dtype)
     if gguf_file is not None or quantization != "none":

@@ -20,8 +20,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from . import models
-from .memory import weights_bytes
+from ..runtime.model import loading as models
+from ..runtime.model.memory import weights_bytes
 
 NGRAM = "ngram"
 DEFAULT_K = 4

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from .runtime.llama import LlamaSpec
-from .runtime.quant import BLOCK, GGML_BLOCKS
+from ..llama import LlamaSpec
+from ..quant import BLOCK, GGML_BLOCKS
 
 # Bytes per element of the safetensors dtype names (the header stores these strings).
 _SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
