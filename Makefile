@@ -20,7 +20,7 @@ install: $(VENV)/.installed
 # verispec's C++ kernels, each built in its own process at once (they are otherwise built one after the other on
 # first use; cached under ~/.cache/verispec/ext, so this is a no-op once built).
 kernels: install
-	$(PY) -c "from verispec.runtime.ext import build_all; print('[verispec] kernels built:', build_all() or 'all cached')"
+	$(PY) -c "from verispec.runtime.kernels.ext import build_all; print('[verispec] kernels built:', build_all() or 'all cached')"
 
 demo: install
 	$(VENV)/bin/verispec generate --prompt "Write a Python function that checks whether a number is prime." --chat --max-new-tokens 96

@@ -12,8 +12,8 @@ import time
 import torch
 
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
-from verispec.runtime.compile import cache_dir
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.runners.compile import cache_dir
+from verispec.runtime.runners.native import NativeRunner
 
 
 def main() -> None:

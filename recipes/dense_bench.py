@@ -1,4 +1,4 @@
-"""Microbenchmark: verispec's dense kernel (runtime/dense.py) against oneDNN's packed linear, side by side in one run,
+"""Microbenchmark: verispec's dense kernel (runtime/kernels/dense.py) against oneDNN's packed linear, side by side in one run,
 on the embedded target's (SmolLM2-135M) linear shapes, fp32 and bf16, at several row counts.
 
     PYTHONPATH=src python recipes/dense_bench.py [--threads 2] [--rows 1,2,5,16,128,512] [--dtypes float32,bfloat16]
@@ -19,8 +19,8 @@ import time
 import torch
 
 from verispec.bench.machine import cpu_flags, measure_bandwidth
-from verispec.runtime import dense
-from verispec.runtime.llama import try_pack
+from verispec.runtime.kernels import dense
+from verispec.runtime.model.llama import try_pack
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536), "lm_head": (49152, 576)}
 

@@ -2,7 +2,7 @@
 
     PYTHONPATH=src python recipes/gguf_step_profile.py [--tokens 32] [--threads 2] [--gbps G] [--profile]
         [--layouts repacked,file]   (Q4 blocks repacked at load (the default) or in the file's layout: alternating)
-        [--loops python,cpp]        (the layers looped in Python or in one C++ call (`runtime/layer_loop.py`, the
+        [--loops python,cpp]        (the layers looped in Python or in one C++ call (`runtime/kernels/layer_loop.py`, the
                                      default): alternating, side by side)
         [--weights int8]            (the target's linears quantized instead: int8, Q4_1, Q4_0, Q8_0 = the
                                      `self:int8` / `self:int4` / ... twin drafters' models)
@@ -23,8 +23,8 @@ import torch
 
 from verispec.bench.machine import measure_bandwidth
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
-from verispec.runtime import layer_loop, quant
-from verispec.runtime.native import NativeRunner, use_quantized_weights
+from verispec.runtime.kernels import layer_loop, quant
+from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]
 

@@ -1,4 +1,4 @@
-"""Ordinary pages against huge pages (runtime/hugepages.py) for what a decode step streams, side by side in one
+"""Ordinary pages against huge pages (runtime/weights/hugepages.py) for what a decode step streams, side by side in one
 process: the embedded GGUF's linears (all 30 layers' and the LM head, in a step's order: as loaded, and gathered
 into one huge-page arena) at --rows rows, and decode attention over 30 layers' own KV caches (torch.zeros against
 hugepages.zeros) at --rows rows of --context entries (each row's own length, spread +-200 around it).
@@ -20,8 +20,9 @@ from pathlib import Path
 import torch
 
 from verispec.runtime.model.loading import embedded_gguf_path
-from verispec.runtime import fused, hugepages
-from verispec.runtime.gguf_weights import read_gguf_weights
+from verispec.runtime.kernels import fused
+from verispec.runtime.weights import hugepages
+from verispec.runtime.weights.gguf import read_gguf_weights
 
 sys.path.insert(0, str(Path(__file__).parent))
 from quant_linear_bench import shapes  # noqa: E402

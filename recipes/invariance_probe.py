@@ -3,7 +3,7 @@
     PYTHONPATH=src python recipes/invariance_probe.py [--threads 2] [--repeats 20] [--no-timing | --no-probes]
 
 1. oneDNN's packed linear, fp32 and bf16: for each input size K, the row counts M (1..64, 97, 128, 512) at which a
-   row's output differs from the same row run alone (K <= 1024 measured invariant; runtime/invariant.py).
+   row's output differs from the same row run alone (K <= 1024 measured invariant; runtime/kernels/invariant.py).
 2. Attention over a padded verify pass (random lengths, widths 1..8, batch 1..16) against one-query steps:
    rows that differ, torch's SDPA vs `invariant.block_attention`.
 3. Cost: the real target's (the embedded SmolLM2-135M) forward per step shape (rows x fed tokens: a decode step
@@ -19,9 +19,9 @@ import time
 import torch
 import torch.nn.functional as F
 
-from verispec.runtime.invariant import block_attention
-from verispec.runtime.kv_cache import attention_mask
-from verispec.runtime.llama import try_pack
+from verispec.runtime.kernels.invariant import block_attention
+from verispec.runtime.caches.kv_cache import attention_mask
+from verispec.runtime.model.llama import try_pack
 
 
 def linear_rows(dtype: torch.dtype) -> None:
@@ -62,7 +62,7 @@ def attention_rows(dtype: torch.dtype) -> None:
 
 def costs(dtype: torch.dtype, repeats: int) -> None:
     from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
-    from verispec.runtime.native import NativeRunner
+    from verispec.runtime.runners.native import NativeRunner
 
     model = load_model(DEFAULT_TARGET, dtype=dtype)
     runners = {flag: NativeRunner.from_hf(model, 1024, num_slots=16, batch_invariant=flag) for flag in (False, True)}

@@ -1,5 +1,5 @@
 """Min-of-48 ms per decode step and per 5-token verify pass of the embedded default, the C++ layer kernels
-(runtime/fused.py) off/on x batch-invariant off/on, interleaved in one process; then aten calls per decode step.
+(runtime/kernels/fused.py) off/on x batch-invariant off/on, interleaved in one process; then aten calls per decode step.
 
     PYTHONPATH=src python recipes/layer_kernels_steps.py THREADS float32,bfloat16
 """
@@ -7,8 +7,8 @@ import time, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 from torch.profiler import profile, ProfilerActivity
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
-from verispec.runtime import fused
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.kernels import fused
+from verispec.runtime.runners.native import NativeRunner
 prompt = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]])
 runners = {}
 for name in sys.argv[2].split(","):

@@ -1,16 +1,16 @@
 """A native layer's non-linear ops (norms, rotary, cache writes, attention, residual adds, silu*mul; everything but
 the four linears) on SmolLM2-135M shapes: torch's ops with SDPA, with invariant.block_attention, and the C++ kernels
-(runtime/fused.py), min of 200 interleaved calls each, per dtype, fed tokens and attended length.
+(runtime/kernels/fused.py), min of 200 interleaved calls each, per dtype, fed tokens and attended length.
 
     PYTHONPATH=src python recipes/layer_ops_bench.py [threads]
 """
 import time, sys, torch
 import torch.nn.functional as F
 torch.set_num_threads(int(sys.argv[1]) if len(sys.argv) > 1 else 1)
-from verispec.runtime import fused
-from verispec.runtime.llama import rotate
-from verispec.runtime.invariant import block_attention
-from verispec.runtime.kv_cache import attention_mask, entry_index, write_entries
+from verispec.runtime.kernels import fused
+from verispec.runtime.model.llama import rotate
+from verispec.runtime.kernels.invariant import block_attention
+from verispec.runtime.caches.kv_cache import attention_mask, entry_index, write_entries
 H, Hk, d, hid, I, ML = 9, 3, 64, 576, 1536, 2048
 
 def torch_ops(x, qkv, o, gu, cos, sin, keys, values, idx, mask, wn, invariant):

@@ -17,8 +17,8 @@ import time
 import torch
 
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
-from verispec.runtime import fused
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.kernels import fused
+from verispec.runtime.runners.native import NativeRunner
 
 
 def prefill(runner: NativeRunner, prompt: torch.Tensor, clock) -> float:

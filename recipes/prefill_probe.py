@@ -6,7 +6,7 @@ configuration takes its turn in each round, best of --repeats rounds (a shared m
     PYTHONPATH=src python recipes/prefill_probe.py [--weights gguf,float32,bfloat16] [--tokens 128,512]
         [--paths vdpbf16ps,avx512] [--repeats 5] [--threads 2]
 
---paths names VERISPEC_DENSE_PATH values (runtime/dense.py); a dtype without a path (fp32 has no "vdpbf16ps")
+--paths names VERISPEC_DENSE_PATH values (runtime/kernels/dense.py); a dtype without a path (fp32 has no "vdpbf16ps")
 runs its best one below it. Each path's logits must equal the first's bit for bit (they are the same arithmetic).
 """
 
@@ -19,8 +19,8 @@ import torch
 from quant_step_bench import prefill  # one n-token prompt from an empty cache -> (seconds, last logits)
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
-from verispec.runtime import dense
-from verispec.runtime.runner import make_runner
+from verispec.runtime.kernels import dense
+from verispec.runtime.runners.select import make_runner
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Microbenchmark: the embedded target's quantized linears per layer shape (qkv, o, gate_up, down: each call takes the
 next layer's weight, cycling through all 30 as a step does, so the weights come from where a step finds them) and
-the LM head, at --rows rows: runtime/quant.py's kernel (each --paths path) against the fp32 conversion's oneDNN
+the LM head, at --rows rows: runtime/kernels/quant.py's kernel (each --paths path) against the fp32 conversion's oneDNN
 packed linear (the default path), for prefill against dequantize-then-matmul, and with --baseline REV against the
 kernel as git revision REV has it (built as a second extension; its outputs must equal this one's bit for bit).
     PYTHONPATH=src python recipes/quant_linear_bench.py [--threads 2] [--rows 1,5,16,128] [--paths avx512,avx2]
@@ -19,13 +19,13 @@ from pathlib import Path
 import torch
 
 from verispec.runtime.model.loading import embedded_gguf_path
-from verispec.runtime import ext
-from verispec.runtime.gguf_weights import read_gguf_weights
-from verispec.runtime.llama import linear, try_pack
-from verispec.runtime.quant import PATHS, cat
+from verispec.runtime.kernels import ext
+from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.model.llama import linear, try_pack
+from verispec.runtime.kernels.quant import PATHS, cat
 
 STAT = statistics.median
-KERNEL = "src/verispec/runtime/quant_kernel.cpp"
+KERNEL = "src/verispec/runtime/kernels/quant_kernel.cpp"
 
 
 def timed(candidates: list[list], repeats: int) -> list[float]:

@@ -1,4 +1,4 @@
-"""Microbenchmark: the Q4 repack (runtime/quant.py `pack_q4`) against the file's own block layout, side by side in
+"""Microbenchmark: the Q4 repack (runtime/kernels/quant.py `pack_q4`) against the file's own block layout, side by side in
 one process (the kernel still runs the file's layout under its GGUF type id, with the same sums): the embedded
 target's quantized linears per layer shape (each call takes the next layer's weight, cycling through all 30 as a
 step does) and the LM head, at --rows rows; then a decode step's linears (30 layers + the LM head) against the
@@ -11,8 +11,8 @@ import time
 import torch
 
 from verispec.runtime.model.loading import embedded_gguf_path
-from verispec.runtime.gguf_weights import read_gguf_weights
-from verispec.runtime.quant import GGML_BLOCKS, KERNEL_PATH, kernel
+from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.kernels.quant import GGML_BLOCKS, KERNEL_PATH, kernel
 from quant_linear_bench import shapes
 
 

@@ -16,8 +16,8 @@ import torch
 from quant_linear_bench import baseline_kernel
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
-from verispec.runtime import layer_loop, quant
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.kernels import layer_loop, quant
+from verispec.runtime.runners.native import NativeRunner
 
 CONTEXT = 64  # tokens each row holds before a timed decode / verify step
 

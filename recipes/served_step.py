@@ -22,7 +22,7 @@ import torch
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.runtime.model.loading import DEFAULT_TARGET
 from verispec.server import ServerConfig
-from verispec.server.runtime import ServedModel
+from verispec.server.served import ServedModel
 
 PROMPT = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
 

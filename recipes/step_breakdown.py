@@ -1,7 +1,7 @@
 """Where a native decode step's time goes, 1 row vs 16 rows side by side: the linears, attention, RMSNorm, rotary +
 cache writes, silu * up (each call wrapped and timed) and the rest (Python between calls, embedding, mask, LM head
 glue, the greedy pick). One thread, thread CPU time (robust on a shared machine); best of --repeats alternating runs.
-With `--loops python,cpp` the layers' C++ loop (`runtime/layer_loop.py`) runs beside the Python loop: its one call
+With `--loops python,cpp` the layers' C++ loop (`runtime/kernels/layer_loop.py`) runs beside the Python loop: its one call
 a step is the part "layer loop" (every layer's linears and small ops), the LM head stays under "linears".
 
     PYTHONPATH=src python recipes/step_breakdown.py [--dtype bfloat16] [--context 160] [--steps 16] [--repeats 3]
@@ -17,8 +17,9 @@ import time
 import torch
 
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
-from verispec.runtime import fused, layer_loop, llama
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.kernels import fused, layer_loop
+from verispec.runtime.model import llama
+from verispec.runtime.runners.native import NativeRunner
 
 SPENT: dict[str, float] = collections.defaultdict(float)  # part -> thread CPU seconds
 CALLS: collections.Counter = collections.Counter()

@@ -2,13 +2,13 @@
 
     PYTHONPATH=src python recipes/step_profile.py --dtypes float32,bfloat16 --tokens 32 [--profile]
         [--compile off,on] [--batch 1,16] [--kernels off,on] [--invariant off,on] [--verify 5]
-        [--linears off,avx512]   (runtime/dense.py's paths, "off": oneDNN's packed linears; side by side)
-        [--loops python,cpp]     (the layers looped in Python, or in one C++ call (runtime/layer_loop.py, the default))
+        [--linears off,avx512]   (runtime/kernels/dense.py's paths, "off": oneDNN's packed linears; side by side)
+        [--loops python,cpp]     (the layers looped in Python, or in one C++ call (runtime/kernels/layer_loop.py, the default))
 
 Greedy decoding of one short prompt, batch 1 (or --batch rows of it): ms per decode step (prefill excluded), the
 weight bytes read per step and the floor they imply at --gbps; with --verify K, also ms per verify pass of K tokens
-(rolled back). Configurations (dtype x batch x eager/compiled (`runtime/compile.py`) x the C++ layer kernels
-(`runtime/fused.py`) off/on x batch-invariant off/on) alternate in one process, so their ratios are measured side
+(rolled back). Configurations (dtype x batch x eager/compiled (`runtime/runners/compile.py`) x the C++ layer kernels
+(`runtime/kernels/fused.py`) off/on x batch-invariant off/on) alternate in one process, so their ratios are measured side
 by side; compiled ones print their compile seconds (first calls of each shape class, the disk cache as found).
 """
 
@@ -21,8 +21,8 @@ import time
 import torch
 
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
-from verispec.runtime import dense, fused, layer_loop
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.kernels import dense, fused, layer_loop
+from verispec.runtime.runners.native import NativeRunner
 
 
 def decode(runner: NativeRunner, prompt: torch.Tensor, tokens: int) -> tuple[float, list[int]]:

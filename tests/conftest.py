@@ -44,7 +44,7 @@ _RUNNERS = {"hf": dict(backend="hf"), "native": dict(backend="auto", compile=Fal
             "compiled": dict(backend="auto", compile=True)}
 if os.environ.get("VERISPEC_TEST_RUNNER"):
     from verispec.config import RunnerOptions
-    from verispec.runtime import runner as _runner
+    from verispec.runtime.runners import select as _runner
 
     _runner.DEFAULT_OPTIONS = RunnerOptions(**_RUNNERS[os.environ["VERISPEC_TEST_RUNNER"]])
 

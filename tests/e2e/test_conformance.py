@@ -24,8 +24,8 @@ from test_server import ServerThread
 import dataclasses
 
 from verispec.config import SpeculativeConfig
-from verispec.runtime import runner as runners
-from verispec.runtime.dtype import NATIVE_BF16_FLAGS, cpu_flags, kernels_built
+from verispec.runtime.runners import select as runners
+from verispec.runtime.runners.dtype import NATIVE_BF16_FLAGS, cpu_flags, kernels_built
 from verispec.server import ServerConfig, create_app
 
 MODEL = "target"

@@ -105,8 +105,8 @@ def test_real_pair_batch_rows_equal_each_prompt_alone(real_gen, batch_size):
 def test_native_runner_matches_hf_on_the_real_target():
     """The native runner's logits on SmolLM2-135M (fp32) within 1e-3 of Hugging Face's (logits of magnitude ~10-30),
     over a prompt and a batched 4-token verify-like pass; the native model is the default runner for it."""
-    from verispec.runtime.native import NativeRunner
-    from verispec.runtime.runner import ModelRunner, make_runner
+    from verispec.runtime.runners.native import NativeRunner
+    from verispec.runtime.runners.select import ModelRunner, make_runner
 
     target = load_model(DEFAULT_TARGET, dtype=torch.float32)
     assert make_runner(target, 64).backend == "native"

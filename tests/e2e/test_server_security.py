@@ -23,7 +23,7 @@ from gates import StepGate
 from test_server import MODEL, ServerThread, _verispec_command, scrape
 from test_server_batching import idle
 from verispec.config import SpeculativeConfig
-from verispec.server import ServerConfig, create_app, runtime
+from verispec.server import ServerConfig, create_app, served as runtime
 from verispec.server.shutdown import GracefulServer
 
 KEY = "s3cret-key"

@@ -1,4 +1,4 @@
-"""The served model loads on a thread that ends with it (server/runtime.py): the OpenMP pool its torch ops start
+"""The served model loads on a thread that ends with it (server/served.py): the OpenMP pool its torch ops start
 goes with that thread, so the engine thread's pool is the only one in the server and its workers wait between
 parallel regions as they do in process. What is checked is that no thread outlives the load, never a speed."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gates import WAIT_S
-from verispec.server import runtime
+from verispec.server import served as runtime
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
 

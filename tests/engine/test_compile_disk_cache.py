@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.runtime.ext import cache_root
+from verispec.runtime.kernels.ext import cache_root
 
 # One process: a 1-layer tiny llama, one decode step compiled (one shape class), its logits and cache counters.
 CHILD = """
 import json
 import torch
 from conftest import tiny_llama
-from verispec.runtime.native import NativeRunner
-from verispec.runtime.runner import runner_info
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.runners.select import runner_info
 
 runner = NativeRunner.from_hf(tiny_llama(0, layers=1), 16, 1, compile=True)
 logits = runner.forward(torch.tensor([[5]])).logits  # [1, 1, vocab]

@@ -10,9 +10,9 @@ from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.model import DRAFT_QTYPE, ModelDrafter, draft_model_weights
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
-from verispec.runtime import quant
-from verispec.runtime.native import native_twin_of
-from verispec.runtime.quant import QuantWeight
+from verispec.runtime.kernels import quant
+from verispec.runtime.runners.native import native_twin_of
+from verispec.runtime.kernels.quant import QuantWeight
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
               pytest.mark.skipif(quant.kernel() is None, reason="needs verispec's quantized kernel")]
@@ -101,7 +101,7 @@ def test_q8_0_draft_proposes_what_its_blocks_compute(trained_pair, tokenizer):
 def test_no_options_means_the_default_runner_options(trained_pair, monkeypatch):
     """`draft_weights(model, None)` answers for the options make_runner will use (runner.DEFAULT_OPTIONS): a
     compiled default keeps floats, since compiled programs take float weights."""
-    from verispec.runtime import runner as runners
+    from verispec.runtime.runners import select as runners
 
     draft = fresh(trained_pair[1])
     assert model_drafter.draft_weights(draft, None) == DRAFT_QTYPE
@@ -111,7 +111,7 @@ def test_no_options_means_the_default_runner_options(trained_pair, monkeypatch):
 
 def test_quantized_weights_run_eager_when_compile_is_asked(trained_pair, tokenizer):
     """A runner asked to compile a model on quantized blocks runs it eager (the same logits), saying so."""
-    from verispec.runtime.native import NativeRunner
+    from verispec.runtime.runners.native import NativeRunner
 
     target, draft = trained_pair
     engine, drafter = engine_on(target, fresh(draft), tokenizer)

@@ -1,4 +1,4 @@
-"""The native layer's C++ kernels (`runtime/fused.py`, `layer_kernel.cpp`): attention against an fp64 reference
+"""The native layer's C++ kernels (`runtime/kernels/fused.py`, `layer_kernel.cpp`): attention against an fp64 reference
 (GQA, tree masks, padding, fp32 and bf16), invariant by construction (one query's output bitwise the same across
 the number of queries, rows, padding and a masked tail); the small ops against the torch formulas they replace
 (bitwise where `fused.py` claims it); the custom ops as torch.compile sees them."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from verispec.runtime import fused
-from verispec.runtime.kv_cache import attention_mask
-from verispec.runtime.llama import rotate
+from verispec.runtime.kernels import fused
+from verispec.runtime.caches.kv_cache import attention_mask
+from verispec.runtime.model.llama import rotate
 
 pytestmark = pytest.mark.skipif(fused.kernel() is None, reason="the C++ layer kernel could not be built here")
 DTYPES = [torch.float32, torch.bfloat16]
@@ -229,7 +229,7 @@ def test_the_attention_path_variable(monkeypatch):
 def test_a_build_without_avx512_gives_the_same_bits():
     """The kernel built as for an AVX2 CPU (-mno-avx512f: the scalar code, vectorized by the compiler where it
     likes) against this build's tiled path: fp32 and bf16, head dims 32 / 40 / 64 / 128, GQA 1 and 3, n 1..40."""
-    from verispec.runtime.ext import build
+    from verispec.runtime.kernels.ext import build
 
     avx2 = build("layer_avx2", "layer_kernel.cpp", ("-mno-avx512f",))
     if avx2 is None:

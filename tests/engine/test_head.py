@@ -22,7 +22,7 @@ from verispec.drafters.build import build_drafter
 from verispec.drafters.head import HeadConfig, HeadDrafter, load_head, save_head
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.runner import make_runner
+from verispec.runtime.runners.select import make_runner
 
 
 def random_head(target, vocab=None, seed=0):

@@ -1,14 +1,14 @@
 """The native model's weights gathered into one huge-page arena and its KV caches on huge pages
-(runtime/hugepages.py) change where the bytes live, never a value: the same logits bit for bit."""
+(runtime/weights/hugepages.py) change where the bytes live, never a value: the same logits bit for bit."""
 
 import pytest
 import torch
 
 from conftest import tiny_llama
-from verispec.runtime import hugepages
-from verispec.runtime.llama import DENSE
-from verispec.runtime.native import NativeRunner, use_quantized_weights
-from verispec.runtime.quant import QuantWeight
+from verispec.runtime.weights import hugepages
+from verispec.runtime.model.llama import DENSE
+from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.kernels.quant import QuantWeight
 
 
 def runner_of(weights: str) -> NativeRunner:

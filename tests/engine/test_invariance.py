@@ -12,10 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from verispec.runtime.invariant import MAX_INVARIANT_IN, block_attention
-from verispec.runtime.kv_cache import attention_mask
-from verispec.runtime.llama import try_pack
-from verispec.runtime.native import NativeRunner
+from verispec.runtime.kernels.invariant import MAX_INVARIANT_IN, block_attention
+from verispec.runtime.caches.kv_cache import attention_mask
+from verispec.runtime.model.llama import try_pack
+from verispec.runtime.runners.native import NativeRunner
 
 VOCAB = 97
 BF16_PACKS = try_pack(torch.zeros(64, 64, dtype=torch.bfloat16)) is not None

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from conftest import BUILDERS
-from verispec.runtime.kv_cache import attention_mask
-from verispec.runtime.runner import ModelRunner
+from verispec.runtime.caches.kv_cache import attention_mask
+from verispec.runtime.runners.select import ModelRunner
 
 
 def allowed(mask):

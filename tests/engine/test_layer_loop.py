@@ -1,4 +1,4 @@
-"""The layers' C++ loop (`runtime/layer_loop.py`, `layer_loop.h`) gives bitwise the Python loop's logits: dense fp32
+"""The layers' C++ loop (`runtime/kernels/layer_loop.py`, `layer_loop.h`) gives bitwise the Python loop's logits: dense fp32
 and bf16 weights (dense.py's kernel) and quantized ones (int8, GGUF blocks), q/k/v biases (Qwen2), decode steps,
 verify passes, token trees and ragged rows."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_llama, tiny_qwen2
-from verispec.runtime import fused, layer_loop
-from verispec.runtime.native import NativeRunner, use_quantized_weights
+from verispec.runtime.kernels import fused, layer_loop
+from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
 
 pytestmark = [pytest.mark.skipif(fused.kernel() is None, reason="the C++ layer kernel could not be built here"),
               pytest.mark.usefixtures("one_thread")]
@@ -59,7 +59,7 @@ def test_the_loop_gives_the_python_loops_bits(arch, weights, monkeypatch):
 
 def test_the_loop_stays_out_where_it_does_not_serve():
     """Plain (unpacked) weights: torch's linears, so the Python loop runs."""
-    from verispec.runtime.llama import LlamaModel
+    from verispec.runtime.model.llama import LlamaModel
 
     hf = tiny_llama(3, hidden=64)
     runner = NativeRunner.from_hf(hf, 64)

@@ -8,7 +8,7 @@ import torch
 from conftest import tiny_gpt2, tiny_llama
 from verispec.runtime.model import memory
 from verispec.runtime.model.memory import check_draft_memory, free_memory_bytes, kv_cache_bytes, weights_bytes
-from verispec.runtime.llama import LlamaSpec
+from verispec.runtime.model.llama import LlamaSpec
 
 
 def unique_param_bytes(model, bytes_per_element=4):
@@ -113,7 +113,7 @@ def served_model(target, **config):
     target cache that has allocated nothing yet."""
     from types import SimpleNamespace
 
-    from verispec.server import runtime
+    from verispec.server import served as runtime
 
     served = runtime.ServedModel.__new__(runtime.ServedModel)
     served.config = SimpleNamespace(**{"max_len": 64, "dtype": torch.float32, "device": "cpu", "draft_device": None,
@@ -124,9 +124,9 @@ def served_model(target, **config):
 
 
 def test_the_servers_guard_counts_a_twin_and_refuses_one_that_does_not_fit(monkeypatch):
-    """server/runtime.py's guard before a request's drafter loads: the twin's weights and its KV cache for every
+    """server/served.py's guard before a request's drafter loads: the twin's weights and its KV cache for every
     slot count (it has no files to read); 503 when they do not fit, nothing checked for n-gram."""
-    from verispec.server import runtime
+    from verispec.server import served as runtime
     from verispec.server.errors import APIError
 
     target = tiny_llama(3, hidden=64)
@@ -145,7 +145,7 @@ def test_the_servers_guard_counts_a_twin_and_refuses_one_that_does_not_fit(monke
 def test_the_servers_guard_reads_free_memory_on_the_draft_device(monkeypatch, saved):
     """A draft model on its own device (--draft-device) is checked against that device's free memory, not the
     target's; the target's slots still to come are spoken for on the target's device only."""
-    from verispec.server import runtime
+    from verispec.server import served as runtime
     from verispec.server.errors import APIError
 
     root, _ = saved

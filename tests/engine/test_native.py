@@ -9,8 +9,8 @@ from transformers import MistralConfig, MistralForCausalLM
 from conftest import BUILDERS, VOCAB, _common, tiny_llama
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.native import NativeRunner, load_safetensors
-from verispec.runtime.runner import ModelRunner, make_runner
+from verispec.runtime.runners.native import NativeRunner, load_safetensors
+from verispec.runtime.runners.select import ModelRunner, make_runner
 
 ATOL = 1e-4
 
@@ -136,7 +136,7 @@ def test_engine_batch_is_equal_on_every_runner(runner, trained_pair, tokenizer):
 
 
 def test_released_hf_weights_leave_one_copy_and_the_same_outputs(tokenizer):
-    from verispec.runtime.native import release_engine_weights
+    from verispec.runtime.runners.native import release_engine_weights
 
     model = tiny_llama(8)
     engine = SpeculativeEngine(model, tokenizer, max_len=64, runner=RunnerOptions())

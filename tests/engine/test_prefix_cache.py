@@ -1,4 +1,4 @@
-"""Automatic prefix caching (runtime/prefix_cache.py): a request that starts from cached prefix blocks gets what it
+"""Automatic prefix caching (runtime/caches/prefix_cache.py): a request that starts from cached prefix blocks gets what it
 gets without them. Each case runs the same requests on an engine with prefix caching and on one without, and
 checks that hits happened (so the test cannot pass by never hitting).
 
@@ -17,8 +17,8 @@ from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
 from verispec.engine.scheduler import SchedulerConfig
-from verispec.runtime.kv_cache import SlotCache
-from verispec.runtime.prefix_cache import PrefixCache
+from verispec.runtime.caches.kv_cache import SlotCache
+from verispec.runtime.caches.prefix_cache import PrefixCache
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -231,7 +231,7 @@ def test_server_budget_shares_the_kv_bound(models):
     as the slots hold, within free memory."""
     from verispec.config import cache_len
     from verispec.server import ServerConfig
-    from verispec.server.runtime import kv_bounded_slots, kv_slot_bytes, prefix_cache_tokens
+    from verispec.server.served import kv_bounded_slots, kv_slot_bytes, prefix_cache_tokens
 
     target, _ = models
     config = ServerConfig(model="unused", max_len=128, max_num_seqs=4)

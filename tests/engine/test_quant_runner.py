@@ -11,10 +11,10 @@ from conftest import tiny_llama
 from test_quant_values import random_blocks  # tests/unit's helper
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.llama import LlamaModel
-from verispec.runtime import quant
-from verispec.runtime.native import NativeRunner, use_quantized_weights
-from verispec.runtime.quant import GGML_BLOCKS, PATHS, QuantWeight, dequantize_reference, kernel, quantize_int8
+from verispec.runtime.model.llama import LlamaModel
+from verispec.runtime.kernels import quant
+from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.kernels.quant import GGML_BLOCKS, PATHS, QuantWeight, dequantize_reference, kernel, quantize_int8
 
 QTYPES = sorted(GGML_BLOCKS) + ["int8"]
 

@@ -14,8 +14,8 @@ from verispec.config import RunnerOptions, SamplingParams, SpeculativeConfig
 from verispec.drafters.build import build_drafter
 from verispec.drafters.twin import TwinDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.native import NativeRunner, use_quantized_weights
-from verispec.runtime.quant import QuantWeight
+from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.kernels.quant import QuantWeight
 from verispec.stats import GenerationStats
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -146,7 +146,7 @@ def test_the_twin_shares_the_targets_embedding_and_rotary_tables(targets, tokeni
 
 
 def test_release_rebinds_to_the_targets_native_embedding(targets, tokenizer):
-    from verispec.runtime.native import release_engine_weights
+    from verispec.runtime.runners.native import release_engine_weights
 
     target = copy.deepcopy(targets["llama"])
     engine = engine_with(target, tokenizer, "self:int4")

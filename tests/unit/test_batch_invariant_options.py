@@ -22,8 +22,8 @@ def test_runner_options_batch_invariant(argv, want):
 
 def test_unset_means_on_where_the_kernels_run(trained_pair):
     from verispec.config import RunnerOptions
-    from verispec.runtime.dtype import kernels_built
-    from verispec.runtime.runner import make_runner
+    from verispec.runtime.runners.dtype import kernels_built
+    from verispec.runtime.runners.select import make_runner
 
     target, _ = trained_pair
     assert make_runner(target, 64, options=RunnerOptions(backend="native")).batch_invariant is kernels_built()

@@ -1,8 +1,8 @@
-"""runtime/compile.py: the compiled step's disk cache is keyed by torch version and CPU flags, under VERISPEC_CACHE."""
+"""runtime/runners/compile.py: the compiled step's disk cache is keyed by torch version and CPU flags, under VERISPEC_CACHE."""
 
 import torch
 
-from verispec.runtime import compile as compile_mod
+from verispec.runtime.runners import compile as compile_mod
 
 
 def test_cache_folder_is_keyed_and_made(monkeypatch, tmp_path):

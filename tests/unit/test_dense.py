@@ -1,4 +1,4 @@
-"""verispec's dense linear (runtime/dense.py, dense_kernel.cpp): values against an fp64 reference (odd output and
+"""verispec's dense linear (runtime/kernels/dense.py, dense_kernel.cpp): values against an fp64 reference (odd output and
 input tails, bias, fp32 and bf16), and row invariance: every row of an M-row call is bitwise the 1-row call's,
 M = 1..40, with 1 and 2 threads, on every path this CPU can run (AVX-512, AVX2, scalar: forced by argument, so an
 AVX-512 machine tests the others too), and fp32's paths give the same bits."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from verispec.runtime import dense
-from verispec.runtime.llama import DENSE, Linear
+from verispec.runtime.kernels import dense
+from verispec.runtime.model.llama import DENSE, Linear
 
 pytestmark = pytest.mark.skipif(dense.kernel() is None, reason="the dense kernel could not be built here")
 

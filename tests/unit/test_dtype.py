@@ -1,9 +1,9 @@
-"""`--dtype auto` (runtime/dtype.py): the choice from CPU flags, the exactness gate, names and errors."""
+"""`--dtype auto` (runtime/runners/dtype.py): the choice from CPU flags, the exactness gate, names and errors."""
 
 import pytest
 import torch
 
-from verispec.runtime.dtype import choose_dtype, resolve_dtype
+from verispec.runtime.runners.dtype import choose_dtype, resolve_dtype
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512_BF16 = AVX2 | {"avx512f", "avx512_bf16", "avx512_vnni"}

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from verispec.runtime import ext
-from verispec.runtime.dense import kernel as dense_kernel
+from verispec.runtime.kernels import ext
+from verispec.runtime.kernels.dense import kernel as dense_kernel
 
 
 def test_a_built_kernel_is_cached_and_an_empty_cache_is_not(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""runtime/hugepages.py: buffers cut 2 MiB-aligned and advised onto transparent huge pages hold exactly what
+"""runtime/weights/hugepages.py: buffers cut 2 MiB-aligned and advised onto transparent huge pages hold exactly what
 torch.zeros / a copy would, and the kernel backs them with huge pages where THP is on."""
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from verispec.runtime import hugepages
+from verispec.runtime.weights import hugepages
 
 MIB = 1 << 20
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")

@@ -8,8 +8,8 @@ import torch
 gguf = pytest.importorskip("gguf")
 from gguf.quants import dequantize  # noqa: E402
 
-from verispec.runtime.gguf_weights import read_gguf_weights  # noqa: E402
-from verispec.runtime.quant import (GGML_BLOCKS, REPACKED, QuantWeight, dequantize_reference, pack_q4,  # noqa: E402
+from verispec.runtime.weights.gguf import read_gguf_weights  # noqa: E402
+from verispec.runtime.kernels.quant import (GGML_BLOCKS, REPACKED, QuantWeight, dequantize_reference, pack_q4,  # noqa: E402
                                    quantize_int8, unpack_q4)
 
 

@@ -13,8 +13,8 @@ from ..drafters.build import build_drafter
 from ..drafters.model import draft_model_weights
 from ..drafters.spec import parse_drafter_spec
 from ..config import RunnerOptions
-from ..runtime.compile import cache_counts
-from ..runtime.runner import runner_info
+from ..runtime.runners.compile import cache_counts
+from ..runtime.runners.select import runner_info
 from ..runtime.model.loading import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
 from .batching import batch_table, run_batch_sweep

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..runtime.hf_runner import ModelRunner
+from ..runtime.runners.hf import ModelRunner
 
 
 def conditional_acceptance(accepted_by_position: Sequence[float]) -> list[float]:

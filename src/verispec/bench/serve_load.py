@@ -250,7 +250,7 @@ def run_serve_load(config: ServeLoadConfig, log=print) -> dict:
 def warm_up(server: ServerProcess, config: ServeLoadConfig) -> dict:
     """Untimed requests before the sweep, in each mode: one alone (loads the drafter, first calls of each kernel),
     then one round at the sweep's largest concurrency, so that the KV buffers already hold every slot the sweep
-    uses. They grow by doubling the first time a forward reaches a higher slot (runtime/kv_cache.py): at 16 slots
+    uses. They grow by doubling the first time a forward reaches a higher slot (runtime/caches/kv_cache.py): at 16 slots
     of the embedded model that is ~1.5 GB zeroed and copied, a stall of about a second paid once per server, which
     would otherwise land in whichever mode ran first at a new concurrency (measured: TTFT p99 1.2-1.4 s there
     against 0.3 s, and on/off 0.89-0.91x or 1.08x depending on the order). -> what ran."""
@@ -323,7 +323,7 @@ def dtypes_from_args(args) -> list[str]:
     weights: float32). CliError on an unknown name."""
     from ..cli import CliError
     from ..cli.common import target_dtype
-    from ..runtime.dtype import DTYPE_CHOICES, dtype_name
+    from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
 
     dtypes = [d.strip() for d in (args.dtypes or args.dtype).split(",") if d.strip()]
     if bad := [d for d in dtypes if d not in DTYPE_CHOICES]:

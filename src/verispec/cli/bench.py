@@ -19,7 +19,7 @@ from ..bench.prompts import JSON_EXTRACTION, REPETITIVE, WORKLOADS, json_extract
 from ..config import StructuredOutput
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
 from . import CliError
-from ..runtime.dtype import DTYPE_CHOICES, dtype_name
+from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
 from .common import (add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options,
                      target_dtype, target_weights)
 

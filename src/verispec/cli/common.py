@@ -11,7 +11,7 @@ import torch
 
 from ..config import RUNNER_BACKENDS, RunnerOptions
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
-from ..runtime.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
+from ..runtime.runners.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
 from . import CliError
 
 def positive_int(text: str) -> int:

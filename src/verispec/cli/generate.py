@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from ..drafters.model import draft_model_weights
-from ..runtime.native import release_engine_weights
-from ..runtime.runner import runner_info
+from ..runtime.runners.native import release_engine_weights
+from ..runtime.runners.select import runner_info
 from ..stats import GenerationStats
 from . import CliError
 from .common import (

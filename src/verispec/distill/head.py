@@ -27,7 +27,7 @@ from torch import nn
 from tqdm import tqdm
 
 from ..drafters.head import HeadConfig
-from ..runtime.llama import rotate
+from ..runtime.model.llama import rotate
 
 FEATURE_DTYPE = torch.float16  # features kept in memory and on disk
 
@@ -37,7 +37,7 @@ class HeadNet(nn.Module):
 
     def __init__(self, config: HeadConfig, target, vocab: torch.Tensor, seed: int = 0, max_len: int = 4096) -> None:
         super().__init__()
-        from ..runtime.native import rope_table
+        from ..runtime.runners.native import rope_table
 
         c = config
         d, hd = c.hidden_size, c.head_dim

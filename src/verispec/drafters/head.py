@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import MAX_DRAFT_TOKENS, RunnerOptions
-from ..runtime.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
+from ..runtime.model.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
 
@@ -142,7 +142,7 @@ class HeadDrafter(Drafter):
         self.block = Block(self.spec, {k.removeprefix("layer."): v.to(self.dtype) for k, v in w.items()
                                        if k.startswith("layer.")}, pack=True)
         self.norm = w["norm.weight"].to(self.dtype)
-        from ..runtime.native import rope_table
+        from ..runtime.runners.native import rope_table
 
         cos, sin = rope_table(target, self.max_len)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)  # [max_len, head_dim]

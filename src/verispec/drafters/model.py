@@ -10,8 +10,8 @@ import torch
 from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
-from ..runtime.prefix_cache import PrefixCache
-from ..runtime.runner import make_runner
+from ..runtime.caches.prefix_cache import PrefixCache
+from ..runtime.runners.select import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
 
@@ -27,15 +27,15 @@ DRAFT_QTYPE = "Q8_0"
 
 def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
     """What `model`'s weights run as under the runner `options`: DRAFT_QTYPE or "float" (see DRAFT_WEIGHTS)."""
-    from ..runtime import quant
-    from ..runtime.llama import LlamaSpec, UnsupportedModel
-    from ..runtime.native import model_device
+    from ..runtime.kernels import quant
+    from ..runtime.model.llama import LlamaSpec, UnsupportedModel
+    from ..runtime.runners.native import model_device
 
     if DRAFT_WEIGHTS not in ("auto", "float", DRAFT_QTYPE):
         raise ValueError(f"VERISPEC_DRAFT_WEIGHTS={DRAFT_WEIGHTS!r}: choose auto, float or {DRAFT_QTYPE}")
     if getattr(model, "_verispec_released", False):  # its native twin's weights were chosen at load
         return getattr(model, "_verispec_draft_weights", "float")
-    from ..runtime import runner as runners
+    from ..runtime.runners import select as runners
 
     options = options or runners.DEFAULT_OPTIONS  # what make_runner will use
     if DRAFT_WEIGHTS == "float" or options.backend == "hf" or options.compile:
@@ -53,7 +53,7 @@ def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
 def to_draft_blocks(model: PreTrainedModel, max_len: int) -> None:
     """Give `model`'s native twin DRAFT_QTYPE blocks for its linears and LM head (where `draft_weights` says so).
     HF keeps its float copies (the bench's HF assisted generation runs them)."""
-    from ..runtime.native import use_quantized_weights
+    from ..runtime.runners.native import use_quantized_weights
 
     use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False)
     model._verispec_draft_weights = DRAFT_QTYPE
@@ -157,7 +157,7 @@ class ModelDrafter(Drafter):
         return time.perf_counter() - start
 
     def _prefix_cache(self) -> PrefixCache | None:
-        """The draft model's own prefix cache (runtime/prefix_cache.py), on its current runner's cache."""
+        """The draft model's own prefix cache (runtime/caches/prefix_cache.py), on its current runner's cache."""
         if self.prefix_tokens and (self._prefix is None or self._prefix.cache is not self.runner.cache):
             self._prefix = PrefixCache(self.runner.cache, self.prefix_tokens)
         return self._prefix if self.prefix_tokens else None

@@ -2,8 +2,8 @@
 second model to ship.
 
 The twin is a draft model whose weights come from the target: every linear of every layer and the LM head
-weight-only quantized (runtime/quant.py: per-output-channel int8, or GGUF blocks of 32), run on verispec's native
-Llama-family model (runtime/llama.py) with its own slot KV cache. Everything else is `ModelDrafter`'s: chains,
+weight-only quantized (runtime/kernels/quant.py: per-output-channel int8, or GGUF blocks of 32), run on verispec's native
+Llama-family model (runtime/model/llama.py) with its own slot KV cache. Everything else is `ModelDrafter`'s: chains,
 batched rows, the prefix cache, and q (its processed probabilities), so rejection sampling stays exact whatever the
 quantization did to the distribution.
 
@@ -25,14 +25,14 @@ from torch import nn
 
 from ..config import RunnerOptions
 from ..runtime.model.memory import twin_bytes
-from ..runtime.llama import LlamaModel, LlamaSpec, UnsupportedModel
-from ..runtime.native import NativeRunner, native_twin_of, rope_table, weights_of
-from ..runtime.quant import BLOCK, quantize_linears
+from ..runtime.model.llama import LlamaModel, LlamaSpec, UnsupportedModel
+from ..runtime.runners.native import NativeRunner, native_twin_of, rope_table, weights_of
+from ..runtime.kernels.quant import BLOCK, quantize_linears
 from .model import ModelDrafter
 from .twin_head import reduce_head
 
 TWIN_PREFIX = "self:"
-# self:FORMAT -> the quantization of runtime/quant.py (`quantize_linears`' qtype)
+# self:FORMAT -> the quantization of runtime/kernels/quant.py (`quantize_linears`' qtype)
 TWIN_FORMATS = {"int8": "int8", "int4": "Q4_1", "q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
 EMBED = "model.embed_tokens.weight"
 HEAD = "lm_head.weight"
@@ -147,7 +147,7 @@ class TwinDrafter(ModelDrafter):
         invariant = bool(runner and runner.batch_invariant)
         if invariant != self.runner.batch_invariant:
             # Quantized weights have one layout for both; only the attention order changes. Never compiled: the
-            # quantized kernel is its own C++ op (runtime/quant.py).
+            # quantized kernel is its own C++ op (runtime/kernels/quant.py).
             self.options = runner
             self.runner = NativeRunner(self.model, self.target.config, self.max_len, num_slots,
                                        batch_invariant=invariant)

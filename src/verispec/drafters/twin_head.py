@@ -25,7 +25,7 @@ def subset_ids(vocab_size: int, size: int, always: list[int]) -> torch.Tensor:
 
 
 class ReducedHead:
-    """Stands where the LM head's `[vocab, hidden]` weight does (as runtime/quant.py's QuantWeight does) and answers
+    """Stands where the LM head's `[vocab, hidden]` weight does (as runtime/kernels/quant.py's QuantWeight does) and answers
     `F.linear`: logits of `ids` from `weight` (their rows, quantized), -inf for every other token."""
 
     def __init__(self, weight, ids: torch.Tensor, vocab_size: int) -> None:

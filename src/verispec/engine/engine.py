@@ -31,8 +31,8 @@ from transformers import PreTrainedModel
 from ..config import MAX_VERIFY_WIDTH, RunnerOptions, SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.base import Drafter
 from ..sampling import Grammar
-from ..runtime.prefix_cache import PrefixCache
-from ..runtime.runner import make_runner
+from ..runtime.caches.prefix_cache import PrefixCache
+from ..runtime.runners.select import make_runner
 from ..stats import GenerationStats
 from .drafter_calls import DrafterCalls, wants_features
 from .grammar_rows import row_grammar
@@ -81,7 +81,7 @@ class SpeculativeEngine:
         prefix_cache_tokens: int | None = None,
     ) -> None:
         """enable_prefix_caching: keep the KV of prompt prefixes for later requests that start the same
-        (runtime/prefix_cache.py); prefix_cache_tokens: how many tokens it keeps (LRU beyond; None: as many as
+        (runtime/caches/prefix_cache.py); prefix_cache_tokens: how many tokens it keeps (LRU beyond; None: as many as
         the slot cache holds, max_batch_size x max_len)."""
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")

@@ -17,7 +17,7 @@ Invariants:
   `Scheduler.join`); a prompt with nothing to prefill (one token) is admitted only when no other is being
   prefilled, as it joins at once.
 
-Prefix caching (`PrefixCache`, runtime/prefix_cache.py): a sequence admitted finds the longest cached prefix of
+Prefix caching (`PrefixCache`, runtime/caches/prefix_cache.py): a sequence admitted finds the longest cached prefix of
 its prompt (full blocks of the part the target's cache takes, prompt[:-1]), walking its blocks once; those blocks
 are copied into its slot when it is staged, and its prefill starts after them (a fully cached prompt joins at
 once). After each prefill chunk the prompt's new full blocks are stored, from the sequence's cursor (its chain of
@@ -32,7 +32,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..runtime.prefix_cache import PrefixCache
+from ..runtime.caches.prefix_cache import PrefixCache
 from .sequence import Sequence, SequenceStatus
 
 
@@ -64,7 +64,7 @@ class PrefillChunk:
 
 
 class SlotCache(Protocol):
-    """What the scheduler moves when it allocates slots: the target runner's cache (runtime/kv_cache.py)."""
+    """What the scheduler moves when it allocates slots: the target runner's cache (runtime/caches/kv_cache.py)."""
 
     def reset(self, slot: int) -> None: ...
 

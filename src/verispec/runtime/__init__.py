@@ -1,4 +1,12 @@
-"""The runtime layer, below the engine and the drafters: the KV cache (`kv_cache.py`), verispec's own Llama-family
-model (`llama.py`), and the runners that execute forward passes on slots (`base.py`: what every runner shares;
-`hf_runner.py`: Hugging Face modeling; `native.py`: the native runner; `runner.py`: `make_runner` picks one).
-The engine and the drafters import it; it imports neither."""
+"""The runtime layer, below the drafters and the engine (they import it; it imports neither), in five rooms:
+
+- `kernels/`: verispec's C++ kernels, each beside its Python binding (`dense`, `fused` (attention and the small
+  ops), `layer_loop`, `quant`), `ext.py` that builds them, and `invariant.py`, the torch fallback where none builds.
+- `runners/`: what executes forward passes on slots: `base` (what every runner shares), `hf` (`HFRunner`, Hugging
+  Face modeling), `native` (`NativeRunner`, verispec's own model), `select` (`make_runner` picks one), `compile`
+  (torch.compile's precompiled step), `dtype` (`--dtype auto`).
+- `model/`: verispec's own Llama-family model (`llama`), loading targets and drafts (`loading`), and their memory
+  (`memory`).
+- `caches/`: the slot KV cache (`kv_cache`) and automatic prefix caching (`prefix_cache`).
+- `weights/`: weight formats and placement: a GGUF file's tensors (`gguf`), 2 MiB huge pages (`hugepages`).
+"""

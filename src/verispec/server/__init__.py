@@ -17,6 +17,6 @@
 
 from .app import create_app
 from .config import ServerConfig
-from .runtime import ServedModel
+from .served import ServedModel
 
 __all__ = ["ServerConfig", "ServedModel", "create_app"]

@@ -40,7 +40,7 @@ from .protocol import (
 )
 from .constraints import check_supported, constraint_field, logit_bias, requested_logprobs, structured_output
 from .responses import DONE, ResponseBuilder, TokenText, speculative_metrics, sse, usage
-from .runtime import Prompt, ServedModel
+from .served import Prompt, ServedModel
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .worker import EngineWorker
 

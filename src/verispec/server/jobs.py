@@ -16,7 +16,7 @@ from ..config import SamplingParams, SpeculativeConfig
 from ..stats import GenerationStats
 from .errors import APIError, timed_out
 from .responses import TokenText
-from .runtime import Prompt
+from .served import Prompt
 
 
 # -- events, worker thread -> event loop -----------------------------------------------------------------------------

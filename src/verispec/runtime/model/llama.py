@@ -18,10 +18,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import dense, fused, hugepages, layer_loop
-from .compile import run_program
-from .invariant import MAX_INVARIANT_IN, block_attention, split_in
-from .kv_cache import entry_index, write_entries
+from ..kernels import dense, fused, layer_loop
+from ..weights import hugepages
+from ..runners.compile import run_program
+from ..kernels.invariant import MAX_INVARIANT_IN, block_attention, split_in
+from ..caches.kv_cache import entry_index, write_entries
 
 # model_type -> (q/k/v carry a bias). Every other architecture runs on Hugging Face modeling.
 ARCHITECTURES = {"llama": False, "mistral": False, "qwen2": True}
@@ -101,7 +102,7 @@ def _(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch
 
 
 Weight = torch.Tensor | tuple[torch.Tensor, ...]  # one [out, in] (plain or packed), or packed input chunks
-DENSE = "dense"  # `packed` value of a weight in verispec's own kernel's layout (runtime/dense.py)
+DENSE = "dense"  # `packed` value of a weight in verispec's own kernel's layout (runtime/kernels/dense.py)
 Packing = bool | str  # False: plain (aten); True: oneDNN's packed layout; DENSE: verispec's dense kernel
 
 
@@ -126,7 +127,7 @@ class Linear(nn.Module):
             self.packed: Packing = DENSE
             self.weight: Weight = nn.Parameter(dense.pack(weight), requires_grad=False)  # [out, in (+1 for bf16)]
             return
-        # A quantized weight (runtime/quant.py) is never packed: F.linear reaches its own kernel.
+        # A quantized weight (runtime/kernels/quant.py) is never packed: F.linear reaches its own kernel.
         quantized = not isinstance(weight, torch.Tensor)
         packed = try_pack(weight) if pack and not quantized else None
         if packed is None and pack and not quantized and weight.dtype == torch.bfloat16:
@@ -176,7 +177,7 @@ def _packed(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 
 def own(tensor: torch.Tensor) -> nn.Parameter:
     """A copy the model owns: nothing it holds aliases the source's tensors (or the file those are mapped from),
-    so the source can be freed (native.release_hf_weights). A quantized weight (runtime/quant.py) is kept as it is."""
+    so the source can be freed (native.release_hf_weights). A quantized weight (runtime/kernels/quant.py) is kept as it is."""
     if not isinstance(tensor, torch.Tensor):
         return tensor
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)
@@ -387,7 +388,7 @@ class LlamaModel(nn.Module):
         return model_forward(*args, self.layer_loop())
 
     def quantized(self) -> bool:
-        """Whether any linear holds quantized blocks (runtime/quant.py), which only eager steps run."""
+        """Whether any linear holds quantized blocks (runtime/kernels/quant.py), which only eager steps run."""
         tensors = self.tensors()
         weights = [tensors.lm_head] + [w for layer in tensors.layers for w in layer]
         return any(w is not None and not isinstance(w, (torch.Tensor, tuple)) for w in weights)

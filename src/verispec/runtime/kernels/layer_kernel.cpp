@@ -1,4 +1,4 @@
-// The native layer's small ops and attention in C++ for verispec (runtime/fused.py builds it through ext.py).
+// The native layer's small ops and attention in C++ for verispec (runtime/kernels/fused.py builds it through ext.py).
 //
 // fp32 and bf16 (bf16 values are converted to fp32 exactly, computed in fp32 and rounded to nearest even once
 // where torch's formula rounds). Built with -O3 -march=native -ffp-contract=off: the compiler fuses no multiply-add,

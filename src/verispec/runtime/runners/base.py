@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kv_cache import SlotCache
+from ..caches.kv_cache import SlotCache
 
 
 @dataclass

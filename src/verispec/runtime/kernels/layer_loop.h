@@ -1,4 +1,4 @@
-// The decoder layers of one native step in one C++ call (runtime/layer_loop.py builds the plan; layer_kernel.cpp
+// The decoder layers of one native step in one C++ call (runtime/kernels/layer_loop.py builds the plan; layer_kernel.cpp
 // includes this file after its own ops and exports `LayerLoop`).
 //
 // It runs, layer after layer, exactly the calls `llama.layer_parts` makes on its fused path, with the same
@@ -19,7 +19,7 @@ using DenseLinearFn = at::Tensor (*)(const at::Tensor&, const at::Tensor&, const
 
 enum { QUANT = 0, DENSE_PACKED = 1 };
 
-// One linear of a layer: a QuantWeight's kernel arguments, or a dense packed weight (runtime/dense.py's layout).
+// One linear of a layer: a QuantWeight's kernel arguments, or a dense packed weight (runtime/kernels/dense.py's layout).
 struct LoopLinear {
   int64_t kind;
   at::Tensor data;    // QuantWeight.packed, or dense.pack's weight

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from . import hugepages
+from ..weights import hugepages
 
 
 class SlotLayer(CacheLayerMixin):
@@ -152,7 +152,7 @@ class SlotCache(Cache):
 
     def read_entries(self, slot: int, start: int, end: int) -> torch.Tensor:
         """A copy of slot's kept entries [start, end) -> [layers, 2 (keys, values), kv_heads, end - start, head_dim]
-        (the prefix cache's copy out, runtime/prefix_cache.py)."""
+        (the prefix cache's copy out, runtime/caches/prefix_cache.py)."""
         assert end <= self.lengths[slot], f"slot {slot} keeps {self.lengths[slot]} entries, not {end}"
         return torch.stack([torch.stack((layer.keys[slot, :, start:end], layer.values[slot, :, start:end]))
                             for layer in self.layers])

@@ -64,8 +64,9 @@ def sources_hash() -> str:
     program from other sources is never loaded."""
     if not _SOURCES:
         digest = hashlib.sha256()
-        for path in sorted(Path(__file__).parent.glob("*.py")):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+        runtime = Path(__file__).parents[1]
+        for path in sorted(runtime.rglob("*.py")):
+            digest.update(path.relative_to(runtime).as_posix().encode() + b"\0" + path.read_bytes())
         _SOURCES.append(digest.hexdigest()[:16])
     return _SOURCES[0]
 

@@ -8,11 +8,11 @@ import logging
 
 from transformers import PreTrainedModel
 
-from ..config import RunnerOptions
+from ...config import RunnerOptions
 from .base import RunnerOutput, SlotRunner
 from .compile import cache_counts
 from .dtype import choose_dtype, dtype_name, kernels_built
-from .hf_runner import ModelRunner
+from .hf import ModelRunner
 from .native import NativeRunner, UnsupportedModel, default_compile, model_device
 
 __all__ = ["DEFAULT_OPTIONS", "ModelRunner", "NativeRunner", "RunnerOutput", "SlotRunner", "make_runner",

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from . import fused
+from ..kernels import fused
 from .compile import cache_counts
-from .kv_cache import SlotCache, attention_mask
-from .llama import LlamaModel, LlamaSpec, UnsupportedModel
+from ..caches.kv_cache import SlotCache, attention_mask
+from ..model.llama import LlamaModel, LlamaSpec, UnsupportedModel
 from .base import RunnerOutput, SlotRunner
 
 logger = logging.getLogger("verispec")
@@ -136,7 +136,7 @@ class NativeRunner(SlotRunner):
         self.compiled = compile
         if compile:  # built before the first trace: Dynamo cannot trace the build (a graph break)
             fused.kernel()
-        self.batch_invariant = batch_invariant  # attention in one fixed order (runtime/invariant.py)
+        self.batch_invariant = batch_invariant  # attention in one fixed order (runtime/kernels/invariant.py)
         self.hf_model = None  # the Hugging Face model this twin was built from, if any
         self.compile_s = 0.0  # seconds spent in first calls of new shapes (compilation)
         self._shapes: set[tuple[int, int, bool]] = set()
@@ -240,13 +240,13 @@ def dynamic_dims(batch: int, n: int, select: torch.Tensor | None) -> dict[str, t
 
 def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None = None,
                           quantization: str | None = None, release: bool = True) -> LlamaModel:
-    """hf_model's native twin on quantized weights (runtime/quant.py), and HF's own copies released: the GGUF file's
+    """hf_model's native twin on quantized weights (runtime/kernels/quant.py), and HF's own copies released: the GGUF file's
     weights as stored (`--weights gguf`: the same values as the fp32 conversion hf_model was loaded from), or the
     twin's linears quantized (`--quantization int8`: a different model than the original). -> the twin.
     Afterwards hf_model holds no weights (meta tensors of the same shapes): only native runners run it. With
     release=False HF keeps its float weights (a draft model that HF's own assisted generation may also run)."""
-    from .gguf_weights import read_gguf_weights
-    from .quant import quantize_linears
+    from ..weights.gguf import read_gguf_weights
+    from ..kernels.quant import quantize_linears
 
     positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
     spec = LlamaSpec.from_config(hf_model.config, positions)

@@ -1,4 +1,4 @@
-// verispec's dense linear: y[M, N] = x[M, K] @ W^T (+ bias), fp32 or bf16, on weights packed once (runtime/dense.py).
+// verispec's dense linear: y[M, N] = x[M, K] @ W^T (+ bias), fp32 or bf16, on weights packed once (runtime/kernels/dense.py).
 //
 // Packed layout (dense.py's `pack`): the output columns in blocks of 16, each block's weights contiguous, so one
 // block streams from memory as one sequential run; the last block holds N % 16 columns when N is not a multiple.

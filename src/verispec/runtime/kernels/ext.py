@@ -28,7 +28,7 @@ except ImportError:  # not POSIX: torch's own lock file only
 _BUILT: dict[str, object] = {}  # name -> module, or False when it could not be built
 
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
-# Every kernel: name -> its source beside this module (what `python -m verispec.runtime.ext` builds ahead of use).
+# Every kernel: name -> its source beside this module (what `python -m verispec.runtime.kernels.ext` builds ahead of use).
 KERNELS = {"dense": "dense_kernel.cpp", "layer": "layer_kernel.cpp", "quant": "quant_kernel.cpp"}
 
 
@@ -142,7 +142,7 @@ def build_all() -> dict[str, float]:
     start, procs = time.perf_counter(), {}
     for name, source in KERNELS.items():
         if not is_cached(name):
-            code = f"from verispec.runtime.ext import build; build({name!r}, {source!r})"
+            code = f"from verispec.runtime.kernels.ext import build; build({name!r}, {source!r})"
             procs[name] = subprocess.Popen([sys.executable, "-c", code])
     seconds = {}
     for name, proc in procs.items():

@@ -37,7 +37,7 @@ BF16_BENCH_EQUAL = "bench, 13 prompts, before the kernels: 0-4/13 equal"
 
 def kernels_built() -> bool:
     """Whether verispec's row-invariant C++ kernels (dense linears, attention) are built on this machine."""
-    from . import dense, fused
+    from ..kernels import dense, fused
 
     return dense.kernel() is not None and fused.kernel() is not None
 

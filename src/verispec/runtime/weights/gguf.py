@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .quant import GGML_BLOCKS, QuantWeight
+from ..kernels.quant import GGML_BLOCKS, QuantWeight
 
 # GGUF tensor name (after "blk.N.") -> Hugging Face's name (after "model.layers.N.")
 _LAYER_NAMES = {

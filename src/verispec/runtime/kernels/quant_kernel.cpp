@@ -1,4 +1,4 @@
-// Weight-only quantized GEMV/GEMM for verispec (runtime/quant.py builds it with torch.utils.cpp_extension).
+// Weight-only quantized GEMV/GEMM for verispec (runtime/kernels/quant.py builds it with torch.utils.cpp_extension).
 //
 // y[r, o] = sum_i w[o, i] * x[r, i], with w[o, i] dequantized exactly as gguf-py does it (in float32, one rounding
 // per operation; this file is built with -ffp-contract=off, and the only fused multiply-adds in a dequantization are

@@ -21,7 +21,7 @@ import torch
 from transformers import PreTrainedModel
 
 from .base import RunnerOutput, SlotRunner
-from .kv_cache import SlotCache, StepLayout, attention_mask
+from ..caches.kv_cache import SlotCache, StepLayout, attention_mask
 
 
 class ModelRunner(SlotRunner):
