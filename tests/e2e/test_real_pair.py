@@ -106,11 +106,11 @@ def test_native_runner_matches_hf_on_the_real_target():
     """The native runner's logits on SmolLM2-135M (fp32) within 1e-3 of Hugging Face's (logits of magnitude ~10-30),
     over a prompt and a batched 4-token verify-like pass; the native model is the default runner for it."""
     from verispec.runtime.runners.native import NativeRunner
-    from verispec.runtime.runners.select import ModelRunner, make_runner
+    from verispec.runtime.runners.select import HFRunner, make_runner
 
     target = load_model(DEFAULT_TARGET, dtype=torch.float32)
     assert make_runner(target, 64).backend == "native"
-    hf, native = ModelRunner(target, 512, 2), NativeRunner.from_hf(target, 512, 2)
+    hf, native = HFRunner(target, 512, 2), NativeRunner.from_hf(target, 512, 2)
     ids = load_tokenizer(DEFAULT_TARGET)(PROMPTS[1])["input_ids"]
     for slot in range(2):
         prompt = torch.tensor([ids[: len(ids) - 3 * slot]])

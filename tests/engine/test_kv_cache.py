@@ -6,7 +6,7 @@ import torch
 
 from conftest import BUILDERS
 from verispec.runtime.caches.kv_cache import attention_mask
-from verispec.runtime.runners.select import ModelRunner
+from verispec.runtime.runners.select import HFRunner
 
 
 def allowed(mask):
@@ -33,7 +33,7 @@ def test_truncate_then_refeed_matches_fresh_forward(arch):
     model = BUILDERS[arch](0)
     ids = torch.randint(5, 60, (1, 12))
     fresh = model(ids).logits  # [1, 12, vocab]
-    runner = ModelRunner(model, max_len=64)
+    runner = HFRunner(model, max_len=64)
     runner.forward(ids[:, :8])
     keys = runner.cache.layers[0].keys
     pointer = keys.data_ptr()
@@ -52,7 +52,7 @@ def test_ragged_rows_advance_together(arch):
     model = BUILDERS[arch](0)
     a, c = torch.randint(5, 60, (1, 12)), torch.randint(5, 60, (1, 7))
     fresh_a, fresh_c = model(a).logits[0], model(c).logits[0]
-    runner = ModelRunner(model, max_len=64, num_slots=2)
+    runner = HFRunner(model, max_len=64, num_slots=2)
     runner.forward(a[:, :8], start_slot=0)  # prefill each slot alone
     runner.forward(c[:, :2], start_slot=1)
     fed = torch.stack([a[0, 8:12], torch.cat([c[0, 2:4], torch.tensor([0, 0])])])  # row 1: 2 real + 2 padding
@@ -71,7 +71,7 @@ def test_move_slot_keeps_the_sequence():
     model = BUILDERS["llama"](0)
     ids = torch.randint(5, 60, (1, 9))
     fresh = model(ids).logits[0]
-    runner = ModelRunner(model, max_len=32, num_slots=3)
+    runner = HFRunner(model, max_len=32, num_slots=3)
     runner.forward(torch.randint(5, 60, (3, 1)))
     runner.truncate(0, 2)
     runner.forward(ids[:, :6], start_slot=2)
@@ -82,13 +82,13 @@ def test_move_slot_keeps_the_sequence():
 
 
 def test_truncate_cannot_grow():
-    runner = ModelRunner(BUILDERS["llama"](0), max_len=16)
+    runner = HFRunner(BUILDERS["llama"](0), max_len=16)
     runner.forward(torch.tensor([[5, 6, 7]]))
     with pytest.raises(AssertionError):
         runner.truncate(4)
 
 
 def test_forward_past_capacity_is_a_clear_error():
-    runner = ModelRunner(BUILDERS["llama"](0), max_len=4)
+    runner = HFRunner(BUILDERS["llama"](0), max_len=4)
     with pytest.raises(ValueError, match="max_len"):
         runner.forward(torch.tensor([[5, 6, 7, 8, 9]]))

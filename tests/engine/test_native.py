@@ -10,7 +10,7 @@ from conftest import BUILDERS, VOCAB, _common, tiny_llama
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.runners.native import NativeRunner, load_safetensors
-from verispec.runtime.runners.select import ModelRunner, make_runner
+from verispec.runtime.runners.select import HFRunner, make_runner
 
 ATOL = 1e-4
 
@@ -35,7 +35,7 @@ def randomize_norms(model) -> None:
 
 
 def both(model, max_len=64, slots=3, compile=False):
-    return ModelRunner(model, max_len, slots), NativeRunner.from_hf(model, max_len, slots, compile=compile)
+    return HFRunner(model, max_len, slots), NativeRunner.from_hf(model, max_len, slots, compile=compile)
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILY))
@@ -85,7 +85,7 @@ def test_loads_a_safetensors_folder_without_hf_modeling(tmp_path):
     model = tiny_llama(4)
     model.save_pretrained(tmp_path)
     native = NativeRunner(load_safetensors(tmp_path, torch.float32, 64), model.config, 64)
-    hf = ModelRunner(model, 64)
+    hf = HFRunner(model, 64)
     tokens = torch.randint(0, VOCAB, (1, 6))
     torch.testing.assert_close(native.forward(tokens).logits, hf.forward(tokens).logits, atol=ATOL, rtol=0)
 
@@ -109,7 +109,7 @@ def test_the_twin_follows_weight_changes():
     with torch.no_grad():
         model.lm_head.weight.mul_(2)
     after = NativeRunner.from_hf(model, 32).forward(tokens).logits
-    torch.testing.assert_close(after, ModelRunner(model, 32).forward(tokens).logits, atol=ATOL, rtol=0)
+    torch.testing.assert_close(after, HFRunner(model, 32).forward(tokens).logits, atol=ATOL, rtol=0)
     assert not torch.allclose(before, after)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..runtime.runners.hf import ModelRunner
+from ..runtime.runners.hf import HFRunner
 
 
 def conditional_acceptance(accepted_by_position: Sequence[float]) -> list[float]:
@@ -69,7 +69,7 @@ class CostProbe:
                 "verify_ms": {str(w): round(s * 1e3, 3) for w, s in sorted(self.verify_s.items())}}
 
 
-def _timed_forward(runner: ModelRunner, tokens: torch.Tensor, keep: int) -> float:
+def _timed_forward(runner: HFRunner, tokens: torch.Tensor, keep: int) -> float:
     start = time.perf_counter()
     runner.forward(tokens)  # [1, w] -> logits [1, w, vocab], as a verify pass computes them
     seconds = time.perf_counter() - start
@@ -84,8 +84,8 @@ def probe_costs(target, draft, prompt_ids: Sequence[int], max_width: int, repeat
     prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long)  # [n]
     keep = prompt.numel() - 1
     filler = prompt[-1:].repeat(max_width).unsqueeze(0)  # [1, max_width]: real token ids; values do not matter
-    target_runner = ModelRunner(target, prompt.numel() + max_width + 1)
-    draft_runner = ModelRunner(draft, prompt.numel() + 2) if draft is not None else None
+    target_runner = HFRunner(target, prompt.numel() + max_width + 1)
+    draft_runner = HFRunner(draft, prompt.numel() + 2) if draft is not None else None
     for runner in filter(None, (target_runner, draft_runner)):
         runner.forward(prompt[:-1].unsqueeze(0), last_only=True)
     widths = range(1, max_width + 1)

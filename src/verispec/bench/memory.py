@@ -77,7 +77,7 @@ class PeakMemory:
 
 
 def persistent_bytes(runner) -> int:
-    """Bytes of a ModelRunner's preallocated KV buffers (kept across calls, so resident before each call)."""
+    """Bytes of a HFRunner's preallocated KV buffers (kept across calls, so resident before each call)."""
     return sum(
         layer.keys.numel() * layer.keys.element_size() + layer.values.numel() * layer.values.element_size()
         for layer in runner.cache.layers

@@ -63,8 +63,9 @@ class PrefillChunk:
     joins: bool
 
 
-class SlotCache(Protocol):
-    """What the scheduler moves when it allocates slots: the target runner's cache (runtime/caches/kv_cache.py)."""
+class SlotOwner(Protocol):
+    """What owns the slots the scheduler moves when it allocates them: the target runner (its cache:
+    runtime/caches/kv_cache.py)."""
 
     def reset(self, slot: int) -> None: ...
 
@@ -88,7 +89,7 @@ class Scheduler:
     slot past the decoding rows) or `running` (decoding; index == slot, slots contiguous from 0)."""
 
     def __init__(self, config: SchedulerConfig | None = None, max_slots: int | None = None,
-                 cache: SlotCache | None = None, prefix: PrefixCache | None = None) -> None:
+                 cache: SlotOwner | None = None, prefix: PrefixCache | None = None) -> None:
         self.config = config or SchedulerConfig()
         self.max_slots = max_slots  # None: planning only (schedule()), no slots handed out
         self.cache = cache

@@ -1,4 +1,4 @@
-"""`ModelRunner`: one Hugging Face causal LM plus its `SlotCache`, behind the interface the engine talks to.
+"""`HFRunner`: one Hugging Face causal LM plus its `SlotCache`, behind the interface the engine talks to.
 
     forward(token_ids [batch, n], start_slot, positions, tree_mask, logits_at, want_hidden) -> RunnerOutput
 
@@ -24,7 +24,7 @@ from .base import RunnerOutput, SlotRunner
 from ..caches.kv_cache import SlotCache, StepLayout, attention_mask
 
 
-class ModelRunner(SlotRunner):
+class HFRunner(SlotRunner):
     """A Hugging Face model with `num_slots` sequences' KV caches of `max_len` entries each."""
 
     backend = "hf"

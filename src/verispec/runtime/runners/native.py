@@ -1,4 +1,4 @@
-"""`NativeRunner`: the runner interface of `runner.ModelRunner` on verispec's own Llama-family model (`llama.py`),
+"""`NativeRunner`: the runner interface of `runner.HFRunner` on verispec's own Llama-family model (`llama.py`),
 optionally torch.compiled. The engine cannot tell the two apart: same slots, same lengths, same masks.
 
 Compilation (`compile=True`): the whole step (`llama.model_forward`: every layer and the LM head) is one compiled
@@ -114,7 +114,7 @@ def model_device(hf_model) -> torch.device:
 
 
 class NativeRunner(SlotRunner):
-    """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.ModelRunner."""
+    """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.HFRunner."""
 
     backend = "native"
 

@@ -12,10 +12,10 @@ from ...config import RunnerOptions
 from .base import RunnerOutput, SlotRunner
 from .compile import cache_counts
 from .dtype import choose_dtype, dtype_name, kernels_built
-from .hf import ModelRunner
+from .hf import HFRunner
 from .native import NativeRunner, UnsupportedModel, default_compile, model_device
 
-__all__ = ["DEFAULT_OPTIONS", "ModelRunner", "NativeRunner", "RunnerOutput", "SlotRunner", "make_runner",
+__all__ = ["DEFAULT_OPTIONS", "HFRunner", "NativeRunner", "RunnerOutput", "SlotRunner", "make_runner",
            "runner_info"]
 
 logger = logging.getLogger("verispec")
@@ -58,4 +58,4 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
                 raise ValueError(f"the native runner cannot run this model: {exc}; use the runner backend "
                                  f"'hf' or 'auto'") from exc
             logger.info("native runner not used (%s): Hugging Face modeling runs this model", exc)
-    return ModelRunner(model, max_len, num_slots)
+    return HFRunner(model, max_len, num_slots)
