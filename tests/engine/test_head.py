@@ -90,15 +90,15 @@ def test_training_module_and_drafter_compute_the_same_head(trained_pair):
         step0, step1 = net.unrolled(tokens, features, 2)
         index = torch.arange(t).view(1, t)
         causal = torch.arange(t).view(1, 1, t) <= index.unsqueeze(-1)
-        hidden, _ = drafter._forward(slice(0, 1), tokens, features, index, index, causal)
+        hidden, _ = drafter._forward(tokens, features, index, index, causal)
         assert torch.allclose(hidden, step0, atol=1e-4)
         for i in range(1, t):  # cache: real pairs [0, i) are there (written above); feed (f^_i, x_{i+1}) at i
             visible = torch.arange(t).view(1, 1, t) < i
             visible[0, 0, i] = True
             pos = torch.tensor([[i]])
-            out, _ = drafter._forward(slice(0, 1), tokens[:, i : i + 1], step0[:, i - 1 : i], pos, pos, visible)
+            out, _ = drafter._forward(tokens[:, i : i + 1], step0[:, i - 1 : i], pos, pos, visible)
             assert torch.allclose(out[0, 0], step1[0, i], atol=1e-4), i
-            drafter._forward(slice(0, 1), tokens[:, i : i + 1], features[:, i : i + 1], pos, pos,
+            drafter._forward(tokens[:, i : i + 1], features[:, i : i + 1], pos, pos,
                              torch.arange(t).view(1, 1, t) <= i)  # restore the real pair at i
 
 

@@ -136,6 +136,17 @@ class Drafter(ABC):
         """Whether `propose` would draft anything after `token_ids` [n] (cheap; default: always)."""
         return True
 
+    @property
+    def stages(self) -> tuple[Drafter, ...]:
+        """The drafters that take turns drafting (a cascade's stages, in order; one drafter: itself). The engine
+        keeps a draft-length policy per stage and, under adaptive K, routes each row to the stage that pays best."""
+        return (self,)
+
+    def keep_prefixes(self, tokens: int) -> None:
+        """The engine caches prompt prefixes, up to `tokens` tokens (0: off): a drafter with its own KV cache
+        (model.py) keeps its own prefixes as many, so a prompt the target found cached costs the draft no prefill
+        either. Default: nothing to keep."""
+
     def route(self, token_ids: torch.Tensor) -> Drafter:
         """The drafter that will propose after `token_ids` [n]: itself, or a composite's member. The engine keys
         its draft-length policy on it, so a cascade's stages each get their own K (see cascade.py)."""

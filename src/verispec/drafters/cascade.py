@@ -37,13 +37,21 @@ class CascadeDrafter(Drafter):
     def __init__(self, stages: Sequence[Drafter]) -> None:
         if len(stages) < 2:
             raise ValueError("a cascade needs at least two drafters, e.g. --draft-model ngram+MODEL")
-        self.stages = list(stages)
+        self._stages = tuple(stages)
         self.name = SEPARATOR.join(stage.name for stage in self.stages)
         self.provides_probs = any(stage.provides_probs for stage in self.stages)
         self.wants_features = any(stage.wants_features for stage in self.stages)
         self.wants_tokens = any(stage.wants_tokens for stage in self.stages)
         self.last_stage: Drafter | None = None  # a stage that drafted in the latest step (stats, tests)
         self.last_stages: list[Drafter | None] = []  # [row]: the stage that drafted each row in the latest step
+
+    @property
+    def stages(self) -> tuple[Drafter, ...]:
+        return self._stages
+
+    def keep_prefixes(self, tokens: int) -> None:
+        for stage in self.stages:
+            stage.keep_prefixes(tokens)
 
     def can_propose(self, token_ids: torch.Tensor) -> bool:
         return any(stage.can_propose(token_ids) for stage in self.stages)

@@ -9,6 +9,7 @@ f_{i+1}, and through the LM head the token x_{i+2}. Drafting feeds the head its 
 Features come from the engine at no extra target pass (`observe_features`): the prefill's and each verify pass's
 hidden states at the committed positions.
 
+The head's KV lives in runtime's slot cache (`SlotCache`, one layer; rollback moves its lengths, as the target's).
 Cache invariant (per member slot, a sequence with N committed tokens): the head cache holds the pairs [0, D) and
 the drafter keeps the target features f_D .. f_{N-2} it has not fed yet (`pending`), so D + len(pending) = N - 1
 after every `observe_features`. A round feeds the pending pairs (real features; rows that do not draft catch up in
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import MAX_DRAFT_TOKENS, RunnerOptions
+from ..runtime.caches.kv_cache import SlotCache
 from ..runtime.model.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
@@ -146,41 +148,28 @@ class HeadDrafter(Drafter):
 
         cos, sin = rope_table(target, self.max_len)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)  # [max_len, head_dim]
-        self.num_slots = 0
-        self.keys = self.values = None  # [slots, kv_heads, max_len, head_dim]
-        self.lengths: list[int] = []  # [slot]: pairs in the head cache (D)
+        self.cache = SlotCache(1, 0, self.max_len)  # lengths[slot]: pairs in the head cache (D)
         self.pending: list[list[torch.Tensor]] = []  # [slot]: target features not fed yet, in order
         self.reserve(num_slots)
 
     # -- slots ---------------------------------------------------------------------------------------------------
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
-        if num_slots <= self.num_slots:
-            return
-        shape = (num_slots, self.spec.num_kv_heads, self.max_len, self.spec.head_dim)
-        keys = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        values = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        if self.keys is not None:
-            keys[: self.num_slots], values[: self.num_slots] = self.keys, self.values
-        self.keys, self.values = keys, values
-        self.lengths += [0] * (num_slots - self.num_slots)
-        self.pending += [[] for _ in range(num_slots - self.num_slots)]
-        self.num_slots = num_slots
+        self.pending += [[] for _ in range(num_slots - len(self.pending))]
+        self.cache.reserve(num_slots)  # buffers are made on the first forward that uses a slot
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
-        self.lengths[slot] = 0
+        self.cache.set_length(slot, 0)
         self.pending[slot] = []
 
     def observe_features(self, slot: int, features: torch.Tensor) -> None:
         """The target's features at the next committed positions ([m, hidden], in order)."""
         self.pending[slot].append(features.detach())
 
+    @torch.inference_mode()  # the buffers were made under inference mode (`propose`): in-place writes must be too
     def move_slot(self, src: int, dst: int) -> None:
-        n = self.lengths[src]
-        self.keys[dst, :, :n] = self.keys[src, :, :n]
-        self.values[dst, :, :n] = self.values[src, :, :n]
-        self.lengths[dst], self.pending[dst] = n, self.pending[src]
-        self.begin(src, None)
+        self.cache.move(src, dst)
+        self.pending[dst], self.pending[src] = self.pending[src], []
 
     def release(self, slot: int) -> None:
         self.begin(slot, None)
@@ -191,16 +180,20 @@ class HeadDrafter(Drafter):
 
     # -- the head ------------------------------------------------------------------------------------------------
 
-    def _forward(self, rows: slice, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+    def _forward(self, tokens: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                  write_index: torch.Tensor, visible: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One head pass. tokens, positions, write_index [b, n]; features [b, n, hidden]; visible [b, n, L] bool
-        (the cache entries each fed pair sees) -> predicted features [b, n, hidden], draft logits [b, n, V']."""
+        """One head pass over slots [0, b). tokens, positions, write_index [b, n]; features [b, n, hidden]; visible
+        [b, n, L] bool (the cache entries each fed pair sees: the kept pairs, and a tree node's ancestors, which
+        sit at the head's own node indices, so not `kv_cache.attention_mask`'s layout) -> predicted features
+        [b, n, hidden], draft logits [b, n, V']."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        mask = mask.masked_fill_(~visible, torch.finfo(self.dtype).min).unsqueeze(1)  # [b, 1, n, L]
         x = self.fc(torch.cat([F.embedding(tokens, self.embed), features.to(self.dtype)], dim=-1))  # [b, n, hidden]
         cos = self.cos[positions].unsqueeze(1).to(self.dtype)  # [b, 1, n, d]
         sin = self.sin[positions].unsqueeze(1).to(self.dtype)
-        mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
-        mask = mask.masked_fill_(~visible, torch.finfo(self.dtype).min).unsqueeze(1)  # [b, 1, n, L]
-        x = layer_step(x, cos, sin, self.keys[rows], self.values[rows], write_index.view(*tokens.shape, 1).unsqueeze(1),
+        keys, values = self.cache.buffers(0, tokens.shape[0], x.new_empty(0, self.spec.num_kv_heads, 0,
+                                                                            self.spec.head_dim))
+        x = layer_step(x, cos, sin, keys, values, write_index.view(*tokens.shape, 1).unsqueeze(1),
                        mask, self.block.weights(), self.spec, self.block.packed)
         hidden = rms_norm(x, self.norm, self.spec.rms_norm_eps)
         return hidden, self.lm_head(hidden)
@@ -219,7 +212,7 @@ class HeadDrafter(Drafter):
         feeds = [torch.cat(self.pending[r.slot]) if r.member and self.pending[r.slot] else None for r in rows]
         counts = [0 if f is None else f.shape[0] for f in feeds]
         width = max(counts)
-        bases = [self.lengths[r.slot] for r in rows]  # D per row
+        bases = [self.cache.lengths[r.slot] for r in rows]  # D per row
         # A row drafts from the output of its newest real pair, so it needs at least one pair fed now.
         ks = [min(r.k, self.max_len - CACHE_SLACK - r.token_ids.numel()) if r.member and counts[i] > 0 else 0
               for i, r in enumerate(rows)]
@@ -236,11 +229,11 @@ class HeadDrafter(Drafter):
                 features[i, : counts[i]] = feeds[i]
         write_index = torch.tensor(bases, device=device).unsqueeze(1) + torch.arange(width, device=device)  # [b, w]
         visible = torch.arange(max(kept), device=device).view(1, 1, -1) <= write_index.unsqueeze(-1)  # [b, w, L]
-        hidden, logits = self._forward(slice(0, b), tokens, features, write_index, write_index, visible)
+        hidden, logits = self._forward(tokens, features, write_index, write_index, visible)
         at = torch.tensor([max(c - 1, 0) for c in counts], device=device)  # [b]: each row's newest real pair
         for i, row in enumerate(rows):
             if row.member:
-                self.lengths[row.slot] = kept[i]
+                self.cache.lengths[row.slot] = kept[i]
                 self.pending[row.slot] = []
         if not any(ks):
             return [DraftProposal(r.token_ids.new_empty(0), None, time.perf_counter() - start) for r in rows]
@@ -344,7 +337,7 @@ class HeadDrafter(Drafter):
                     write_index[i, t] = kept[i] + len(fed_ids[i]) + (t - len(chosen[i]))
                     visible[i, t, : kept[i]] = True
                     positions[i, t] = max(kept[i] - 1, 0)
-            frontier_hidden, frontier_logits = self._forward(slice(0, b), tokens, features, positions, write_index,
+            frontier_hidden, frontier_logits = self._forward(tokens, features, positions, write_index,
                                                              visible | _self_visible(write_index, kv_len))
             parents_of = [list(c) for c in chosen]
             score_of = [[nodes[i][n - 1][2] for n in chosen[i]] for i in range(b)]

@@ -103,7 +103,7 @@ class ModelDrafter(Drafter):
     name = "model"
     provides_probs = True
     prefills_lazily = True
-    prefix_tokens = 0  # KV of prompt prefixes kept for later prompts (the engine sets it; 0: off)
+    prefix_tokens = 0  # KV of prompt prefixes kept for later prompts (`keep_prefixes`; 0: off)
     _prefix: PrefixCache | None = None
     IN_BATCH = 2  # tokens a drafting row may feed in the batched forward (a round that accepted all: 2)
     CATCH_UP_CHUNK = 512  # tokens per forward of a row's own catch-up (a long prompt runs in chunks)
@@ -137,6 +137,9 @@ class ModelDrafter(Drafter):
         # target's cost alone, and one that never drafts never runs the draft model.
         self.runner.reset(slot)
         self._unstarted[slot] = prompt_ids.numel()
+
+    def keep_prefixes(self, tokens: int) -> None:
+        self.prefix_tokens = tokens
 
     def _catch_up(self, row: DraftRow) -> float:
         """A drafting row's own forwards over what its cache lacks but the last committed token (seq[D:N-1]):

@@ -3,7 +3,7 @@
     step() = schedule -> propose -> verify -> commit
 
 - schedule (scheduler.py): waiting sequences take free slots (up to max_batch_size) in arrival order and their
-  prompts are prefilled into their slots, in chunks within the step's token budget; a sequence whose prompt is
+  prompts are prefilled into their slots (prefill.py), in chunks within the step's token budget; a sequence whose prompt is
   complete joins the batch and decodes in the same step.
 - propose (proposer.py): per running row, K from its routed drafter's policy, forced tokens of a grammar, one
   propose call per drafter, padded into the verify pass's inputs (`StepDrafts`).
@@ -38,9 +38,10 @@ from .drafter_calls import DrafterCalls, wants_features
 from .grammar_rows import row_grammar
 from .output import OutputStep, final_result, stream_chunk
 from .policy import DraftPolicies
+from .prefill import Prefill
 from .proposer import Proposer
 from .requests import acceptance_label, model_eos_ids, new_sequence
-from .scheduler import PrefillChunk, Scheduler, SchedulerConfig
+from .scheduler import Scheduler, SchedulerConfig
 from .sequence import GenerationChunk, GenerationResult, Sequence
 from .verifier import Verifier
 
@@ -62,6 +63,8 @@ class StepReport:
     speculative_ks: list[int] = field(default_factory=list)  # K of each row that speculates (0: switched off)
     prefix_queried_tokens: int = 0  # prompt tokens of sequences admitted this step, looked up in the prefix cache
     prefix_hit_tokens: int = 0  # of those, found there (their prefill skipped)
+    started: list[Sequence] = field(default_factory=list)  # sequences that took a slot this step (their
+    # generation began: the server counts them running from here)
 
 
 class SpeculativeEngine:
@@ -108,6 +111,7 @@ class SpeculativeEngine:
         self.proposer = Proposer(self.target, self.calls, self.policies)
         self.verifier = Verifier(self.target)
         self.output = OutputStep(self.target, self.scheduler, self.calls)
+        self.prefill = Prefill(self.target, self.scheduler, self.calls)
         self.last_step = StepReport()
         self._last_width = 1  # tokens per row of the latest verify pass (max K + 1): the next step's budget guess
         self._warned_lossy = False
@@ -196,12 +200,9 @@ class SpeculativeEngine:
         return seq
 
     def _share_prefix_cache(self, drafter: Drafter) -> None:
-        """A draft model keeps its own prompt prefixes (its own KV) when the engine does, as many tokens."""
+        """A drafter with its own KV keeps its own prompt prefixes when the engine does, as many tokens."""
         prefix = self.prefix_cache
-        tokens = 0 if prefix is None else prefix.capacity * prefix.block_size
-        for stage in getattr(drafter, "stages", [drafter]):
-            if hasattr(stage, "prefix_tokens"):
-                stage.prefix_tokens = tokens
+        drafter.keep_prefixes(0 if prefix is None else prefix.capacity * prefix.block_size)
 
     def abort(self, seq: Sequence) -> None:
         """Stop a request now (a client went away); its figures still count. A decoding sequence's row leaves the
@@ -214,13 +215,17 @@ class SpeculativeEngine:
     # -- the step ------------------------------------------------------------------------------------------------
 
     def step(self) -> list[Sequence]:
-        """Advance every running sequence by one round. -> the sequences that committed tokens (finished ones too)."""
+        """Advance every running sequence by one round. -> the sequences that committed tokens (finished ones too).
+        `last_step` reports it, written as it goes: a step that raised still says which sequences it started."""
+        report = self.last_step = StepReport()
         prefix = self.prefix_cache
         queried, hits = (prefix.queried_tokens, prefix.hit_tokens) if prefix is not None else (0, 0)
         chunks = self.scheduler.admit(self._last_width)
+        # A sequence's first chunk takes its slot (a step may run several chunks of one prompt).
+        report.started = list({c.seq.seq_id: c.seq for c in chunks if c.seq.slot < 0}.values())
         for chunk in chunks:
-            self._prefill(chunk)
-        report = StepReport(prefill_tokens=sum(c.end - c.start for c in chunks))
+            self.prefill.run(chunk)
+        report.prefill_tokens = sum(c.end - c.start for c in chunks)
         if prefix is not None:
             report.prefix_queried_tokens = prefix.queried_tokens - queried
             report.prefix_hit_tokens = prefix.hit_tokens - hits
@@ -232,33 +237,7 @@ class SpeculativeEngine:
             self._last_width = drafts.width
             report.rows, report.tokens_fed = len(rows), len(rows) * drafts.width
             report.speculative_ks = drafts.speculative_ks
-        self.last_step = report
         return list(rows)
-
-    def _prefill(self, chunk: PrefillChunk) -> None:
-        seq = chunk.seq
-        if seq.slot < 0:
-            self.scheduler.stage(seq)
-        if chunk.end > chunk.start:
-            # Each chunk is its own forward, with boundaries set by the prompt alone: no padding, and the same
-            # numbers as when the request runs alone.
-            start = time.perf_counter()
-            features = wants_features(seq.drafter)  # a draft head reads the prompt's hidden states
-            out = self.target.forward(seq.committed[chunk.start : chunk.end].unsqueeze(0), start_slot=seq.slot,
-                                      last_only=True, all_hidden=features)
-            if features:
-                seq.features.append(out.hidden[0])  # [chunk, hidden]
-            self.scheduler.store_prefix(seq, chunk.end)
-            seq.stats.prefill_s += time.perf_counter() - start
-        if chunk.joins:
-            self.scheduler.join(seq)
-            if seq.scope is not None:
-                self.calls.on_row(seq, lambda d: d.set_scope(seq.slot, seq.scope))
-            self.calls.on_row(seq, lambda d: d.begin(seq.slot, seq.committed))
-            if wants_features(seq.drafter) and seq.features:
-                features = torch.cat(seq.features)  # [prompt - 1, hidden]
-                self.calls.on_row(seq, lambda d: d.observe_features(seq.slot, features))
-            seq.features = []
 
     # -- convenience ---------------------------------------------------------------------------------------------
 

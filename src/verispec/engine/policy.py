@@ -288,8 +288,8 @@ class DraftPolicies:
 
     def route(self, spec, drafter, token_ids, batch_size: int = 1):
         """The drafter (a cascade's stage) that drafts after `token_ids` [n] this step (class docstring)."""
-        stages = getattr(drafter, "stages", None)
-        if not spec.adaptive or not stages:
+        stages = drafter.stages
+        if not spec.adaptive or stages == (drafter,):  # one drafter: nothing to choose between
             return drafter.route(token_ids)
         candidates = [stage for stage in stages if stage.can_propose(token_ids)] or [stages[-1]]
         best, best_gain = candidates[0], None

@@ -69,8 +69,8 @@ class _Active:
 
     @property
     def touched(self) -> bool:
-        """A step has worked on one of its choices (it holds a slot, or has been prefilled or decoded)."""
-        return any(_started(c.seq) for c in self.choices.values())
+        """A step has worked on one of its running choices (the engine's step reports said it started)."""
+        return any(c.admitted for c in self.choices.values())
 
 
 # -- the worker ------------------------------------------------------------------------------------------------------
@@ -164,10 +164,14 @@ class EngineWorker:
             self._drop_cancelled()
             if self.engine.has_unfinished:
                 try:
-                    self._post(self.engine.step())
+                    stepped = self.engine.step()
                 except Exception as exc:  # noqa: BLE001 - a failed step fails the jobs it touched, never the worker
                     logger.exception("engine step failed")
+                    self._note_started(self.engine.last_step.started)
                     self._fail([a for a in self._active if a.touched], internal_error(exc))
+                else:
+                    self._note_started(self.engine.last_step.started)
+                    self._post(stepped)
             self._update_gauges()
 
     def _take_jobs(self, block: bool) -> bool:
@@ -232,7 +236,6 @@ class EngineWorker:
 
     def _post(self, stepped: list[Sequence]) -> None:
         """Each stepped sequence's round: its text, and its end once it finished."""
-        self._note_admissions()
         now = time.perf_counter()
         report = self.engine.last_step
         self.metrics.prefix_cache_queries.inc(report.prefix_queried_tokens)
@@ -291,25 +294,20 @@ class EngineWorker:
         else:
             self._count_queued(-1)
 
-    def _note_admissions(self) -> None:
-        """Choices that got a slot since the last look start their generation; their job runs, no longer queued."""
-        for active in self._active:
-            for choice in active.choices.values():
-                seq = choice.seq
-                if not choice.admitted and _started(seq):
-                    choice.admitted = True
-                    self.metrics.prompt_tokens.inc(seq.prompt_len)
-                    if not active.admitted:
-                        active.admitted = True
-                        self._count_queued(-1)
-                        self.metrics.running.inc()
+    def _note_started(self, started: list[Sequence]) -> None:
+        """The sequences the step started (the engine's report says which): each choice's generation begins; its job
+        runs, no longer queued."""
+        for seq in started:
+            if seq.seq_id not in self._by_seq:
+                continue  # its job already ended
+            active, choice = self._by_seq[seq.seq_id]
+            choice.admitted = True
+            self.metrics.prompt_tokens.inc(seq.prompt_len)
+            if not active.admitted:
+                active.admitted = True
+                self._count_queued(-1)
+                self.metrics.running.inc()
 
     def _update_gauges(self) -> None:
-        self._note_admissions()
         self.metrics.batch_rows.set(len(self.engine.running))
         self.metrics.waiting_sequences.set(len(self.engine.scheduler))
-
-
-def _started(seq: Sequence) -> bool:
-    """The engine has begun the sequence: it holds a slot, or was prefilled or decoded."""
-    return seq.slot >= 0 or seq.prefilled > 0 or seq.stats.rounds > 0

@@ -150,6 +150,18 @@ class SlotCache(Cache):
     def reset(self) -> None:
         self.lengths = [0] * self.num_slots
 
+    def buffers(self, layer: int, slots: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values of slots [0, slots) ([slots, kv_heads, max_len, head_dim] views, in the
+        dtype and device of `like` [*, kv_heads, *, head_dim]), made or grown as a forward would: for a model that
+        writes its entries itself (drafters/head.py) and then sets the slots' lengths to what they keep."""
+        owner = self.layers[layer]
+        if not owner.is_initialized:
+            proto = like.new_empty(0, like.shape[1], 0, like.shape[-1])
+            owner.lazy_initialization(proto, proto)
+        if owner.keys.shape[0] < slots:
+            owner._grow(slots)
+        return owner.keys[:slots], owner.values[:slots]
+
     def read_entries(self, slot: int, start: int, end: int) -> torch.Tensor:
         """A copy of slot's kept entries [start, end) -> [layers, 2 (keys, values), kv_heads, end - start, head_dim]
         (the prefix cache's copy out, runtime/caches/prefix_cache.py)."""
