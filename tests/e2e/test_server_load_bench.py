@@ -57,7 +57,7 @@ def test_bench_serve_writes_its_report(model_dirs, tmp_path):
                                            (["--system-prompt", "Be brief."], None)])
 def test_shared_system_prompt_goes_before_every_request_of_the_sweep(flags, system):
     from verispec.bench.prompts import SYSTEM_PROMPT
-    from verispec.bench.serve_load import config_from_args
+    from verispec.cli.bench_serve import serve_load_config as config_from_args
     from verispec.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--serve", "--concurrency", "1,8,16", "--limit", "1", *flags])
@@ -73,7 +73,7 @@ def test_servers_get_the_weights_the_bench_resolves(flags, weights):
     """The servers are given the dtype, auto resolved: without --weights, an explicit dtype would make them pick the
     float conversion. 'auto': what `verispec serve` picks with no flags (the embedded target's GGUF blocks where
     the kernel is built)."""
-    from verispec.bench.serve_load import config_from_args
+    from verispec.cli.bench_serve import serve_load_config as config_from_args
     from verispec.cli import build_parser
     from verispec.runtime.model.loading import DEFAULT_TARGET, resolve_weights
 
@@ -84,7 +84,7 @@ def test_servers_get_the_weights_the_bench_resolves(flags, weights):
 
 def test_serve_args_come_after_the_resolved_weights():
     """A flag given twice counts the last time: the user's --serve-args override what the bench resolved."""
-    from verispec.bench.serve_load import config_from_args
+    from verispec.cli.bench_serve import serve_load_config as config_from_args
     from verispec.cli import build_parser
 
     args = build_parser().parse_args(["bench", "--serve", "--serve-args", "--weights fp32 --max-batched-tokens 64"])

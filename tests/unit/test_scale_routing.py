@@ -135,7 +135,7 @@ def test_bench_replica_counts():
 
 
 def test_bench_replicas_resolves_auto_for_its_device():
-    from verispec.bench.serve_replicas import config_from_args
+    from verispec.cli.bench_serve import replica_sweep_config as config_from_args
     from verispec.cli import build_parser
 
     def config(*flags):

@@ -13,7 +13,6 @@ greedy; acceptance, mean accepted length and tokens/s, and whether the outputs a
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -94,28 +93,3 @@ def _encode(tokenizer, prompt: str) -> list[int]:
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
     return tokenizer(prompt)["input_ids"]
-
-
-def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    from ..runtime.model.loading import DEFAULT_TARGET
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--k", type=int, default=4)
-    parser.add_argument("--prompts", type=int, default=len(PROMPTS))
-    parser.add_argument("--direction", choices=["both", "smollm-target", "gemma-target"], default="both")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    gemma = str(gemma_dir())
-    pairs = {"smollm-target": (DEFAULT_TARGET, gemma), "gemma-target": (gemma, DEFAULT_TARGET)}
-    chosen = pairs if args.direction == "both" else {args.direction: pairs[args.direction]}
-    for name, (target, draft) in chosen.items():
-        result = measure(target, draft, PROMPTS[: args.prompts], args.max_new_tokens, args.k)
-        print(json.dumps({"direction": name, "threads": args.threads, **result}, indent=1), flush=True)
-
-
-if __name__ == "__main__":
-    main()

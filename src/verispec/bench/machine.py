@@ -86,7 +86,6 @@ def describe_machine(device: torch.device | str) -> dict:
     auto, why = choose_dtype(device)
     info = {
         "cpu": cpu_model(),
-        "cpu_flags": cpu_flags(),
         "logical_cpus": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "device": str(device),

@@ -23,7 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from .prompts import SYSTEM_PROMPT, BenchPrompt
-from .serve_load import ServeLoadConfig, ServerProcess, config_from_args, drive, summarize
+from .serve_load import ServeLoadConfig, ServerProcess, drive, summarize
 
 
 
@@ -119,12 +119,3 @@ def run_prefix_compare(config: ServeLoadConfig, system: str = SYSTEM_PROMPT, log
     config.out.mkdir(parents=True, exist_ok=True)
     (config.out / "prefix_cache.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     return report
-
-
-def run_from_args(args) -> int:
-    """`verispec bench --serve --prefix-cache`: the shared-system-prompt comparison (flags parsed by cli/bench.py)."""
-    report = run_prefix_compare(config_from_args(args), args.system_prompt or SYSTEM_PROMPT)
-    summary = {k: v for k, v in report.items() if k not in ("runs", "machine")}
-    print(json.dumps(summary, indent=2))
-    print(f"[bench --serve --prefix-cache] wrote {args.out / 'prefix_cache.json'}")
-    return 0

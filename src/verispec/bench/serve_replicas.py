@@ -22,7 +22,7 @@ import httpx
 from .batching import parse_int_list
 from .machine import describe_machine, machine_line
 from .prompts import BenchPrompt
-from .serve_load import MAX_CONCURRENCY, ServerProcess, drive, dtypes_from_args, summarize, weights_flags
+from .serve_load import ServerProcess, drive, summarize
 
 MAX_REPLICAS = 64
 
@@ -154,30 +154,3 @@ def markdown(report: dict) -> str:
         lines.append(f"| {r['replicas']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | {r['ratio_to_one_replica']} "
                      f"| {r.get('cpu_cores_used')} | {r.get('tokens_per_cpu_s')} | {r['ttft_p50_s']} | {r['identical_to_alone']}/{r['compared']} | {r['failed']} |")
     return "\n".join(lines) + "\n"
-
-
-def config_from_args(args) -> ReplicaSweepConfig:
-    """`verispec bench --serve --replicas`'s flags (parsed by cli/bench.py); CliError on bad ones."""
-    from ..cli import CliError
-    from .prompts import PromptError, load_prompts, select_prompts
-
-    try:
-        replicas = parse_replicas(args.replicas)
-        concurrency = parse_int_list(args.concurrency or "16", "--concurrency", "1,16", MAX_CONCURRENCY)
-        prompts = select_prompts(load_prompts(args.prompts), args.categories and args.categories.split(","),
-                                 args.limit)
-    except (ValueError, PromptError) as exc:
-        raise CliError(str(exc)) from None
-    return ReplicaSweepConfig(
-        model=args.model, draft=args.draft_model, dtype=dtypes_from_args(args)[0],  # 'auto' as the server resolves it
-        prompts=prompts, replicas=replicas, concurrency=concurrency, max_new_tokens=args.max_new_tokens or 128,
-        out=args.out, device=args.device, threads=args.threads or 1, repeats=args.serve_repeats,
-        serve_args=weights_flags(args) + tuple(shlex.split(args.serve_args or "")),
-    )
-
-
-def run_from_args(args) -> int:
-    report = run_replica_sweep(config_from_args(args))
-    print(f"[bench --serve --replicas] wrote {args.out / 'replicas.md'} and replicas.json")
-    print(markdown(report))
-    return 0

@@ -20,6 +20,7 @@ from ..config import StructuredOutput
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
 from . import CliError
 from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
+from . import bench_serve
 from .common import (add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options,
                      target_dtype, target_weights)
 
@@ -196,16 +197,9 @@ def build_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     if args.replicas:
-        from ..bench.serve_replicas import run_from_args
-
-        return run_from_args(args)
+        return bench_serve.run_replicas(args)
     if args.serve or args.concurrency:
-        if getattr(args, "prefix_cache", False):
-            from ..bench.serve_prefix import run_from_args
-        else:
-            from ..bench.serve_load import run_from_args
-
-        return run_from_args(args)
+        return bench_serve.run_prefix(args) if getattr(args, "prefix_cache", False) else bench_serve.run_serve(args)
     from ..bench import run_benchmark
     from ..bench.benchmark import selected_prompts
     from ..bench.demos import run_demos

@@ -20,7 +20,6 @@ slot holds seq[:N-1]; the last committed token is fed at the start of the next r
 from __future__ import annotations
 
 import logging
-import time
 from collections import deque
 from collections.abc import Iterator, Sequence as Seq
 from dataclasses import dataclass, field
