@@ -1,6 +1,9 @@
-// Attention of the native layer (included by layer_kernel.cpp after its shared helpers; see its header comment
-// for the arithmetic contract): one query at a time, and tiles of queries sharing a KV head's keys and values.
+// Attention of the native layer (layer_kernel.cpp's header comment states the arithmetic contract): one query
+// at a time, and tiles of queries sharing a KV head's keys and values.
 #pragma once
+#include "layer_common.h"
+
+namespace {
 
 // ---- attention -------------------------------------------------------------------------------------------------
 
@@ -327,3 +330,5 @@ std::vector<int64_t> attention_paths() {
   return {SCALAR};
 #endif
 }
+
+}  // namespace

@@ -1,5 +1,5 @@
 // The decoder layers of one native step in one C++ call (runtime/kernels/layer_loop.py builds the plan; layer_kernel.cpp
-// includes this file after its own ops and exports `LayerLoop`).
+// exports `LayerLoop`).
 //
 // It runs, layer after layer, exactly the calls `llama.layer_parts` makes on its fused path, with the same
 // arguments in the same order: RMSNorm (+ the previous layer's MLP output), the q/k/v linear, rotary_write,
@@ -9,6 +9,9 @@
 // Python loop's; what goes is the Python between the ~270 calls of a step (dispatch, views, wrappers).
 // Invariant kept: a linear here does what `llama.linear` / `QuantWeight.linear` / `dense.linear` do around their
 // kernel (rows flattened, dtype conversions, the quantized linear's bias added in fp32 after the kernel).
+
+#pragma once
+#include "layer_ops.h"
 
 namespace {
 
