@@ -13,6 +13,12 @@ one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar
 Q4_0 and Q4_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes reordered, so
 channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous; only the last
 group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the file's bytes back.
+
+Integer activations (`activations="q8"`, quant_q8.h): the GGUF block types as llama.cpp computes them, activations
+quantized per row in blocks of 32 to int8 (one fp32 scale a block), exact integer dot products per block, the blocks
+combined in fp32 in one fixed order: another model than the fp32 conversion (as bf16 is), with the same bits on
+every kernel path and in any batch. Its weights are repacked into the "V" layouts (`pack_v`: channels in groups of
+16, each 32-bit lane 4 consecutive weights of one channel, what vpdpbusd multiplies); it needs the kernel built.
 """
 
 from __future__ import annotations
@@ -30,6 +36,9 @@ INT8 = ("INT8", 100)
 REPACKED = {"Q4_0": 102, "Q4_1": 103}  # block type -> the kernel id of its repacked layout (`pack_q4`)
 GROUP = 4  # output channels per row of a repacked weight
 REPACK = True  # False: Q4 weights made from now on keep the file's layout (recipes compare the two side by side)
+V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q8_0": 208}  # block type -> the kernel id of its integer-activation layout
+V_GROUP = 16  # output channels per row of a V layout
+ACTIVATIONS = ("fp32", "q8")  # fp32: the dequantized weights times the fp32 activations; q8: integer activations
 BLOCK = 32
 PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}  # the kernel's code paths
 
@@ -62,14 +71,22 @@ class QuantWeight:
     dtype = torch.float32  # what it computes in and hands back
     device = torch.device("cpu")
 
-    def __init__(self, qtype: str, data: torch.Tensor, in_features: int, scales: torch.Tensor | None = None):
-        """data: [out, row_bytes] uint8 as the file has it (int8: the values)."""
+    def __init__(self, qtype: str, data: torch.Tensor, in_features: int, scales: torch.Tensor | None = None,
+                 activations: str = "fp32"):
+        """data: [out, row_bytes] uint8 as the file has it (int8: the values). activations: "fp32", or "q8" (a GGUF
+        block type's integer activations: needs the kernel)."""
         if in_features % BLOCK:
             raise ValueError(f"a quantized weight's input size must be a multiple of {BLOCK}, got {in_features}")
-        self.qtype, self.scales = qtype, scales
+        if activations not in ACTIVATIONS:
+            raise ValueError(f"activations={activations!r}: choose from {', '.join(ACTIVATIONS)}")
+        if activations == "q8" and qtype not in V_LAYOUTS:
+            raise ValueError(f"integer activations run the GGUF block types {', '.join(V_LAYOUTS)}, not {qtype}")
+        self.qtype, self.scales, self.activations = qtype, scales, activations
         self._scales_arg = _or_empty(scales)  # what the kernel takes (made once: it is passed every call)
         self.shape = torch.Size((data.shape[0], in_features))
-        if qtype in REPACKED and REPACK:
+        if activations == "q8":
+            self.packed, self.kernel_id = pack_v(data, qtype), V_LAYOUTS[qtype]
+        elif qtype in REPACKED and REPACK:
             self.packed, self.kernel_id = pack_q4(data, qtype), REPACKED[qtype]
         else:
             self.packed = data.contiguous()
@@ -81,6 +98,8 @@ class QuantWeight:
     @property
     def data(self) -> torch.Tensor:
         """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked)."""
+        if self.kernel_id in V_LAYOUTS.values():
+            return unpack_v(self.packed, self.qtype, self.shape[0])
         return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.kernel_id in REPACKED.values() else self.packed
 
     @property
@@ -106,6 +125,8 @@ class QuantWeight:
         rows = x if flat else x.reshape(-1, self.shape[1])  # [rows, in]
         if rows.dtype != torch.float32:
             rows = rows.float()
+        if ext is None and self.activations == "q8":
+            raise RuntimeError("integer activations need the quant kernel, which is not built here")
         if ext is not None:
             y = ext.quant_linear(rows, self.packed, self._scales_arg, self.kernel_id, self.shape[1], self.shape[0],
                                  KERNEL_PATH if path is None else path)  # [rows, out]
@@ -138,7 +159,8 @@ def cat(weights: list[QuantWeight]) -> QuantWeight:
     if any(w.qtype != first.qtype or w.shape[1] != first.shape[1] for w in weights):
         raise ValueError("only quantized weights of one type and input size fuse")
     scales = None if first.scales is None else torch.cat([w.scales for w in weights])
-    return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales)
+    return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales,
+                       getattr(first, "activations", "fp32"))
 
 
 def pack_q4(data: torch.Tensor, qtype: str) -> torch.Tensor:
@@ -166,6 +188,42 @@ def unpack_q4(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
               for s in range(0, head, 2)]  # d, m: [groups, 4, blocks, 2]
     blocks = torch.cat(scales + [nibbles], dim=-1)  # [groups, 4, blocks, size]
     return blocks.reshape(groups * GROUP, -1)[:out].contiguous()
+
+
+def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
+    """[out, row_bytes] Q4_0 / Q4_1 / Q8_0 blocks -> [ceil(out / 16), 16 * row_bytes], the integer-activation
+    kernel's layout (quant_q8.h): per group of 16 channels, for every block its quants as [chunks][16 channels][4
+    bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel), then every block's 16 fp16 d, then (Q4_1)
+    every block's 16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never
+    returned)."""
+    import numpy as np
+
+    out, size = data.shape[0], GGML_BLOCKS[qtype][0]
+    head = size - (32 if qtype == "Q8_0" else 16)  # d (and m): 2 bytes each
+    groups = -(-out // V_GROUP)
+    raw = data.contiguous().numpy()
+    if groups * V_GROUP != out:
+        raw = np.concatenate([raw, np.zeros((groups * V_GROUP - out, raw.shape[1]), dtype=np.uint8)])
+    blocks = raw.reshape(groups, V_GROUP, -1, size)  # [groups, 16, blocks, size]
+    quants = blocks[..., head:].reshape(*blocks.shape[:3], -1, 4).transpose(0, 2, 3, 1, 4)  # [g, blocks, chunks, 16, 4]
+    parts = [quants] + [blocks[..., s : s + 2].transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m [g, b, 16, 2]
+    return torch.from_numpy(np.concatenate([part.reshape(groups, -1) for part in parts], axis=1))
+
+
+def unpack_v(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
+    """`pack_v`'s inverse: [ceil(out / 16), 16 * row_bytes] -> [out, row_bytes], the file's bytes."""
+    import numpy as np
+
+    groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
+    quant = 32 if qtype == "Q8_0" else 16
+    head, n = size - quant, packed.shape[1] // (V_GROUP * size)  # n: blocks per channel
+    raw = packed.contiguous().numpy()
+    quants = raw[:, : n * V_GROUP * quant].reshape(groups, n, quant // 4, V_GROUP, 4).transpose(0, 3, 1, 2, 4)
+    start = n * V_GROUP * quant
+    scales = [raw[:, start + n * V_GROUP * s : start + n * V_GROUP * (s + 2)].reshape(groups, n, V_GROUP, 2)
+              .transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m: [groups, 16, blocks, 2]
+    blocks = np.concatenate(scales + [quants.reshape(groups, V_GROUP, n, quant)], axis=-1)  # [g, 16, blocks, size]
+    return torch.from_numpy(blocks.reshape(groups * V_GROUP, -1)[:out].copy())
 
 
 def _or_empty(scales: torch.Tensor | None) -> torch.Tensor:
@@ -201,13 +259,13 @@ def quantize_int8(weight: torch.Tensor) -> QuantWeight:
     return QuantWeight(INT8[0], q.view(torch.uint8), weight.shape[1], scales.contiguous())
 
 
-def quantize_gguf(weight: torch.Tensor, qtype: str) -> QuantWeight:
+def quantize_gguf(weight: torch.Tensor, qtype: str, activations: str = "fp32") -> QuantWeight:
     """[out, in] float -> GGUF blocks of qtype, as llama.cpp's converter makes them (gguf-py's `quantize`)."""
     import gguf
     import numpy as np
 
     blocks = gguf.quants.quantize(weight.float().numpy(), gguf.GGMLQuantizationType[qtype])  # [out, row_bytes]
-    return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(blocks)), weight.shape[1])
+    return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(blocks)), weight.shape[1], activations=activations)
 
 
 def quantize_linears(weights: dict[str, torch.Tensor], qtype: str) -> dict[str, torch.Tensor | QuantWeight]:

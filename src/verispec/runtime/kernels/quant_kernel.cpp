@@ -27,6 +27,7 @@
 // them from there, so a block costs one multiply-add for its table, two shifts, two permutes and the row FMAs.
 #include "quant_common.h"
 #include "quant_gemm512.h"
+#include "quant_q8.h"
 
 namespace {
 
@@ -80,6 +81,15 @@ void tile_scalar(const Args& a, int64_t o0, int64_t r0) {
       a.y[(r0 + r) * a.out + o] = s;
     }
   }
+}
+
+// Block b of channel o of a V layout (quant_q8.h): its file bytes rebuilt, then dequantized as the file's type.
+template <int64_t T>
+inline void v_dequant_block(const Args& a, int64_t o, int64_t b, float* w) {
+  uint8_t buf[40];
+  const uint8_t* blk = v_file_block(a, T, o, b, buf);
+  const Args one{nullptr, blk, nullptr, nullptr, 0, QK, 1, v_block_bytes(T), 1};
+  dequant_block<v_file_type(T)>(one, 0, 0, w);
 }
 
 // ---- AVX-512: a block is two 16-lane registers -----------------------------------------------------------------
@@ -453,10 +463,12 @@ int64_t resolve_path(int64_t path) {
 void check_data(const torch::Tensor& data, const torch::Tensor& scales, int64_t qtype, int64_t in, int64_t out) {
   TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous() && data.dim() == 2, "data must be contiguous uint8 2-d");
   TORCH_CHECK(in % QK == 0, "in must be a multiple of 32");
-  TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype), "unknown qtype");
-  const int64_t per_row = repacked(qtype) ? CHANNELS_PER_GROUP : 1;
+  TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype) || v_layout(qtype),
+              "unknown qtype");
+  const int64_t per_row = repacked(qtype) ? CHANNELS_PER_GROUP : v_layout(qtype) ? VCH : 1;
+  const int64_t bytes = v_layout(qtype) ? v_block_bytes(qtype) : block_bytes(qtype);
   TORCH_CHECK(data.size(0) == (out + per_row - 1) / per_row, "data has ", data.size(0), " rows for ", out, " channels");
-  TORCH_CHECK(data.size(1) == per_row * (in / QK) * block_bytes(qtype), "data's row size does not match the type and in");
+  TORCH_CHECK(data.size(1) == per_row * (in / QK) * bytes, "data's row size does not match the type and in");
   TORCH_CHECK(qtype != INT8 || (scales.numel() == out && scales.dtype() == torch::kFloat32 && scales.is_contiguous()),
               "INT8 needs scales [out]");
 }
@@ -473,6 +485,10 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   const Args a{x.data_ptr<float>(), data.data_ptr<uint8_t>(), qtype == INT8 ? scales.data_ptr<float>() : nullptr,
                y.data_ptr<float>(), rows, in, out, data.size(1), in / QK};
   const int64_t chosen = resolve_path(path);
+  if (v_layout(qtype)) {  // integer activations (quant_q8.h): the same bits on every path
+    v_linear(a, qtype, chosen);
+    return y;
+  }
   const Tiles& t = tiles(qtype, chosen);
   const int64_t groups = (out + GROUP - 1) / GROUP;
 #if defined(VERISPEC_AVX512)
@@ -535,6 +551,9 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
     case Q4_0R: run(dequant_block<Q4_0R>); break;
     case Q4_1R: run(dequant_block<Q4_1R>); break;
     case Q8_0: run(dequant_block<Q8_0>); break;
+    case Q4_0V: run(v_dequant_block<Q4_0V>); break;
+    case Q4_1V: run(v_dequant_block<Q4_1V>); break;
+    case Q8_0V: run(v_dequant_block<Q8_0V>); break;
     default: run(dequant_block<INT8>); break;
   }
   return w;

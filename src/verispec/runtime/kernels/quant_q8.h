@@ -1,0 +1,289 @@
+// Integer activations for the GGUF block types (the file's own arithmetic, as llama.cpp computes a Q4/Q8 linear):
+// the activations are quantized per row in blocks of 32 to int8 with one fp32 scale a block, each (row, output,
+// block) takes an exact integer dot product, and the blocks are combined in fp32 in one fixed order.
+//
+// Activations (per row r, block b of 32 inputs): amax = max |x|, dx = amax / 127, q = round-to-nearest-even(x / dx)
+// computed as x * (1 / dx) (q in [-127, 127]; dx = 0 gives q = 0), sq = sum q (an integer) and sx = dx * sq (fp32).
+// The scale stays fp32 (ggml rounds it to fp16: a little more error, no speed).
+//
+// Per output o and row r, block by block b = 0, 1, ... (nothing else in the sum, whatever the tile, rows or thread):
+//   Q4_0 (w = dw (k - 8)):  isum = sum k x_q - 8 sq,          acc = fma(dw * dx, isum, acc)
+//   Q4_1 (w = dw k + mw):   isum = sum k x_q,                 acc = fma(dw * dx, isum, acc); acc = fma(mw, sx, acc)
+//   Q8_0 (w = dw k):        isum = sum (k + 128) x_q - 128 sq, acc = fma(dw * dx, isum, acc)
+// isum is exact (|isum| < 2^20, so exact in fp32 too), dw * dx rounds once, each fma rounds once: every path
+// (AVX-512 VNNI vpdpbusd, AVX2 maddubs + madd, scalar) computes the same integers and the same fp32 operations in
+// the same order, so the same bits, and a row's outputs do not depend on the rows beside it (batch- and
+// width-invariant by construction).
+//
+// Weights in the "V" layouts (repacked at load by quant.py `pack_v`, the file's bytes reordered): channels in
+// groups of 16, each group one contiguous run of
+//   Q4: [blocks][4 chunks i][16 channels c][4 bytes k] = the file's quant byte 4i + k of channel c's block (low
+//       nibble: element 4i + k, high: 16 + 4i + k), then [blocks][16] fp16 d, then (Q4_1) [blocks][16] fp16 m
+//   Q8: [blocks][8 chunks i][16 channels c][4 bytes k] = q[4i + k] of channel c, then [blocks][16] fp16 d
+// so one 64-byte load is a chunk of 16 channels, each 32-bit lane one channel's 4 consecutive elements: what
+// vpdpbusd multiplies by 4 activations broadcast to every lane.
+#pragma once
+#include "quant_common.h"
+
+#include <cmath>
+
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(VERISPEC_AVX512)
+#define VERISPEC_VNNI512 1
+#endif
+
+namespace {
+
+enum QTypeV : int64_t { Q4_0V = 202, Q4_1V = 203, Q8_0V = 208 };
+constexpr int64_t VCH = 16;  // channels of a V group
+constexpr bool v_layout(int64_t t) { return t == Q4_0V || t == Q4_1V || t == Q8_0V; }
+constexpr int64_t v_file_type(int64_t t) { return t == Q4_0V ? Q4_0 : t == Q4_1V ? Q4_1 : Q8_0; }
+constexpr int64_t v_quant_bytes(int64_t t) { return t == Q8_0V ? 32 : 16; }  // a block's quants per channel
+constexpr int64_t v_block_bytes(int64_t t) { return block_bytes(v_file_type(t)); }  // per channel, as the file
+
+// Group g's block b: the quants of 16 channels, and channel c's fp16 d (m) at vd_at + 2c (vm_at + 2c).
+inline const uint8_t* vq_at(const Args& a, int64_t t, int64_t g, int64_t b) {
+  return a.w + g * a.row_bytes + b * VCH * v_quant_bytes(t);
+}
+inline const uint8_t* vd_at(const Args& a, int64_t t, int64_t g, int64_t b) {
+  return a.w + g * a.row_bytes + a.blocks * VCH * v_quant_bytes(t) + b * 2 * VCH;
+}
+inline const uint8_t* vm_at(const Args& a, int64_t t, int64_t g, int64_t b) { return vd_at(a, t, g, b) + a.blocks * 2 * VCH; }
+
+// Block b of channel o as the file has it, rebuilt into buf (the embedding's rows and `dequantize`).
+inline const uint8_t* v_file_block(const Args& a, int64_t t, int64_t o, int64_t b, uint8_t* buf) {
+  const int64_t g = o / VCH, c = o % VCH, head = t == Q4_1V ? 4 : 2;
+  std::memcpy(buf, vd_at(a, t, g, b) + 2 * c, 2);
+  if (t == Q4_1V) std::memcpy(buf + 2, vm_at(a, t, g, b) + 2 * c, 2);
+  const uint8_t* q = vq_at(a, t, g, b);
+  for (int64_t i = 0; i < v_quant_bytes(t) / 4; ++i)
+    for (int k = 0; k < 4; ++k) buf[head + 4 * i + k] = q[(i * VCH + c) * 4 + k];
+  return buf;
+}
+
+// ---- the activations --------------------------------------------------------------------------------------------
+
+struct QuantX {
+  std::vector<int8_t> q;   // [rows, in]
+  std::vector<float> dx;   // [rows, blocks]
+  std::vector<float> sx;   // [rows, blocks]: dx * sq
+  std::vector<int32_t> sq; // [rows, blocks]
+};
+
+// One block of 32 activations (the same operations on every path: max, one division, one reciprocal, a product
+// and a rounding to nearest even per element).
+inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
+  float amax = 0.0f;
+  for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(x[j]));
+  dx = amax / 127.0f;
+  const float id = dx != 0.0f ? 1.0f / dx : 0.0f;
+  int32_t s = 0;
+  for (int j = 0; j < QK; ++j) {
+    const int v = static_cast<int>(std::nearbyint(x[j] * id));  // the default rounding: to nearest even
+    q[j] = static_cast<int8_t>(v);
+    s += v;
+  }
+  sq = s;
+}
+
+inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out) {
+  const int64_t blocks = in / QK;
+  out.q.resize(rows * in);
+  out.dx.resize(rows * blocks);
+  out.sx.resize(rows * blocks);
+  out.sq.resize(rows * blocks);
+  at::parallel_for(0, rows * blocks, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      quantize_block(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
+      out.sx[i] = out.dx[i] * static_cast<float>(out.sq[i]);
+    }
+  });
+}
+
+// What each block's integer sum needs taken away: 8 sq (Q4_0's k - 8), 128 sq (Q8_0's k + 128 on the unsigned
+// side of vpdpbusd; the scalar and AVX2 paths reach the same integer their own way), none (Q4_1).
+constexpr int32_t v_offset(int64_t t) { return t == Q4_0V ? 8 : t == Q8_0V ? 128 : 0; }
+
+// ---- scalar: the reference --------------------------------------------------------------------------------------
+
+template <int64_t T>
+void v_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  for (int64_t c = 0; c < VCH; ++c) {
+    const int64_t o = g * VCH + c;
+    if (o >= a.out) return;
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const uint8_t* q = vq_at(a, T, g, b);
+        const int8_t* x = xq.q.data() + r * a.in + b * QK;
+        int32_t isum = 0;
+        for (int64_t i = 0; i < v_quant_bytes(T) / 4; ++i)
+          for (int k = 0; k < 4; ++k) {
+            const uint8_t byte = q[(i * VCH + c) * 4 + k];
+            if (T == Q8_0V) {
+              isum += static_cast<int32_t>(static_cast<int8_t>(byte)) * x[4 * i + k];
+            } else {
+              isum += static_cast<int32_t>(byte & 0x0F) * x[4 * i + k] + static_cast<int32_t>(byte >> 4) * x[16 + 4 * i + k];
+            }
+          }
+        if (T == Q4_0V) isum -= 8 * xq.sq[r * a.blocks + b];  // Q8_0: the signed products need no offset
+        const float dw = half_at(vd_at(a, T, g, b) + 2 * c);
+        acc = std::fma(dw * xq.dx[r * a.blocks + b], static_cast<float>(isum), acc);
+        if (T == Q4_1V) acc = std::fma(half_at(vm_at(a, T, g, b) + 2 * c), xq.sx[r * a.blocks + b], acc);
+      }
+      a.y[r * a.out + o] = acc;
+    }
+  }
+}
+
+// ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
+#if defined(VERISPEC_VNNI512)
+constexpr int V512_ROWS = 16;  // rows a tile: 16 accumulators + 8 weight registers + temporaries in 32 registers
+
+// NR rows (a template argument: the accumulators stay in registers and the loops unroll).
+template <int64_t T, int NR>
+void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
+  constexpr int nr = NR;
+  constexpr int CHUNKS = T == Q8_0V ? 8 : 4;
+  __m512 acc[NR];
+  for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < a.blocks; ++b) {
+    const uint8_t* q = vq_at(a, T, g, b);
+    _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_TILES * a.row_bytes), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_TILES * a.row_bytes + 64), _MM_HINT_T0);
+    __m512i w[8];  // w[j]: the unsigned bytes multiplying activations 4j..4j+3 (Q4: 4 chunks x low, high nibbles)
+    for (int i = 0; i < CHUNKS; ++i) {
+      const __m512i v = _mm512_loadu_si512(q + 64 * i);
+      if (T == Q8_0V) {
+        w[i] = _mm512_xor_si512(v, flip);  // k + 128 as an unsigned byte
+      } else {
+        w[i] = _mm512_and_si512(v, low4);
+        w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vd_at(a, T, g, b))));
+    __m512 mw = _mm512_setzero_ps();
+    if (T == Q4_1V) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vm_at(a, T, g, b))));
+    for (int r = 0; r < nr; ++r) {
+      const int64_t row = r0 + r, at = row * a.blocks + b;
+      const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);  // 8 quads
+      __m512i isum = _mm512_setzero_si512();
+      for (int j = 0; j < 8; ++j) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(x4[j]));
+      if (v_offset(T)) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(v_offset(T) * xq.sq[at]));
+      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
+      if (T == Q4_1V) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[r]);
+    }
+  }
+  const int64_t o0 = g * VCH;
+  const __mmask16 keep = a.out - o0 >= VCH ? __mmask16(0xFFFF) : __mmask16((1u << (a.out - o0)) - 1);
+  for (int r = 0; r < nr; ++r) _mm512_mask_storeu_ps(a.y + (r0 + r) * a.out + o0, keep, acc[r]);
+}
+template <int64_t T>
+void v_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  using Fn = void (*)(const Args&, const QuantX&, int64_t, int64_t);
+  static constexpr Fn by_rows[V512_ROWS + 1] = {
+      nullptr, v_tile512_rows<T, 1>, v_tile512_rows<T, 2>, v_tile512_rows<T, 3>, v_tile512_rows<T, 4>,
+      v_tile512_rows<T, 5>, v_tile512_rows<T, 6>, v_tile512_rows<T, 7>, v_tile512_rows<T, 8>, v_tile512_rows<T, 9>,
+      v_tile512_rows<T, 10>, v_tile512_rows<T, 11>, v_tile512_rows<T, 12>, v_tile512_rows<T, 13>,
+      v_tile512_rows<T, 14>, v_tile512_rows<T, 15>, v_tile512_rows<T, 16>};
+  by_rows[nr](a, xq, g, r0);
+}
+#endif
+
+// ---- AVX2: 8 channels a register (each V chunk's halves), maddubs + madd -----------------------------------------
+#if defined(VERISPEC_AVX2)
+constexpr int V256_ROWS = 4;
+
+template <int64_t T>
+void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  constexpr int CHUNKS = T == Q8_0V ? 8 : 4;
+  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2; ++h) {  // channels 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte chunk
+    const int64_t o0 = g * VCH + 8 * h;
+    if (o0 >= a.out) return;
+    for (int64_t rt = r0; rt < r0 + nr; rt += V256_ROWS) {
+      const int rows = static_cast<int>(std::min<int64_t>(V256_ROWS, r0 + nr - rt));
+      __m256 acc[V256_ROWS];
+      for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const uint8_t* q = vq_at(a, T, g, b) + 32 * h;
+        __m256i w[8];
+        for (int i = 0; i < CHUNKS; ++i) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * i));
+          if (T == Q8_0V) {
+            w[i] = v;
+          } else {
+            w[i] = _mm256_and_si256(v, low4);
+            w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+          }
+        }
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vd_at(a, T, g, b) + 16 * h)));
+        __m256 mw = _mm256_setzero_ps();
+        if (T == Q4_1V) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vm_at(a, T, g, b) + 16 * h)));
+        for (int r = 0; r < rows; ++r) {
+          const int64_t row = rt + r, at = row * a.blocks + b;
+          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
+          __m256i isum = _mm256_setzero_si256();
+          for (int j = 0; j < 8; ++j) {
+            const __m256i x = _mm256_set1_epi32(x4[j]);
+            // Q8: |k| times x with k's sign (pairs |sum| <= 2 * 128 * 127: no saturation); Q4: k <= 15 unsigned
+            const __m256i p = T == Q8_0V ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[j], w[j]), _mm256_sign_epi8(x, w[j]))
+                                         : _mm256_maddubs_epi16(w[j], x);
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+          }
+          if (T == Q4_0V) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xq.sq[at]));
+          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq.dx[at])), _mm256_cvtepi32_ps(isum), acc[r]);
+          if (T == Q4_1V) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sx[at]), acc[r]);
+        }
+      }
+      const int64_t n = std::min<int64_t>(8, a.out - o0);
+      for (int r = 0; r < rows; ++r) {
+        if (n == 8) {
+          _mm256_storeu_ps(a.y + (rt + r) * a.out + o0, acc[r]);
+        } else {
+          alignas(32) float tmp[8];
+          _mm256_store_ps(tmp, acc[r]);
+          std::memcpy(a.y + (rt + r) * a.out + o0, tmp, n * sizeof(float));
+        }
+      }
+    }
+  }
+}
+#endif
+
+using VTileFn = void (*)(const Args&, const QuantX&, int64_t, int64_t, int64_t);
+
+template <int64_t T>
+VTileFn v_tile_for(int64_t path, int64_t& rows_per_tile) {
+#if defined(VERISPEC_VNNI512)
+  if (path == AVX512) {
+    rows_per_tile = V512_ROWS;
+    return v_tile512<T>;
+  }
+#endif
+#if defined(VERISPEC_AVX2)
+  if (path == AVX2 || path == AVX512) {  // an AVX-512 build without VNNI runs the AVX2 code: the same bits
+    rows_per_tile = 16;
+    return v_tile256<T>;
+  }
+#endif
+  rows_per_tile = 16;
+  return v_tile_scalar<T>;
+}
+
+// y [rows, out] = the integer-activation linear of x [rows, in] on V-layout weights.
+inline void v_linear(const Args& a, int64_t qtype, int64_t path) {
+  QuantX xq;
+  quantize_rows(a.x, a.rows, a.in, xq);
+  int64_t per_tile = 16;
+  VTileFn tile = qtype == Q4_0V ? v_tile_for<Q4_0V>(path, per_tile)
+               : qtype == Q4_1V ? v_tile_for<Q4_1V>(path, per_tile)
+                                : v_tile_for<Q8_0V>(path, per_tile);
+  const int64_t groups = (a.out + VCH - 1) / VCH;
+  at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t r0 = 0; r0 < a.rows; r0 += per_tile) tile(a, xq, g, r0, std::min(per_tile, a.rows - r0));
+  });
+}
+
+}  // namespace
