@@ -232,7 +232,7 @@ class Server:
         builder = reply.builder
         if builder.chat:
             for index in range(reply.count):
-                yield builder.role_chunk(index)
+                yield builder.role_chunk(index, tools=reply.tools is not None)
         total = GenerationStats()
         cached = 0
         # With tools, each choice's text goes through its ToolStream: content, and calls as they are written.

@@ -180,9 +180,11 @@ class ResponseBuilder:
         cls = ChatCompletionChunk if self.chat else CompletionChunk
         return cls(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
 
-    def role_chunk(self, index: int) -> str:
-        """The first chunk of a chat choice: the role and empty content (chat only)."""
-        return sse(self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))]))
+    def role_chunk(self, index: int, tools: bool = False) -> str:
+        """The first chunk of a chat choice: the role and empty content (chat only). An answer that may be tool calls
+        leaves content out, so that a client adding up the chunks has content null beside calls, as OpenAI's."""
+        return sse(self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant",
+                                                                         content=None if tools else ""))]))
 
     def text_chunk(self, index: int, text: str, logprobs: list[TokenText] | None = None,
                    annotation: list[dict] | None = None) -> str:
