@@ -145,7 +145,7 @@ def test_agent_loop_call_result_answer(client, stream):
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [arguments] = check_calls(choice.message)
     [call] = choice.message.tool_calls
-    messages += [choice.message.model_dump(include={"role", "content", "tool_calls"}),
+    messages += [choice.message,  # the message object itself, as OpenAI's examples append it
                  {"role": "tool", "tool_call_id": call.id, "content": run_tool(call)}]
     final = (streamed if stream else ask)(client, "auto", messages, max_tokens=24)
     [done] = final.choices
