@@ -98,6 +98,7 @@ def test_bad_tools_are_400s_naming_the_field(tools, choice, parallel, param):
 
 def test_the_request_as_parsed():
     assert tool_request(None, None, None) is None and tool_request([], "none", None) is None
+    assert tool_request(None, "auto", True) is None
     request = tool_request(TOOLS, None, None)
     assert request.mode == "auto" and request.parallel and [t.name for t in request.callable] == ["weather", "time"]
     assert request.tools[1].parameters == {"type": "object", "properties": {}}  # no parameters: no arguments

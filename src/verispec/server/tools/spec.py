@@ -17,7 +17,6 @@ from ..errors import invalid
 MAX_TOOLS = 128  # OpenAI's limit
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 CHOICE_MODES = ("auto", "none", "required")
-EMPTY_OBJECT = {"type": "object", "properties": {}}
 
 
 @dataclass(frozen=True)
@@ -30,10 +29,8 @@ class Tool:
 
     def as_openai(self) -> dict:
         """The definition as OpenAI's `tools` items spell it (what chat templates read)."""
-        function = {"name": self.name, "parameters": self.parameters}
-        if self.description:
-            function = {"name": self.name, "description": self.description, "parameters": self.parameters}
-        return {"type": "function", "function": function}
+        description = {"description": self.description} if self.description else {}
+        return {"type": "function", "function": {"name": self.name, **description, "parameters": self.parameters}}
 
 
 @dataclass(frozen=True)
@@ -67,8 +64,8 @@ def tool_request(tools: list | None, tool_choice: object, parallel_tool_calls: o
     declares none. Raises APIError (400) naming the field at fault."""
     if parallel_tool_calls is not None and not isinstance(parallel_tool_calls, bool):
         raise invalid("parallel_tool_calls must be true or false.", param="parallel_tool_calls")
-    if not tools:
-        if tool_choice is not None and tool_choice != "none":
+    if not tools:  # "auto" and "none" ask for nothing without tools; a call cannot be required of none
+        if tool_choice not in (None, "auto", "none"):
             raise invalid("tool_choice needs tools: declare the functions in `tools`, or leave tool_choice out.",
                           param="tool_choice")
         return None
@@ -103,8 +100,8 @@ def _tool(item: object, where: str) -> Tool:
     if description is not None and not isinstance(description, str):
         raise invalid("a function's description must be a string.", param=f"{where}.function.description")
     parameters = function.get("parameters")
-    if parameters is None:
-        parameters = EMPTY_OBJECT
+    if parameters is None:  # a function without arguments
+        parameters = {"type": "object", "properties": {}}
     if not isinstance(parameters, dict):
         raise invalid("a function's parameters must be a JSON schema object.", param=f"{where}.function.parameters")
     kind = parameters.get("type", "object")
