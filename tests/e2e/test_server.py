@@ -372,7 +372,7 @@ ERROR_CASES = [
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
      400, "top_logprobs"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                              "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+                              "tools": [{"type": "custom", "custom": {"name": "f"}}]}, 400, "tools.0.type"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "guided_regex": "(unclosed"}, 400, "response_format"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "guided_regex": "a", "guided_choice": ["b"]}, 400,

@@ -9,6 +9,8 @@
 | `prepare.py` | the front end: prompts tokenized and checked, grammars compiled, off the engine thread |
 | `worker.py` | `EngineWorker`: the one thread that runs the model, a step loop over the shared batch |
 | `app.py` | `create_app`: routes, request -> job, events -> JSON or SSE |
+| `chat.py` | a chat request's prompt: messages, the history's tool calls and results, the tools in the served format |
+| `tools/` | tool calling: the request's tools checked, the formats (generic, Hermes, Llama 3 JSON), the calls' grammar, reading calls back |
 | `responses.py` | response bodies and stream chunks |
 | `errors.py`, `metrics.py` | OpenAI error objects; Prometheus metrics in the app's own registry |
 | `guard.py` | the ASGI middleware in front of the routes: API key, body size limit, fast 429s, 503 while draining |

@@ -39,9 +39,11 @@ from .protocol import (
     SpeculativeOptions,
 )
 from .constraints import check_supported, constraint_field, logit_bias, requested_logprobs, structured_output
-from .responses import DONE, ResponseBuilder, TokenText, speculative_metrics, sse, usage
+from .responses import DONE, ResponseBuilder, TokenText, finish_reason, speculative_metrics, sse, tool_message, usage
+from .chat import chat_prompt
 from .served import Prompt, ServedModel
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .tools import ToolCalling, ToolStream, read
 from .worker import EngineWorker
 
 API_ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/speculation", "/health", "/metrics")
@@ -77,7 +79,7 @@ class Server:
         if name is not None and name not in self.model_names:
             raise model_not_found(name, hint=f"this server serves `{self.model_id}` (see GET /v1/models)")
 
-    def sampling(self, body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+    def sampling(self, body: SamplingFields, max_tokens: int | None, tools: ToolCalling | None = None) -> SamplingParams:
         check_supported(body)
         if max_tokens is not None and body.min_tokens > max_tokens:
             raise invalid(f"min_tokens ({body.min_tokens}) must not exceed max_tokens ({max_tokens}).",
@@ -91,7 +93,7 @@ class Server:
                 stop=tuple(stop), stop_token_ids=tuple(body.stop_token_ids or ()), ignore_eos=body.ignore_eos,
                 presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
                 logit_bias=logit_bias(body, self.served.engine.target.vocab_size), logprobs=requested_logprobs(body),
-                structured=structured_output(body),
+                structured=structured_output(body, None if tools is None else tools.grammar()),
             )
         except ValueError as exc:
             field = str(exc).split()[0]
@@ -133,13 +135,13 @@ class Server:
     # -- job -> response -----------------------------------------------------------------------------------------
 
     async def handle(self, request: Request, body: SamplingFields, chat: bool, prompts: list[Prompt],
-                     prompt_param: str, max_tokens: int | None) -> Response:
+                     prompt_param: str, max_tokens: int | None, tools: ToolCalling | None = None) -> Response:
         arrival = request.state.arrival = time.perf_counter()
         self.check_model(body.model)
         if len(prompts) * body.n > self.config.max_choices:
             raise invalid(f"{len(prompts)} prompts times n={body.n} is more than this server's limit of "
                           f"{self.config.max_choices} choices (--max-choices).", param="n")
-        params = self.sampling(body, max_tokens)
+        params = self.sampling(body, max_tokens, tools)
         if isinstance(body.speculative, SpeculativeOptions) and body.speculative.coupling is not None:
             params = replace(params, coupled=body.speculative.coupling == "gumbel")
         spec, drafter = self.speculation(body.speculative, params)
@@ -153,7 +155,7 @@ class Server:
         self.worker.submit(Job(
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
             speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
-            arrival=arrival, scope=self.scope(request),
+            arrival=arrival, scope=self.scope(request), tools=tools,
         ))
         try:
             first = await self._next(handle, request)
@@ -167,7 +169,7 @@ class Server:
         reply = _Reply(
             handle=handle, builder=ResponseBuilder(chat, self.model_id), count=len(prompts) * body.n,
             prompt_tokens=first.prompt_tokens, drafter=drafter, spec=spec, logprobs=params.logprobs is not None,
-            n=body.n,
+            n=body.n, tools=tools,
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -214,9 +216,15 @@ class Server:
                 raise event.error
             elif isinstance(event, JobDone):
                 break
-        return reply.builder.response(["".join(t) for t in texts], finish_reasons,
+        joined = ["".join(t) for t in texts]
+        messages = None
+        if reply.tools is not None:  # the text read as content and calls, as a stream would have sent them
+            outputs = [read(text, reply.tools.syntax, final=True) for text in joined]
+            messages = [tool_message(out) for out in outputs]
+            finish_reasons = [finish_reason(f, bool(out.calls)) for f, out in zip(finish_reasons, outputs)]
+        return reply.builder.response(joined, finish_reasons,
                                       usage(reply.prompt_tokens, total.generated_tokens, cached), reply.metrics(total),
-                                      logprobs if reply.logprobs else None)
+                                      logprobs if reply.logprobs else None, messages)
 
     async def _stream(self, reply: _Reply, include_usage: bool, outcome: _Outcome) -> AsyncIterator[str]:
         """SSE: role chunks (chat), a chunk per round that produced text, a finish chunk per choice, the usage
@@ -224,17 +232,31 @@ class Server:
         builder = reply.builder
         if builder.chat:
             for index in range(reply.count):
-                yield builder.role_chunk(index)
+                yield builder.role_chunk(index, tools=reply.tools is not None)
         total = GenerationStats()
         cached = 0
+        # With tools, each choice's text goes through its ToolStream: content, and calls as they are written.
+        streams = [ToolStream(reply.tools.syntax) for _ in range(reply.count)] if reply.tools is not None else None
         while True:
             event = await reply.handle.next()
             if isinstance(event, TextDelta):
-                yield builder.text_chunk(event.index, event.text, event.logprobs, event.annotation)
+                if streams is None:
+                    yield builder.text_chunk(event.index, event.text, event.logprobs, event.annotation)
+                    continue
+                content, calls = streams[event.index].feed(event.text)
+                if content or calls or event.logprobs is not None or event.annotation is not None:
+                    yield builder.tool_chunk(event.index, content, calls, event.logprobs, event.annotation)
             elif isinstance(event, ChoiceDone):
                 total.merge(event.stats)
                 cached += reply.cached_tokens(event)
-                yield builder.finish_chunk(event.index, event.finish_reason, reply.metrics(event.stats))
+                finish = event.finish_reason
+                if streams is not None:
+                    stream = streams[event.index]
+                    content, calls = stream.finish()
+                    if content or calls:
+                        yield builder.tool_chunk(event.index, content, calls)
+                    finish = finish_reason(finish, bool(stream.ids))
+                yield builder.finish_chunk(event.index, finish, reply.metrics(event.stats))
             elif isinstance(event, JobFailed):
                 outcome.status = event.error.status
                 yield sse(event.error.body())
@@ -263,6 +285,7 @@ class _Reply:
     spec: SpeculativeConfig
     logprobs: bool  # the request asked for logprobs
     n: int = 1  # choices per prompt
+    tools: ToolCalling | None = None  # the answer may be tool calls: its text is read by the format's syntax
 
     def cached_tokens(self, done: ChoiceDone) -> int:
         """A finished choice's share of usage's cached_tokens: each prompt counts once, by its first choice (the
@@ -291,11 +314,6 @@ class _JobStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
-
-
-def _chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    # 'developer' is OpenAI's newer name for 'system'; chat templates know only the latter.
-    return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
 
 
 def _completion_prompts(body: CompletionRequest) -> list[Prompt]:
@@ -337,7 +355,8 @@ def create_app(config: ServerConfig | None = None, served: ServedModel | None = 
     @app.post("/v1/chat/completions", response_model=ChatCompletion, responses=_ERRORS)
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         max_tokens = body.max_completion_tokens or body.max_tokens
-        return await server.handle(request, body, True, [_chat_messages(body)], "messages", max_tokens)
+        prompt, tools = chat_prompt(body, server.served)
+        return await server.handle(request, body, True, [prompt], "messages", max_tokens, tools)
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:

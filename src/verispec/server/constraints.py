@@ -8,18 +8,21 @@ import json
 
 from ..config import StructuredOutput
 from .errors import invalid
-from .protocol import UNSUPPORTED_FIELDS, ChatCompletionRequest, SamplingFields
+from .protocol import CHAT_ONLY_FIELDS, UNSUPPORTED_FIELDS, ChatCompletionRequest, SamplingFields
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 def check_supported(body: SamplingFields) -> None:
-    """A request that sets an unimplemented OpenAI field (tools, audio, ...) gets a 400 instead of an answer that
-    silently ignores it. Empty and false values (`"tools": []`, `"store": false`) ask for nothing and pass."""
-    for name in UNSUPPORTED_FIELDS:
+    """A request that sets an unimplemented OpenAI field (audio, ...; tools on a text completion) gets a 400
+    instead of an answer that silently ignores it. Empty and false values (`"tools": []`, `"store": false`) ask
+    for nothing and pass."""
+    chat = isinstance(body, ChatCompletionRequest)
+    for name in UNSUPPORTED_FIELDS + (() if chat else CHAT_ONLY_FIELDS):
         if getattr(body, name, None):
-            raise invalid(f"`{name}` is not supported by this server (see docs/server.md, \"Supported fields\").",
-                          param=name)
+            where = "use POST /v1/chat/completions" if name in CHAT_ONLY_FIELDS else \
+                "see docs/server.md, \"Supported fields\""
+            raise invalid(f"`{name}` is not supported by this endpoint ({where}).", param=name)
 
 
 def requested_logprobs(body: SamplingFields) -> int | None:
@@ -47,12 +50,18 @@ def logit_bias(body: SamplingFields, vocab_size: int) -> dict[int, float]:
     return out
 
 
-def structured_output(body: SamplingFields) -> StructuredOutput | None:
-    """The output constraint of `response_format` or one guided_* field (at most one may be given)."""
+def structured_output(body: SamplingFields, tool_grammar: str | None = None) -> StructuredOutput | None:
+    """The output constraint of `response_format` or one guided_* field (at most one may be given), or of the
+    request's tools (`tool_grammar`, the Lark grammar of its calls: server/tools/), which exclude the others."""
     given = [name for name in _GUIDED if getattr(body, name) is not None]
     fmt = body.response_format
     if fmt is not None and fmt.type != "text":
         given.insert(0, "response_format")
+    if tool_grammar is not None:
+        if given:
+            raise invalid(f"{given[0]} cannot be combined with tools (their calls have their own grammar); "
+                          "leave it out, or set tool_choice to none.", param=given[0])
+        return StructuredOutput("grammar", tool_grammar)
     if len(given) > 1:
         raise invalid(f"give one output constraint, not {' and '.join(given)}.", param=given[1])
     if not given:
@@ -83,5 +92,5 @@ def constraint_field(body: SamplingFields, field: str) -> str:
     """The request field behind a SamplingParams error about `field` (its first word)."""
     if field == "structured":
         given = [name for name in ("response_format", *_GUIDED) if getattr(body, name) is not None]
-        return given[0] if given else field
+        return given[0] if given else "tools" if getattr(body, "tools", None) else field
     return field

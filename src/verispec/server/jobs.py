@@ -17,6 +17,7 @@ from ..stats import GenerationStats
 from .errors import APIError, timed_out
 from .responses import TokenText
 from .served import Prompt
+from .tools import ToolCalling
 
 
 # -- events, worker thread -> event loop -----------------------------------------------------------------------------
@@ -109,5 +110,6 @@ class Job:
     handle: JobHandle
     annotate: bool = False  # the stream carries each token's origin (`speculative.annotate`)
     scope: str | None = None  # whose earlier requests a suffix drafter may draft from (a hash of the API key)
+    tools: ToolCalling | None = None  # the answer may be tool calls (their grammar is params.structured)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

@@ -27,6 +27,7 @@ from .constraints import constraint_param
 from .errors import APIError, invalid
 from .jobs import Job
 from .served import ServedModel
+from .tools import schema_errors
 
 logger = logging.getLogger("verispec.server")
 
@@ -70,8 +71,22 @@ def prepare(served: ServedModel, job: Job) -> PreparedJob:
         try:
             choice.grammar = served.engine.new_grammar(choice.params)
         except ValueError as exc:  # the request's grammar does not compile
-            raise invalid(str(exc), param=constraint_param(job.params)) from exc
+            raise _grammar_error(job, exc) from exc
     return PreparedJob(job, choices, sum(len(ids) for ids in prompts))
+
+
+def _grammar_error(job: Job, exc: ValueError) -> APIError:
+    """A 400 naming the field whose constraint does not compile: for tools, the function whose parameters schema
+    llguidance refuses (looked for only now, on the error's path)."""
+    if job.tools is None:
+        return invalid(str(exc), param=constraint_param(job.params))
+    found = schema_errors(job.tools.request)
+    if found is None:
+        return invalid(f"the tools' grammar cannot be compiled: {exc}", param="tools")
+    index, why = found
+    name = job.tools.request.tools[index].name
+    return invalid(f"the parameters of tool `{name}` are not a JSON schema llguidance can compile: {why}",
+                   param=f"tools.{index}.function.parameters")
 
 
 class FrontEnd:

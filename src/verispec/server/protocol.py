@@ -68,9 +68,10 @@ class ResponseFormat(_Request):
 
 
 # OpenAI fields verispec does not implement: a request that sets one gets a 400 naming it, never silence.
-UNSUPPORTED_FIELDS = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "audio",
-                      "modalities", "prediction", "web_search_options", "reasoning_effort", "echo", "suffix",
-                      "best_of", "service_tier", "store", "metadata")
+UNSUPPORTED_FIELDS = ("functions", "function_call", "audio", "modalities", "prediction", "web_search_options",
+                      "reasoning_effort", "echo", "suffix", "best_of", "service_tier", "store", "metadata")
+# Tool calling is chat's (server/tools/); a text completion that asks for it gets the same 400.
+CHAT_ONLY_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
 
 
 class SamplingFields(_Request):
@@ -108,11 +109,8 @@ class SamplingFields(_Request):
     guided_grammar: str | None = None
     """vLLM's extension: a Lark grammar the output follows."""
     # Unsupported OpenAI fields, declared so that setting one is a clear 400 (see UNSUPPORTED_FIELDS).
-    tools: object | None = None
-    tool_choice: object | None = None
     functions: object | None = None
     function_call: object | None = None
-    parallel_tool_calls: object | None = None
     audio: object | None = None
     modalities: object | None = None
     prediction: object | None = None
@@ -131,9 +129,25 @@ class TextPart(_Request):
     text: str
 
 
+class FunctionCallIn(_Request):
+    name: str
+    arguments: str  # JSON text, as OpenAI's responses give it
+
+
+class ToolCallIn(_Request):
+    """A call an assistant message of the history made (as a response's `message.tool_calls` carried it)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCallIn] | None = None  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -145,6 +159,13 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[object] | None = None
+    """Function definitions ({"type": "function", "function": {name, description, parameters}}), checked by
+    server/tools/spec.py (so that each fault is a 400 naming its field)."""
+    tool_choice: object | None = None
+    """"auto" (default with tools), "none", "required", or {"type": "function", "function": {"name": ...}}."""
+    parallel_tool_calls: bool | None = None
+    """Several calls in one answer (default true)."""
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
@@ -152,6 +173,9 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
+    tools: object | None = None  # chat only (CHAT_ONLY_FIELDS): declared so that setting one is a clear 400
+    tool_choice: object | None = None
+    parallel_tool_calls: object | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
 
@@ -220,16 +244,31 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text (valid against the function's schema when the call is complete)
+
+
+class ToolCall(BaseModel):
+    id: str  # call_...
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None only beside tool_calls, when no text came before them
+    tool_calls: list[ToolCall] | None = Field(default=None, exclude_if=lambda value: value is None)
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 class ChatChoice(BaseModel):
     index: int
     message: AssistantMessage
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"]
+    finish_reason: FinishReason
 
 
 class ChatCompletion(BaseModel):
@@ -261,16 +300,29 @@ class Completion(BaseModel):
     speculative_metrics: SpeculativeMetrics
 
 
+class DeltaFunctionCall(BaseModel):
+    name: str | None = None  # in a call's first chunk only
+    arguments: str | None = None  # the next piece of the arguments' JSON text
+
+
+class DeltaToolCall(BaseModel):
+    index: int  # the call's position in message.tool_calls
+    id: str | None = None  # in a call's first chunk only, with type and name
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
+
+
 class Delta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChunkChoice(BaseModel):
     index: int
     delta: Delta
     logprobs: ChatLogprobs | None = None
-    finish_reason: Literal["stop", "length"] | None = None
+    finish_reason: FinishReason | None = None
 
 
 class ChatCompletionChunk(BaseModel):

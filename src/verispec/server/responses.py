@@ -23,12 +23,17 @@ from .protocol import (
     CompletionChunkChoice,
     CompletionLogprobs,
     Delta,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
     PromptTokensDetails,
     SpeculativeMetrics,
     TokenLogprobEntry,
+    ToolCall,
     TopLogprob,
     Usage,
 )
+from .tools import CallDelta, Output, new_call_id
 
 DONE = "data: [DONE]\n\n"
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf: a token the sampling transforms removed reports this (as vLLM does)
@@ -122,10 +127,43 @@ def sse(chunk: ChatCompletionChunk | CompletionChunk | dict, annotation: list[di
             del body[key]
     for choice in body["choices"]:
         if "delta" in choice:
-            choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+            choice["delta"] = _without_nulls(choice["delta"])
     if annotation is not None:
         body["verispec"] = {"tokens": annotation}
     return f"data: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def _without_nulls(value):
+    """A delta without its unset keys, also inside its tool calls (the client adds up what each chunk says)."""
+    if isinstance(value, dict):
+        return {k: _without_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_nulls(v) for v in value]
+    return value
+
+
+def finish_reason(reason: str, called: bool) -> str:
+    """OpenAI's finish reason: "tool_calls" for an answer that ended after its calls."""
+    return "tool_calls" if called and reason == "stop" else reason
+
+
+def tool_message(output: Output, ids: list[str] | None = None) -> AssistantMessage:
+    """The message of an answer read as content and calls (`ids`: the calls' ids, given when they were streamed;
+    new ones otherwise). Content is None beside calls when no text came before them, as OpenAI's."""
+    if not output.calls:
+        return AssistantMessage(content=output.content)
+    ids = ids or [new_call_id() for _ in output.calls]
+    calls = [ToolCall(id=i, function=FunctionCall(name=c.name, arguments=c.arguments)) for i, c in zip(ids, output.calls)]
+    return AssistantMessage(content=output.content or None, tool_calls=calls)
+
+
+def delta_tool_calls(deltas: list[CallDelta]) -> list[DeltaToolCall] | None:
+    """Stream deltas of calls: a call's first one has its id, type and name (the client starts the call from it),
+    later ones only the next piece of the arguments."""
+    if not deltas:
+        return None
+    return [DeltaToolCall(index=d.index, id=d.id, type="function" if d.id else None,
+                          function=DeltaFunctionCall(name=d.name, arguments=d.arguments)) for d in deltas]
 
 
 class ResponseBuilder:
@@ -142,9 +180,11 @@ class ResponseBuilder:
         cls = ChatCompletionChunk if self.chat else CompletionChunk
         return cls(id=self.id, created=self.created, model=self.model, choices=choices, **extra)
 
-    def role_chunk(self, index: int) -> str:
-        """The first chunk of a chat choice: the role and empty content (chat only)."""
-        return sse(self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))]))
+    def role_chunk(self, index: int, tools: bool = False) -> str:
+        """The first chunk of a chat choice: the role and empty content (chat only). An answer that may be tool calls
+        leaves content out, so that a client adding up the chunks has content null beside calls, as OpenAI's."""
+        return sse(self._chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant",
+                                                                         content=None if tools else ""))]))
 
     def text_chunk(self, index: int, text: str, logprobs: list[TokenText] | None = None,
                    annotation: list[dict] | None = None) -> str:
@@ -155,6 +195,14 @@ class ResponseBuilder:
                                      logprobs=None if logprobs is None else chat_logprobs(logprobs))
         else:
             choice = CompletionChunkChoice(index=index, text=text, logprobs=self._completion_logprobs(index, logprobs))
+        return sse(self._chunk([choice]), annotation)
+
+    def tool_chunk(self, index: int, content: str, calls: list[CallDelta], logprobs: list[TokenText] | None = None,
+                   annotation: list[dict] | None = None) -> str:
+        """A round of a choice that may call tools: its new content and call deltas (tools/syntax.py's ToolStream),
+        with its tokens' logprobs and origins when asked for."""
+        delta = Delta(content=content if content or not calls else None, tool_calls=delta_tool_calls(calls))
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=None if logprobs is None else chat_logprobs(logprobs))
         return sse(self._chunk([choice]), annotation)
 
     def _completion_logprobs(self, index: int, logprobs: list[TokenText] | None) -> CompletionLogprobs | None:
@@ -177,13 +225,16 @@ class ResponseBuilder:
         return sse(self._chunk([], usage=usage, speculative_metrics=metrics))
 
     def response(self, texts: list[str], finish_reasons: list[str], usage: Usage, metrics: SpeculativeMetrics,
-                 logprobs: list[list[TokenText]] | None = None) -> ChatCompletion | Completion:
-        """logprobs: per choice, its tokens' logprobs (None when the request did not ask)."""
+                 logprobs: list[list[TokenText]] | None = None,
+                 messages: list[AssistantMessage] | None = None) -> ChatCompletion | Completion:
+        """logprobs: per choice, its tokens' logprobs (None when the request did not ask); messages: per chat
+        choice, its message when the text was read as tool calls (tool_message), else the text is the message."""
         per_choice = logprobs or [None] * len(texts)
         if self.chat:
-            choices = [ChatChoice(index=i, message=AssistantMessage(content=text), finish_reason=finish,
+            messages = messages or [AssistantMessage(content=text) for text in texts]
+            choices = [ChatChoice(index=i, message=message, finish_reason=finish,
                                   logprobs=None if lps is None else chat_logprobs(lps))
-                       for i, (text, finish, lps) in enumerate(zip(texts, finish_reasons, per_choice))]
+                       for i, (message, finish, lps) in enumerate(zip(messages, finish_reasons, per_choice))]
             return ChatCompletion(id=self.id, created=self.created, model=self.model, choices=choices, usage=usage,
                                   speculative_metrics=metrics)
         choices = [CompletionChoice(index=i, text=text, finish_reason=finish,

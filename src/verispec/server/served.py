@@ -24,7 +24,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from ..config import SamplingParams, cache_len
@@ -42,13 +42,24 @@ from ..runtime.model.loading import (ModelLoadError, load_model, load_tokenizer,
 from ..sampling.grammar import prepare_tokenizer
 from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found
+from .tools import ToolFormat, detect_format
 
 logger = logging.getLogger("verispec.server")
 
 T = TypeVar("T")
 
-# A prompt as the worker receives it: text, token ids, or chat messages ({"role", "content"} dicts).
-Prompt = str | list[int] | list[dict]
+
+
+@dataclass(frozen=True)
+class ChatPrompt:
+    """Chat messages with what the chat template also takes: the tools, where the template renders them."""
+
+    messages: list[dict]  # as the template reads them (server/tools/ formats write a history's calls and results)
+    tools: list[dict] | None = None  # OpenAI-shaped function definitions for the template's `tools=`
+
+
+# A prompt as the worker receives it: text, token ids, or chat messages ({"role", "content"} dicts, or a ChatPrompt).
+Prompt = str | list[int] | list[dict] | ChatPrompt
 
 
 def kv_slot_bytes(config: ServerConfig, target) -> int:
@@ -144,6 +155,7 @@ class ServedModel:
         self.suffix_cache = shared_cache(config.suffix_cache_tokens)  # what every `suffix` drafter here learns into
         self._default: tuple[str, Drafter | None] | None = None  # the server's --draft-model, never evicted
         self._cache: OrderedDict[str, Drafter | None] = OrderedDict()  # request-named drafters, LRU order
+        self._tool_format: ToolFormat | None = None
 
     @classmethod
     def load(cls, config: ServerConfig) -> ServedModel:
@@ -161,6 +173,7 @@ class ServedModel:
         served = cls(config, target, tokenizer)
         engine = served.engine
         prepare_tokenizer(tokenizer, engine.target.vocab_size, engine.eos_token_ids)  # ~0.6 s for a 49k vocabulary
+        logger.info("tool calling: %s format", served.tool_format.name)
         if config.speculates_by_default:
             served._default = (config.draft_model, served._load_drafter(config.draft_model))
         return served
@@ -274,10 +287,19 @@ class ServedModel:
 
     # -- prompts -------------------------------------------------------------------------------------------------
 
+    @property
+    def tool_format(self) -> ToolFormat:
+        """How this model is shown tools and writes calls (server/tools/select.py), read off its chat template once."""
+        if self._tool_format is None:
+            self._tool_format = detect_format(self.tokenizer)
+        return self._tool_format
+
     def encode(self, prompt: Prompt, param: str) -> list[int]:
         """Text, token ids, or chat messages (through the tokenizer's chat template) -> token ids."""
         if isinstance(prompt, str):
             return self._tokenize(prompt, param, add_special_tokens=True)
+        if isinstance(prompt, ChatPrompt):
+            return self._encode_chat(prompt.messages, prompt.tools)
         if prompt and isinstance(prompt[0], dict):
             return self._encode_chat(prompt)
         bad = [t for t in prompt if not 0 <= t < self.vocab_size]
@@ -285,12 +307,13 @@ class ServedModel:
             raise invalid(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size}).", param=param)
         return list(prompt)
 
-    def _encode_chat(self, messages: list[dict]) -> list[int]:
+    def _encode_chat(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
             raise invalid("This model's tokenizer has no chat template: use POST /v1/completions with a prompt.",
                           param="messages")
         try:
-            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
+                                                      tokenize=False)
         except Exception as exc:  # noqa: BLE001 - a template may raise anything (jinja's TemplateError, ...)
             raise invalid(f"The chat template rejected these messages: {exc}", param="messages") from exc
         # The template already wrote any BOS it wants; adding special tokens again would double it.

@@ -1,0 +1,33 @@
+"""Hermes-style calls, as Qwen2.5 (and NousResearch's Hermes models) write them: the chat template renders the
+tools (its own `<tools>` section), and each call is a JSON object between `<tool_call>` lines, after any content:
+
+    <tool_call>
+    {"name": "get_weather", "arguments": {"city": "Paris"}}
+    </tool_call>
+
+Arguments are written as Python's json.dumps writes them (", " and ": "), as these models were trained to.
+"""
+
+from __future__ import annotations
+
+from .base import ToolFormat, hf_messages
+from .spec import ToolRequest
+from .syntax import CallSyntax
+
+SYNTAX = CallSyntax(trigger="<tool_call>", open="<tool_call>\n", call_open='{"name": "', args_open='", "arguments": ',
+                    call_close="}\n</tool_call>", separator="\n<tool_call>\n", close="", text_first=True)
+
+
+class HermesFormat(ToolFormat):
+    name = "hermes"
+    syntax = SYNTAX
+    json_style = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+    in_template = True
+
+    @staticmethod
+    def matches(template: str, rendered: str) -> bool:
+        return "<tool_call>" in template or "<tool_call>" in rendered
+
+    def prompt(self, messages: list[dict], request: ToolRequest | None) -> tuple[list[dict], list[dict] | None]:
+        tools = [t.as_openai() for t in request.tools] if request is not None and request.calls else None
+        return hf_messages(messages), tools
