@@ -25,6 +25,9 @@ kernels: install
 demo: install
 	$(VENV)/bin/verispec generate --prompt "Write a Python function that checks whether a number is prime." --chat --max-new-tokens 96
 
+# A kernel that does not build fails here (runtime/kernels/ext.py), in `make kernels` and in the tests that need it,
+# rather than leaving the torch fallbacks to run and the kernel tests to skip.
+test: export VERISPEC_REQUIRE_KERNELS := 1
 test: kernels
 	$(PY) -m pytest
 

@@ -34,6 +34,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, level))
 
 
+def pytest_runtest_setup(item):
+    """`@pytest.mark.kernel("dense" | "layer" | "quant")`: the test needs that C++ kernel (runtime/kernels/ext.py).
+    Built (or loaded from the disk cache) here, at setup rather than at collection; where it cannot be built the
+    test skips, saying so, and under VERISPEC_REQUIRE_KERNELS=1 (make test, .ci/run) the build's error fails it."""
+    for mark in item.iter_markers("kernel"):
+        from verispec.runtime.kernels import ext
+
+        (name,) = mark.args
+        if ext.build(name, ext.KERNELS[name]) is None:  # raises KernelBuildError where required
+            pytest.skip(f"verispec's {name} kernel could not be built here (no compiler?); {ext.REQUIRE_ENV}=1 makes "
+                        "this an error")
+
+
 # Tiny models run fastest on one thread, and the machine is shared: training the fixture pair takes ~5 s this
 # way and ~95 s with torch's default under load. Set at import so every test file sees the same weights.
 torch.set_num_threads(1)

@@ -11,7 +11,7 @@ import torch
 from verispec.runtime.kernels import dense
 from verispec.runtime.model.llama import DENSE, Linear
 
-pytestmark = pytest.mark.skipif(dense.kernel() is None, reason="the dense kernel could not be built here")
+pytestmark = pytest.mark.kernel("dense")
 
 DTYPES = [torch.float32, torch.bfloat16]
 SHAPES = [(1, 1), (16, 16), (37, 33), (100, 65), (64, 130), (48, 1031)]  # [out, in]: tails of 16 outputs, odd in

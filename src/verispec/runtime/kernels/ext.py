@@ -5,7 +5,8 @@ for the CPU at hand under ~/.cache/verispec/ext/<name>-<hash of sources, torch v
 process loads it in milliseconds. A kernel may be split into several files: the local files it includes
 (`#include "x.h"` or `"x.cpp"` beside the including file, recursively) are hashed and copied with it, so a change
 to any of them rebuilds it. Where no compiler, headers or OpenMP are found, `build` returns None (once, with a
-message) and the caller keeps its torch fallback.
+message) and the caller keeps its torch fallback; under VERISPEC_REQUIRE_KERNELS=1 (CI and `make test` set it) a
+failed build raises `KernelBuildError` instead, so a broken kernel fails the tests rather than skipping them.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ try:
 except ImportError:  # not POSIX: torch's own lock file only
     fcntl = None
 
-_BUILT: dict[str, object] = {}  # name -> module, or False when it could not be built
+_BUILT: dict[str, object] = {}  # name -> module, or the exception its build raised
+REQUIRE_ENV = "VERISPEC_REQUIRE_KERNELS"
 
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 # Every kernel: name -> its source beside this module (what `python -m verispec.runtime.kernels.ext` builds ahead of use).
@@ -47,16 +49,32 @@ def cpu_flags_line() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def build(name: str, source: str, extra_cflags: tuple[str, ...] = ()):
-    """The extension made of `source` (a file beside this module), built once per process and cached on disk;
-    None where it cannot be built."""
+class KernelBuildError(RuntimeError):
+    """A kernel failed to build where VERISPEC_REQUIRE_KERNELS=1 asks for every kernel."""
+
+
+def required() -> bool:
+    """Whether a kernel that fails to build is an error (VERISPEC_REQUIRE_KERNELS=1) rather than a fallback."""
+    return os.environ.get(REQUIRE_ENV, "").strip() not in ("", "0")
+
+
+def build(name: str, source: str | Path, extra_cflags: tuple[str, ...] = ()):
+    """The extension made of `source` (a file beside this module, or a path), built once per process and cached on
+    disk; None where it cannot be built. Raises KernelBuildError instead where `required()`."""
     if name not in _BUILT:
         try:
-            _BUILT[name] = _load(name, Path(__file__).with_name(source), list(extra_cflags))
+            _BUILT[name] = _load(name, Path(__file__).parent / source, list(extra_cflags))
         except Exception as exc:  # noqa: BLE001 - no compiler, headers or OpenMP: the torch fallback serves
-            print(f"[verispec] {source} not built ({str(exc)[:200]}); its torch fallback runs instead")
-            _BUILT[name] = False
-    return _BUILT[name] or None
+            _BUILT[name] = exc
+            if not required():
+                print(f"[verispec] {Path(source).name} not built ({str(exc)[:200]}); its torch fallback runs instead")
+    built = _BUILT[name]
+    if isinstance(built, Exception):
+        if required():
+            raise KernelBuildError(f"the C++ kernel {name} ({Path(source).name}) did not build and {REQUIRE_ENV} is "
+                                   f"set: {built}") from built
+        return None
+    return built
 
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)
@@ -138,15 +156,18 @@ def is_cached(name: str) -> bool:
 
 def build_all() -> dict[str, float]:
     """Build every kernel not yet on disk, each in its own process, all at once (one compiler each: on 2 cores
-    the three together take about as long as the longest) -> seconds per kernel built."""
+    the three together take about as long as the longest) -> seconds per kernel built. Where `required()`, a kernel
+    that did not build raises KernelBuildError (its process printed the compiler's error)."""
     start, procs = time.perf_counter(), {}
     for name, source in KERNELS.items():
         if not is_cached(name):
             code = f"from verispec.runtime.kernels.ext import build; build({name!r}, {source!r})"
             procs[name] = subprocess.Popen([sys.executable, "-c", code])
-    seconds = {}
+    seconds, failed = {}, []
     for name, proc in procs.items():
-        proc.wait()
+        if proc.wait() != 0:
+            failed.append(name)
         seconds[name] = round(time.perf_counter() - start, 1)
+    if failed and required():
+        raise KernelBuildError(f"kernels not built: {', '.join(failed)} ({REQUIRE_ENV} is set; the errors are above)")
     return seconds
-
