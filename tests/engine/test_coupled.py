@@ -1,7 +1,8 @@
 """Coupled (Gumbel-max) sampling in the engine: a seed gives the target alone's tokens, whatever the speculation.
 
 Level (c): seeded coupled output equals the target alone's (the same engine, no drafter) for K 1..8, adaptive K,
-batches of 1, 3 and 16 rows, an n-gram drafter, a draft model, a draft head's chains and token trees, rows mixed
+batches of 1, 3 and 16 rows, an n-gram drafter, a draft model, suffix decoding and a cascade of it and a draft
+model, a draft head's chains and token trees, rows mixed
 with greedy and rejection-sampled rows, penalties that depend on the draft, and across two engines; the drafters
 really get tokens accepted (the equality is not vacuous).
 Level (b): the engine's coupled output follows the processed target distribution (joint of the first three
@@ -24,9 +25,12 @@ from test_head import trained_head  # noqa: F401  (a fixture: a head trained on 
 from test_sampling_exactness import (CASES, NEW_TOKENS, TREE_CASES, VOCAB, CharTokenizer, _emitted, _sample,
                                      exact_joint, peaky_llama, tvd_bound)
 from verispec.config import SamplingParams, SpeculativeConfig
+from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.head import HeadDrafter, load_head
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
+from verispec.drafters.suffix import SuffixDrafter
+from verispec.drafters.suffix_tree import SuffixCache
 from verispec.engine import SpeculativeEngine
 from verispec.sampling import noise
 from verispec.stats import GenerationStats
@@ -114,6 +118,24 @@ def test_ngram_drafter_equals_the_target_alone(alone, trained_pair, tokenizer, p
     outputs, stats = run(engine, prompts)
     assert outputs == alone
     assert stats.accepted_tokens > 0
+
+
+@pytest.mark.parametrize("drafter", ["suffix", "cascade"])
+def test_suffix_and_cascade_drafters_equal_the_target_alone(alone, trained_pair, tokenizer, prompts, drafter):
+    """Suffix decoding (point-mass drafts from the request's own text and earlier requests') and a cascade of it
+    and a draft model, twice over the prompts: the second time the suffix cache holds the first time's outputs."""
+    target, draft = trained_pair
+    suffix = SuffixDrafter(SuffixCache(4096))
+    drafters = {"suffix": suffix, "cascade": CascadeDrafter([suffix, ModelDrafter(draft, MAX_LEN)])}
+    engine = SpeculativeEngine(target, tokenizer, drafters[drafter], SpeculativeConfig(num_draft_tokens=4),
+                               max_len=MAX_LEN, max_batch_size=4)
+    first, first_stats = run(engine, prompts)
+    again, again_stats = run(engine, prompts)
+    assert first == again == alone
+    assert suffix.drafted_from["cache"] > 0 and again_stats.accepted_tokens > first_stats.accepted_tokens > 0
+    if drafter == "cascade":
+        rounds = engine.total.rounds_by_stage
+        assert rounds.get("suffix", 0) > 0 and rounds.get("model", 0) > 0, rounds
 
 
 @pytest.mark.parametrize("tree_nodes", [0, 10])
