@@ -12,6 +12,9 @@ from verispec.runtime.kernels import ext
 @pytest.mark.kernel("dense")
 def test_a_built_kernel_is_cached_and_an_empty_cache_is_not(tmp_path, monkeypatch):
     assert ext.is_cached("dense")  # built (or loaded) above, under the real cache root
+    for name, (source, flags) in ext.VARIANTS.items():  # a variant's folder is keyed by its own flags
+        assert ext._folder(name, Path(ext.__file__).with_name(source), ext.CFLAGS + list(flags)) != \
+            ext._folder(name, Path(ext.__file__).with_name(source), ext.CFLAGS)
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     assert not any(ext.is_cached(name) for name in ext.KERNELS)
 
@@ -31,6 +34,10 @@ def test_build_all_starts_one_process_per_missing_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(ext, "is_cached", lambda name: name == "layer")
     assert set(ext.build_all()) == {"dense", "quant"}
     assert len(started) == 2 and all("build(" in code for code in started)
+    started.clear()
+    assert set(ext.build_all(variants=True)) == {"dense", "quant", *ext.VARIANTS}  # make test's: the tests' builds too
+    for name, (source, flags) in ext.VARIANTS.items():
+        assert any(f"build({name!r}, {source!r}, {flags!r})" in code for code in started)
 
 
 @pytest.mark.kernel("layer")  # built (or found on disk) first: the test times a load, not a compile

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -32,6 +33,11 @@ REQUIRE_ENV = "VERISPEC_REQUIRE_KERNELS"
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 # Every kernel: name -> its source beside this module (what `python -m verispec.runtime.kernels.ext` builds ahead of use).
 KERNELS = {"dense": "dense_kernel.cpp", "layer": "layer_kernel.cpp", "quant": "quant_kernel.cpp"}
+# Builds only the tests load: name -> (source, extra cflags). The layer kernel as for an x86 CPU without AVX-512
+# (tests/engine/test_fused.py compares its bits with the full build's); `build_all(variants=True)` (make test)
+# builds them beside the kernels.
+VARIANTS = {"layer_avx2": ("layer_kernel.cpp", ("-mno-avx512f",))} if platform.machine() in ("x86_64", "AMD64") \
+    else {}
 
 
 def cache_root() -> Path:
@@ -149,19 +155,22 @@ def _load(name: str, source: Path, extra: list[str]):
 
 
 def is_cached(name: str) -> bool:
-    """Whether kernel `name` (of KERNELS) is already built on disk for this source, torch and CPU."""
-    folder, _ = _folder(name, Path(__file__).with_name(KERNELS[name]), CFLAGS)
+    """Whether kernel `name` (of KERNELS or VARIANTS) is already built on disk for this source, torch and CPU."""
+    source, extra = VARIANTS.get(name, (KERNELS.get(name), ()))
+    folder, _ = _folder(name, Path(__file__).with_name(source), CFLAGS + list(extra))
     return any(folder.glob("*.so"))
 
 
-def build_all() -> dict[str, float]:
-    """Build every kernel not yet on disk, each in its own process, all at once (one compiler each: on 2 cores
-    the three together take about as long as the longest) -> seconds per kernel built. Where `required()`, a kernel
-    that did not build raises KernelBuildError (its process printed the compiler's error)."""
+def build_all(variants: bool = False) -> dict[str, float]:
+    """Build every kernel not yet on disk (and the tests' VARIANTS too where asked), each in its own process, all at
+    once (one compiler each: on 2 cores the three together take about as long as the longest) -> seconds per kernel
+    built. Where `required()`, a kernel that did not build raises KernelBuildError (its process printed the
+    compiler's error)."""
     start, procs = time.perf_counter(), {}
-    for name, source in KERNELS.items():
+    builds = {name: (source, ()) for name, source in KERNELS.items()} | (VARIANTS if variants else {})
+    for name, (source, extra) in builds.items():
         if not is_cached(name):
-            code = f"from verispec.runtime.kernels.ext import build; build({name!r}, {source!r})"
+            code = f"from verispec.runtime.kernels.ext import build; build({name!r}, {source!r}, {extra!r})"
             procs[name] = subprocess.Popen([sys.executable, "-c", code])
     seconds, failed = {}, []
     for name, proc in procs.items():
