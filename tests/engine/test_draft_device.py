@@ -11,6 +11,7 @@ import copy
 
 import pytest
 import torch
+from conftest import machine_reason
 from test_host_syncs import run_rows
 
 from verispec.config import SpeculativeConfig
@@ -22,8 +23,8 @@ from verispec.engine import CACHE_SLACK, SpeculativeEngine
 from verispec.generator import SpeculativeGenerator
 
 K = 4
-NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason=machine_reason("has CUDA; the test checks the error without it"))
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason=machine_reason("needs a CUDA device"))
 
 
 def test_greedy_with_a_draft_device_equals_the_target_alone(trained_pair, tokenizer):

@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import machine_reason
 from verispec.runtime.kernels import fused
 from verispec.runtime.caches.kv_cache import attention_mask
 from verispec.runtime.model.llama import rotate
@@ -234,7 +235,7 @@ def test_a_build_without_avx512_gives_the_same_bits():
     from verispec.runtime.kernels.ext import REQUIRE_ENV, VARIANTS, build
 
     if "layer_avx2" not in VARIANTS:
-        pytest.skip(f"-mno-avx512f is an x86 flag; this machine is {platform.machine()}")
+        pytest.skip(machine_reason(f"-mno-avx512f is an x86 flag; this CPU is {platform.machine()}"))
     avx2 = build("layer_avx2", *VARIANTS["layer_avx2"])  # built by make test; raises under VERISPEC_REQUIRE_KERNELS=1
     if avx2 is None:
         pytest.skip(f"the kernel could not be built without AVX-512 here; {REQUIRE_ENV}=1 makes this an error")

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_llama
+from conftest import machine_reason, tiny_llama
 from test_quant_values import random_blocks  # tests/unit's helper
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
@@ -47,7 +47,7 @@ def test_kernel_values_and_row_invariance(qtype, path):
     tails)
     nor on the thread count, and equals x @ W^T in float64 within float32 summation error."""
     if path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     torch.manual_seed(0)
     w = weight_of(qtype, out=43)  # 43: not a multiple of any tile's channel count
     reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
@@ -78,7 +78,7 @@ def test_many_rows_give_each_row_its_one_row_bits(qtype, width, path):
     batch 16 (80) and a prefill chunk (130), on 1 and 2 threads; 203 channels: a partial last group and several
     panels per thread."""
     if path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     torch.manual_seed(1)
     w = weight_of(qtype, out=203, width=width)
     x = torch.randn(130, width)
@@ -104,7 +104,7 @@ def test_the_kernels_own_dequantized_values_are_gguf_pys(qtype, path):
     """x = the identity picks each weight out of the sums exactly (the other products are zeros), so this sees the
     values the kernel dequantizes in its registers (tiles: 5 rows a call) and in its prefill panels (96 rows)."""
     if path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     w = weight_of(qtype, out=43)
     reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
     eye = torch.eye(w.shape[1])  # [in, in]
@@ -122,7 +122,7 @@ def test_the_repacked_layout_computes_what_the_files_layout_does(qtype, out, pat
     the file's layout on each path: the file's blocks still run through the kernel (their own type id), so every
     output is compared bit for bit, at the tile sizes (1, 5, 7 rows) and the panel's (16)."""
     if path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     width = 576 if out > 1000 else 96
     torch.manual_seed(2)
     w = QuantWeight(qtype, torch.from_numpy(random_blocks(qtype, out, width, seed=3)), width)

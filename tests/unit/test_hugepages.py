@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import machine_reason
 from verispec.runtime.weights import hugepages
 
 MIB = 1 << 20
@@ -48,7 +49,7 @@ def test_gather_copies_into_one_arena_in_order(monkeypatch):
     assert hugepages.gather(small)[0] is small[0]  # under a huge page in all: left as is
 
 
-@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason=machine_reason("no transparent huge pages (the kernel's setting)"))
 def test_the_kernel_backs_the_buffers_with_huge_pages(monkeypatch):
     """Where THP is on (`always` or `madvise`), the advised buffers sit on huge pages. (Whether torch's own do is
     not asserted: smaps counts huge pages per mapping, and the allocator may hand back a region an earlier test's
