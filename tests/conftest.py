@@ -264,6 +264,53 @@ def trained_pair(tokenizer):
 
 
 @pytest.fixture(scope="session")
+def small_pair(tokenizer):
+    """(target, draft): a smaller trained Llama pair (hidden 48 / one layer, fewer steps), for tests that build many
+    engines. Shared: a test that changes a model (dtype, weights) works on a copy."""
+    return (train_on_corpus(tiny_llama(30, hidden=48), tokenizer, steps=60),
+            train_on_corpus(tiny_llama(31, layers=1), tokenizer, steps=30))
+
+
+@pytest.fixture(scope="session")
+def trained_head(trained_pair, tokenizer, tmp_path_factory):
+    """A head trained for a few seconds on the trained tiny target's own greedy continuations of the corpus (its
+    folder, as `save_head` writes it; tests/engine/test_head.py checks the training's figures here)."""
+    from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, heldout_accuracy, train_head
+    from verispec.distill.head_pipeline import split_holdout
+    from verispec.distill.teacher import Sample
+    from verispec.drafters.head import HeadConfig, save_head
+
+    target, _ = trained_pair
+    ids = tokenizer(CORPUS)["input_ids"]
+    samples = []
+    with torch.no_grad():
+        for start in range(0, 160, 8):
+            prompt = ids[start : start + 12]
+            out = target.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)[0, len(prompt):]
+            samples.append(Sample("corpus", torch.tensor(prompt, dtype=torch.int32), out.to(torch.int32),
+                                  torch.zeros(0), torch.zeros(0)))
+    folder = tmp_path_factory.mktemp("head")
+    features = extract_features(target, samples, folder / "features", progress=False)
+    vocab, coverage = draft_vocabulary(samples, 40, target.config.vocab_size, {EOS_ID})
+    assert coverage == 1.0
+    config = HeadConfig.for_target(target.config, "tiny", len(vocab))
+    net = HeadNet(config, target, vocab, seed=0)
+    train, holdout = split_holdout(samples, features, 2)
+    assert len(train[0]) == 18 and len(holdout[0]) == 2 and not {id(s) for s in holdout[0]} & {id(s) for s in train[0]}
+    untrained = heldout_accuracy(net, *holdout, unroll=2, train_length=128)
+    stats = train_head(net, *train, steps=120, lr=3e-3, batch_tokens=1024, train_length=128, unroll=2,
+                       seed=0, checkpoint=folder / "head.pt", holdout=holdout, progress=False, log=lambda *_: None)
+    assert stats["final"]["acc0"] > 0.5, stats["final"]
+    # Held-out figures at each checkpoint (steps 100 and 120): the samples it never saw, answer positions only.
+    heldout = stats["heldout_accuracy_by_step"]
+    assert [h["step"] for h in heldout] == [100, 120]
+    assert heldout[-1]["accuracy"] == heldout_accuracy(net, *holdout, unroll=2, train_length=128)
+    assert heldout[-1]["accuracy"][0] > untrained[0] + 0.2, (untrained, heldout)
+    save_head(folder / "out", config, net.export(), torch.float32)
+    return folder / "out"
+
+
+@pytest.fixture(scope="session")
 def model_dirs(tmp_path_factory, tokenizer, trained_pair):
     """The trained pair saved as Hugging Face folders (what the CLI and server load)."""
     root = tmp_path_factory.mktemp("models")

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 from conftest import CORPUS
-from test_head import trained_head  # noqa: F401  (a fixture: a head trained on the tiny target)
 from test_sampling_exactness import (CASES, NEW_TOKENS, TREE_CASES, VOCAB, CharTokenizer, _emitted, _sample,
                                      exact_joint, peaky_llama, tvd_bound)
 from verispec.config import SamplingParams, SpeculativeConfig
@@ -232,14 +231,20 @@ def test_coupled_sampling_follows_the_target_distribution():
         assert tvd < bound, f"{case}: TVD {tvd:.4f} exceeds the sampling bound {bound:.4f}"
 
 
+# The negative control runs half the samples: its bound is looser (0.171 against 0.121), and uniform noise still
+# lands far above it (TVD 0.23 and 0.57 at 3000 samples, 0.23 and 0.57 at 1500), so the check at the full sample
+# size catches it a fortiori.
+NEGATIVE_SAMPLES = COUPLED_SAMPLES // 2
+
+
 def test_the_check_catches_uniform_noise(monkeypatch):
     def uniform(keys, ids, salt=noise._TOKEN_SALT):
         bits = noise.lowbias32(keys.unsqueeze(-1) ^ noise.lowbias32((ids + salt) & noise._MASK32))
         return ((bits >> 9).float() + 0.5) * (1.0 / (1 << 23))
 
     monkeypatch.setattr(noise, "gumbel_noise", uniform)
-    bound = tvd_bound(VOCAB**NEW_TOKENS, COUPLED_SAMPLES)
-    results = run_coupled_cases()
+    bound = tvd_bound(VOCAB**NEW_TOKENS, NEGATIVE_SAMPLES)
+    results = run_coupled_cases(NEGATIVE_SAMPLES)
     print({case: round(tvd, 4) for case, (tvd, _) in results.items()}, f"bound {bound:.4f}")
     assert all(tvd > bound for tvd, _ in results.values()), results
 

@@ -96,12 +96,10 @@ def test_attention_blocks_ignore_queries_and_padding(dtype):
 
 
 @pytest.fixture(scope="module")
-def bf16_pair(tokenizer):
-    from conftest import tiny_llama, train_on_corpus
+def bf16_pair(small_pair):
+    import copy
 
-    target = train_on_corpus(tiny_llama(30, hidden=48), tokenizer, steps=60).to(torch.bfloat16)
-    draft = train_on_corpus(tiny_llama(31, layers=1), tokenizer, steps=30).to(torch.bfloat16)
-    return target, draft
+    return tuple(copy.deepcopy(model).to(torch.bfloat16) for model in small_pair)  # the shared pair stays fp32
 
 
 @pytest.mark.skipif(not BF16_PACKS, reason=machine_reason("no oneDNN bf16 kernel for this CPU (no AVX-512-bf16 / AVX-NE-CONVERT)"))
