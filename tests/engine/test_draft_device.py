@@ -12,7 +12,7 @@ import copy
 import pytest
 import torch
 from conftest import machine_reason
-from test_host_syncs import run_rows
+from test_host_syncs import GREEDY, REJECTION, run_rows
 
 from verispec.config import SpeculativeConfig
 from verispec.drafters import model as model_module
@@ -91,7 +91,8 @@ def test_tokens_and_q_cross_once_each_way_per_step(trained_pair, tokenizer, monk
     drafter = ModelDrafter(draft, 256 + CACHE_SLACK)
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=K), max_len=256,
                                max_batch_size=len(sampled))
-    run_rows(engine, tokenizer, sampled)  # admitted and prefilled: the next steps are plain rounds
+    run_rows(engine, tokenizer, tuple(REJECTION if s else GREEDY for s in sampled))  # admitted and prefilled:
+    # the next steps are plain rounds
     crossings = Crossings(monkeypatch)
     vocab = draft.config.vocab_size
     for _ in range(3):

@@ -76,6 +76,7 @@ MIXES = {"greedy": (GREEDY,) * ROWS, "rejection": (GREEDY, REJECTION, GREEDY, RE
 
 
 def row_params(kind: str, seed: int) -> SamplingParams:
+    assert kind in (GREEDY, REJECTION, COUPLED), kind
     if kind == GREEDY:
         return SamplingParams(max_new_tokens=100, ignore_eos=True)
     return SamplingParams(max_new_tokens=100, ignore_eos=True, temperature=1.0, seed=seed, coupled=kind == COUPLED)
