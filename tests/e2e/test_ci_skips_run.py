@@ -1,5 +1,6 @@
-"""pytest itself under CI=true, with tests/conftest.py's hooks: a skip that is not the machine's fails the run (a
-test skipped by a mark, by pytest.skip, a module by importorskip); one for what the machine lacks stays a skip."""
+"""pytest itself under CI=true with the suite's skip rule (tests/ci_skips.py, the plugin tests/conftest.py takes):
+a skip that is not the machine's fails the run (a test skipped by a mark, by pytest.skip, a module by
+importorskip); one for what the machine lacks stays a skip."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ TESTS = Path(__file__).resolve().parents[1]
 
 DEMO = '''
 import pytest
-from conftest import machine_reason
+from ci_skips import machine_reason
 
 def test_passes():
     pass
@@ -34,7 +35,7 @@ def test_a_run_with_a_skip_that_is_not_the_machines_fails_where_ci_is_set(tmp_pa
     (tmp_path / "test_demo.py").write_text(DEMO)
     (tmp_path / "test_module_skipped.py").write_text('import pytest\npytest.importorskip("no_such_module")\n')
     env = {**os.environ, "CI": "true", "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-p", "no:cacheprovider", "-rA",
+    run = subprocess.run([sys.executable, "-m", "pytest", "-p", "ci_skips", "-p", "no:cacheprovider", "-rA",
                           "--continue-on-collection-errors", "-c", os.devnull, "--rootdir", str(tmp_path),
                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
     out = run.stdout

@@ -1,11 +1,11 @@
-"""The skip policy of tests/conftest.py: where CI is set, only a skip for what the machine lacks passes."""
+"""The skip rule (tests/ci_skips.py): where CI is set, only a skip for what the machine lacks passes."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-import conftest
-from conftest import machine_reason
+import ci_skips
+from ci_skips import machine_reason
 
 
 def report(longrepr, outcome: str = "skipped", **extra) -> SimpleNamespace:
@@ -13,12 +13,12 @@ def report(longrepr, outcome: str = "skipped", **extra) -> SimpleNamespace:
 
 
 def test_where_ci_is_set_only_a_machine_skip_passes(monkeypatch):
-    monkeypatch.setattr(conftest, "STRICT_SKIPS", True)
-    assert conftest._unaccepted_skip(report(("t.py", 3, "Skipped: a package is missing"))) == "a package is missing"
-    assert conftest._unaccepted_skip(report("could not import 'ray'")) == "could not import 'ray'"  # a module's
-    assert conftest._unaccepted_skip(report(("t.py", 3, "Skipped: " + machine_reason("needs a CUDA device")))) is None
-    assert conftest._unaccepted_skip(report(("t.py", 3, machine_reason("no AVX512_BF16 on this CPU")))) is None
-    assert conftest._unaccepted_skip(report(None, outcome="passed")) is None
-    assert conftest._unaccepted_skip(report(("t.py", 3, "reason"), wasxfail="expected")) is None  # an xfail
-    monkeypatch.setattr(conftest, "STRICT_SKIPS", False)  # a developer's machine: every skip stays a skip
-    assert conftest._unaccepted_skip(report(("t.py", 3, "Skipped: a package is missing"))) is None
+    monkeypatch.setattr(ci_skips, "STRICT_SKIPS", True)
+    assert ci_skips.unaccepted_skip(report(("t.py", 3, "Skipped: a package is missing"))) == "a package is missing"
+    assert ci_skips.unaccepted_skip(report("could not import 'ray'")) == "could not import 'ray'"  # a module's
+    assert ci_skips.unaccepted_skip(report(("t.py", 3, "Skipped: " + machine_reason("needs a CUDA device")))) is None
+    assert ci_skips.unaccepted_skip(report(("t.py", 3, machine_reason("no AVX512_BF16 on this CPU")))) is None
+    assert ci_skips.unaccepted_skip(report(None, outcome="passed")) is None
+    assert ci_skips.unaccepted_skip(report(("t.py", 3, "reason"), wasxfail="expected")) is None  # an xfail
+    monkeypatch.setattr(ci_skips, "STRICT_SKIPS", False)  # a developer's machine: every skip stays a skip
+    assert ci_skips.unaccepted_skip(report(("t.py", 3, "Skipped: a package is missing"))) is None
