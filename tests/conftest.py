@@ -34,6 +34,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, level))
 
 
+# Skips: where CI is set, only a skip for what the machine lacks passes (tests/ci_skips.py; its hooks, taken here).
+from ci_skips import machine_reason, pytest_make_collect_report, pytest_runtest_makereport  # noqa: E402, F401
+
+
+def pytest_runtest_setup(item):
+    """`@pytest.mark.kernel("dense" | "layer" | "quant")`: the test needs that C++ kernel (runtime/kernels/ext.py).
+    Built (or loaded from the disk cache) here, at setup rather than at collection; where it cannot be built the
+    test skips, saying so, and under VERISPEC_REQUIRE_KERNELS=1 (make test, .ci/run) the build's error fails it."""
+    for mark in item.iter_markers("kernel"):
+        from verispec.runtime.kernels import ext
+
+        (name,) = mark.args
+        if ext.build(name, ext.KERNELS[name]) is None:  # raises KernelBuildError where required
+            pytest.skip(f"verispec's {name} kernel could not be built here (no compiler?); {ext.REQUIRE_ENV}=1 makes "
+                        "this an error")
+
+
 # Tiny models run fastest on one thread, and the machine is shared: training the fixture pair takes ~5 s this
 # way and ~95 s with torch's default under load. Set at import so every test file sees the same weights.
 torch.set_num_threads(1)
@@ -205,6 +222,53 @@ def trained_pair(tokenizer):
     target = train_on_corpus(tiny_llama(10, hidden=64, layers=2), tokenizer, steps=150)
     draft = train_on_corpus(tiny_llama(11, hidden=32, layers=1), tokenizer, steps=60)
     return target, draft
+
+
+@pytest.fixture(scope="session")
+def small_pair(tokenizer):
+    """(target, draft): a smaller trained Llama pair (hidden 48 / one layer, fewer steps), for tests that build many
+    engines. Shared: a test that changes a model (dtype, weights) works on a copy."""
+    return (train_on_corpus(tiny_llama(30, hidden=48), tokenizer, steps=60),
+            train_on_corpus(tiny_llama(31, layers=1), tokenizer, steps=30))
+
+
+@pytest.fixture(scope="session")
+def trained_head(trained_pair, tokenizer, tmp_path_factory):
+    """A head trained for a few seconds on the trained tiny target's own greedy continuations of the corpus (its
+    folder, as `save_head` writes it; tests/engine/test_head.py checks the training's figures here)."""
+    from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, heldout_accuracy, train_head
+    from verispec.distill.head_pipeline import split_holdout
+    from verispec.distill.teacher import Sample
+    from verispec.drafters.head import HeadConfig, save_head
+
+    target, _ = trained_pair
+    ids = tokenizer(CORPUS)["input_ids"]
+    samples = []
+    with torch.no_grad():
+        for start in range(0, 160, 8):
+            prompt = ids[start : start + 12]
+            out = target.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)[0, len(prompt):]
+            samples.append(Sample("corpus", torch.tensor(prompt, dtype=torch.int32), out.to(torch.int32),
+                                  torch.zeros(0), torch.zeros(0)))
+    folder = tmp_path_factory.mktemp("head")
+    features = extract_features(target, samples, folder / "features", progress=False)
+    vocab, coverage = draft_vocabulary(samples, 40, target.config.vocab_size, {EOS_ID})
+    assert coverage == 1.0
+    config = HeadConfig.for_target(target.config, "tiny", len(vocab))
+    net = HeadNet(config, target, vocab, seed=0)
+    train, holdout = split_holdout(samples, features, 2)
+    assert len(train[0]) == 18 and len(holdout[0]) == 2 and not {id(s) for s in holdout[0]} & {id(s) for s in train[0]}
+    untrained = heldout_accuracy(net, *holdout, unroll=2, train_length=128)
+    stats = train_head(net, *train, steps=120, lr=3e-3, batch_tokens=1024, train_length=128, unroll=2,
+                       seed=0, checkpoint=folder / "head.pt", holdout=holdout, progress=False, log=lambda *_: None)
+    assert stats["final"]["acc0"] > 0.5, stats["final"]
+    # Held-out figures at each checkpoint (steps 100 and 120): the samples it never saw, answer positions only.
+    heldout = stats["heldout_accuracy_by_step"]
+    assert [h["step"] for h in heldout] == [100, 120]
+    assert heldout[-1]["accuracy"] == heldout_accuracy(net, *holdout, unroll=2, train_length=128)
+    assert heldout[-1]["accuracy"][0] > untrained[0] + 0.2, (untrained, heldout)
+    save_head(folder / "out", config, net.export(), torch.float32)
+    return folder / "out"
 
 
 @pytest.fixture(scope="session")

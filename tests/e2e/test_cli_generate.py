@@ -61,27 +61,44 @@ def test_streams_text_then_stats(capsys, model_dirs):
     assert "mean accepted length" in err
 
 
-@pytest.mark.parametrize(
-    "args, message",
-    [
-        (["--model", "/no/such/model"], "does not exist"),
-        (["--draft-model", "odd_vocab"], "vocabulary size"),
-        (["--draft-tokens", "0"], "--draft-tokens"),
-        (["--max-new-tokens", "5000"], "max_len"),
-        (["--temperature", "-1"], "temperature"),
-        (["--top-p", "2"], "top_p"),
-        (["--tree-nodes", "99"], "tree_nodes"),
-        (["--draft-model", "ngram+head:/no/such/head"], "holds no draft head"),
-        (["--draft-model", "self:int3"], "unknown twin format 'int3'; choose from self:int8"),
-    ],
-)
-def test_bad_input_exits_2_with_a_message(model_dirs, args, message):
+BAD_INPUT = [
+    (["--model", "/no/such/model"], "does not exist"),
+    (["--draft-model", "odd_vocab"], "vocabulary size"),
+    (["--draft-tokens", "0"], "--draft-tokens"),
+    (["--max-new-tokens", "5000"], "max_len"),
+    (["--temperature", "-1"], "temperature"),
+    (["--top-p", "2"], "top_p"),
+    (["--tree-nodes", "99"], "tree_nodes"),
+    (["--draft-model", "ngram+head:/no/such/head"], "holds no draft head"),
+    (["--draft-model", "self:int3"], "unknown twin format 'int3'; choose from self:int8"),
+]
+
+
+def bad_input_argv(model_dirs, args) -> list[str]:
     args = [str(model_dirs["odd_vocab"]) if a == "odd_vocab" else a for a in args]
     base = {"--model": str(model_dirs["target"]), "--draft-model": str(model_dirs["draft"])}
     for flag, value in base.items():
         if flag not in args:
             args += [flag, value]
-    proc = subprocess.run([sys.executable, "-m", "verispec.cli", "generate", "--prompt", "hi", *args],
+    return ["generate", "--prompt", "hi", *args]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUT)
+def test_bad_input_exits_2_with_a_message(model_dirs, args, message, capsys):
+    """In process (`main`): exit status 2 and the message, no traceback; the one real process is the next test."""
+    try:
+        code = main(bad_input_argv(model_dirs, args))
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err and "Traceback" not in err
+
+
+def test_bad_input_exits_2_from_the_command(model_dirs):
+    """`python -m verispec.cli generate` as a user runs it: the exit status and message reach the shell."""
+    args, message = BAD_INPUT[4]  # --temperature -1
+    proc = subprocess.run([sys.executable, "-m", "verispec.cli", *bad_input_argv(model_dirs, args)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -18,7 +18,7 @@ import re
 import openai
 import pytest
 
-from conftest import JSON_CHARS, make_tokenizer, tiny_llama, train_on_corpus
+from conftest import JSON_CHARS, machine_reason, make_tokenizer, tiny_llama, train_on_corpus
 from test_server import ServerThread
 
 import dataclasses
@@ -291,7 +291,7 @@ def test_speculation_really_ran(client):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", pytest.param("bfloat16", marks=pytest.mark.skipif(
-    not native_bf16(), reason="this CPU has no native bf16 dot products"))])
+    not native_bf16(), reason=machine_reason("no native bf16 dot products on this CPU")))])
 def test_real_default_pair_conformance(dtype):
     """SmolLM2-135M with its shipped draft, fp32 and bf16, batch-invariant: logprobs, logit_bias, penalties, a JSON
     schema and a regex give the same tokens and bitwise the same logprobs with every drafter and K as the target

@@ -7,11 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import machine_reason
 from verispec.cli import main
 
-NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason=machine_reason("has CUDA; the test checks the error without it"))
 NO_XPU = pytest.mark.skipif(getattr(getattr(torch, "xpu", None), "is_available", lambda: False)(),
-                            reason="checks the error on a machine without an xpu device")
+                            reason=machine_reason("has an xpu device; the test checks the error without it"))
 COMMANDS = ["generate", "serve", "bench"]
 
 

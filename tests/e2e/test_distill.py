@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_tokenizer, tiny_llama
+from conftest import machine_reason, make_tokenizer, tiny_llama
 
 from verispec.cli import main
 from verispec.distill.evaluate import RoundStats, draft_matches, evaluate_draft, greedy_rounds
@@ -147,7 +147,7 @@ def test_cli_distills_a_head_that_drafts_and_resumes(tiny_setup, capsys):
     assert torch.load(work / "head.pt", weights_only=False)["step"] == 5
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason=machine_reason("needs a CUDA device"))
 
 
 @pytest.mark.cuda

@@ -12,12 +12,13 @@ import openai
 import pytest
 import torch
 
+from conftest import machine_reason
 from test_server import ServerThread
 from verispec.cli import main
 from verispec.config import SpeculativeConfig
 from verispec.server import ServerConfig, create_app
 
-NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason=machine_reason("has CUDA; the test checks the error without it"))
 
 
 def test_generate_with_a_draft_device_equals_the_target_alone(capsys, model_dirs):

@@ -55,16 +55,17 @@ def test_bench_serve_writes_its_report(model_dirs, tmp_path):
 @pytest.mark.parametrize("flags, system", [([], None), (["--shared-system-prompt"], "builtin"),
                                            (["--shared-system-prompt", "--system-prompt", "Be brief."], "Be brief."),
                                            (["--system-prompt", "Be brief."], None)])
-def test_shared_system_prompt_goes_before_every_request_of_the_sweep(flags, system):
+def test_shared_system_prompt_goes_before_every_request_of_the_sweep(flags, system, model_dirs):
     from verispec.bench.prompts import SYSTEM_PROMPT
     from verispec.cli.bench_serve import serve_load_config as config_from_args
     from verispec.cli import build_parser
 
-    args = build_parser().parse_args(["bench", "--serve", "--concurrency", "1,8,16", "--limit", "1", *flags])
+    # the tiny target: resolving 'auto' weights reads its folder, not the embedded GGUF (what the next test checks)
+    args = build_parser().parse_args(["bench", "--serve", "--concurrency", "1,8,16", "--limit", "1",
+                                      "--model", str(model_dirs["target"]), *flags])
     config = config_from_args(args)
     assert config.system == (SYSTEM_PROMPT if system == "builtin" else system)
     assert config.concurrency == [1, 8, 16]
-
 
 
 @pytest.mark.parametrize("flags, weights", [([], "auto"), (["--dtypes", "float32,bfloat16"], "fp32"),
@@ -82,10 +83,11 @@ def test_servers_get_the_weights_the_bench_resolves(flags, weights):
     assert config.serve_args == ("--weights", expected, "--quantization", "none")
 
 
-def test_serve_args_come_after_the_resolved_weights():
+def test_serve_args_come_after_the_resolved_weights(model_dirs):
     """A flag given twice counts the last time: the user's --serve-args override what the bench resolved."""
     from verispec.cli.bench_serve import serve_load_config as config_from_args
     from verispec.cli import build_parser
 
-    args = build_parser().parse_args(["bench", "--serve", "--serve-args", "--weights fp32 --max-batched-tokens 64"])
+    args = build_parser().parse_args(["bench", "--serve", "--model", str(model_dirs["target"]),
+                                      "--serve-args", "--weights fp32 --max-batched-tokens 64"])
     assert config_from_args(args).serve_args[4:] == ("--weights", "fp32", "--max-batched-tokens", "64")

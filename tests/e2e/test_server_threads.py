@@ -11,10 +11,11 @@ import time
 import pytest
 import torch
 
+from conftest import machine_reason
 from gates import WAIT_S
 from verispec.server import served as runtime
 
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason=machine_reason("no /proc/self/task (the test counts threads there)"))
 
 
 def native_threads() -> set[int]:

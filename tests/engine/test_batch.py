@@ -5,7 +5,7 @@ request draws the same tokens alone and beside others; slots are reused as seque
 import pytest
 import torch
 
-from conftest import BUILDERS, train_on_corpus
+from conftest import BUILDERS, machine_reason, train_on_corpus
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.model import ModelDrafter
@@ -89,7 +89,7 @@ def test_generate_batch_needs_one_params_per_prompt(models, tokenizer):
 
 
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=machine_reason("needs a CUDA device"))
 def test_cuda_batch_equals_cpu(models, tokenizer):
     """Every tensor of the loop lives on the target's device: the same batch on CUDA gives the CPU's tokens."""
     target, draft = models["llama"]

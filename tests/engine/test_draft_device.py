@@ -11,7 +11,8 @@ import copy
 
 import pytest
 import torch
-from test_host_syncs import run_rows
+from conftest import machine_reason
+from test_host_syncs import GREEDY, REJECTION, run_rows
 
 from verispec.config import SpeculativeConfig
 from verispec.drafters import model as model_module
@@ -22,8 +23,8 @@ from verispec.engine import CACHE_SLACK, SpeculativeEngine
 from verispec.generator import SpeculativeGenerator
 
 K = 4
-NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+NO_CUDA = pytest.mark.skipif(torch.cuda.is_available(), reason=machine_reason("has CUDA; the test checks the error without it"))
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason=machine_reason("needs a CUDA device"))
 
 
 def test_greedy_with_a_draft_device_equals_the_target_alone(trained_pair, tokenizer):
@@ -90,7 +91,8 @@ def test_tokens_and_q_cross_once_each_way_per_step(trained_pair, tokenizer, monk
     drafter = ModelDrafter(draft, 256 + CACHE_SLACK)
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=K), max_len=256,
                                max_batch_size=len(sampled))
-    run_rows(engine, tokenizer, sampled)  # admitted and prefilled: the next steps are plain rounds
+    run_rows(engine, tokenizer, tuple(REJECTION if s else GREEDY for s in sampled))  # admitted and prefilled:
+    # the next steps are plain rounds
     crossings = Crossings(monkeypatch)
     vocab = draft.config.vocab_size
     for _ in range(3):

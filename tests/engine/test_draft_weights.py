@@ -10,12 +10,10 @@ from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.model import DRAFT_QTYPE, ModelDrafter, draft_model_weights
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
-from verispec.runtime.kernels import quant
 from verispec.runtime.runners.native import native_twin_of
 from verispec.runtime.kernels.quant import QuantWeight
 
-pytestmark = [pytest.mark.usefixtures("one_thread"),
-              pytest.mark.skipif(quant.kernel() is None, reason="needs verispec's quantized kernel")]
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.kernel("quant")]
 
 MAX_LEN = 192
 TEXT = "the cat sat on the mat. the dog sat on the log. the cat ran to the dog and the dog ran to the cat."

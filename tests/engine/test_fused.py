@@ -11,11 +11,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import machine_reason
 from verispec.runtime.kernels import fused
 from verispec.runtime.caches.kv_cache import attention_mask
 from verispec.runtime.model.llama import rotate
 
-pytestmark = pytest.mark.skipif(fused.kernel() is None, reason="the C++ layer kernel could not be built here")
+pytestmark = pytest.mark.kernel("layer")
 DTYPES = [torch.float32, torch.bfloat16]
 TOLERANCE = {torch.float32: 2e-6, torch.bfloat16: 2e-2}  # attention vs fp64 (bf16: the output's own rounding)
 
@@ -229,11 +230,15 @@ def test_the_attention_path_variable(monkeypatch):
 def test_a_build_without_avx512_gives_the_same_bits():
     """The kernel built as for an AVX2 CPU (-mno-avx512f: the scalar code, vectorized by the compiler where it
     likes) against this build's tiled path: fp32 and bf16, head dims 32 / 40 / 64 / 128, GQA 1 and 3, n 1..40."""
-    from verispec.runtime.kernels.ext import build
+    import platform
 
-    avx2 = build("layer_avx2", "layer_kernel.cpp", ("-mno-avx512f",))
+    from verispec.runtime.kernels.ext import REQUIRE_ENV, VARIANTS, build
+
+    if "layer_avx2" not in VARIANTS:
+        pytest.skip(machine_reason(f"-mno-avx512f is an x86 flag; this CPU is {platform.machine()}"))
+    avx2 = build("layer_avx2", *VARIANTS["layer_avx2"])  # built by make test; raises under VERISPEC_REQUIRE_KERNELS=1
     if avx2 is None:
-        pytest.skip("the kernel could not be built without AVX-512 here")
+        pytest.skip(f"the kernel could not be built without AVX-512 here; {REQUIRE_ENV}=1 makes this an error")
     gen = torch.Generator().manual_seed(5)
     for dtype in DTYPES:
         for H, Hk, d in [(9, 3, 64), (4, 4, 32), (4, 2, 128), (2, 1, 40)]:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import CORPUS, EOS_ID, tiny_llama
+from conftest import tiny_llama
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, heldout_accuracy, train_head
-from verispec.distill.head_pipeline import split_holdout
+from verispec.distill.head import HeadNet, extract_features
 from verispec.distill.teacher import Sample
 from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.build import build_drafter
@@ -29,39 +28,6 @@ def random_head(target, vocab=None, seed=0):
     vocab = torch.arange(target.config.vocab_size) if vocab is None else vocab
     config = HeadConfig.for_target(target.config, "tiny", len(vocab))
     return config, HeadNet(config, target, vocab, seed=seed)
-
-
-@pytest.fixture(scope="module")
-def trained_head(trained_pair, tokenizer, tmp_path_factory):
-    """A head trained for a few seconds on the trained tiny target's own greedy continuations of the corpus."""
-    target, _ = trained_pair
-    ids = tokenizer(CORPUS)["input_ids"]
-    samples = []
-    with torch.no_grad():
-        for start in range(0, 160, 8):
-            prompt = ids[start : start + 12]
-            out = target.generate(torch.tensor([prompt]), max_new_tokens=48, do_sample=False)[0, len(prompt):]
-            samples.append(Sample("corpus", torch.tensor(prompt, dtype=torch.int32), out.to(torch.int32),
-                                  torch.zeros(0), torch.zeros(0)))
-    folder = tmp_path_factory.mktemp("head")
-    features = extract_features(target, samples, folder / "features", progress=False)
-    vocab, coverage = draft_vocabulary(samples, 40, target.config.vocab_size, {EOS_ID})
-    assert coverage == 1.0
-    config = HeadConfig.for_target(target.config, "tiny", len(vocab))
-    net = HeadNet(config, target, vocab, seed=0)
-    train, holdout = split_holdout(samples, features, 2)
-    assert len(train[0]) == 18 and len(holdout[0]) == 2 and not {id(s) for s in holdout[0]} & {id(s) for s in train[0]}
-    untrained = heldout_accuracy(net, *holdout, unroll=2, train_length=128)
-    stats = train_head(net, *train, steps=120, lr=3e-3, batch_tokens=1024, train_length=128, unroll=2,
-                       seed=0, checkpoint=folder / "head.pt", holdout=holdout, progress=False, log=lambda *_: None)
-    assert stats["final"]["acc0"] > 0.5, stats["final"]
-    # Held-out figures at each checkpoint (steps 100 and 120): the samples it never saw, answer positions only.
-    heldout = stats["heldout_accuracy_by_step"]
-    assert [h["step"] for h in heldout] == [100, 120]
-    assert heldout[-1]["accuracy"] == heldout_accuracy(net, *holdout, unroll=2, train_length=128)
-    assert heldout[-1]["accuracy"][0] > untrained[0] + 0.2, (untrained, heldout)
-    save_head(folder / "out", config, net.export(), torch.float32)
-    return folder / "out"
 
 
 def test_feature_cache_redoes_a_chunk_that_grew(trained_pair, tmp_path):

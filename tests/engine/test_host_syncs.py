@@ -3,8 +3,8 @@
 Every way a tensor's value reaches the host (`tolist`, `item`, `cpu`, `numpy`, `bool`/`int`/`float`/`index`,
 `nonzero`) is wrapped for the length of one steady step and counted by the verispec module that asked for it. On
 the CPU these are cheap, but each is a device-to-host sync on an accelerator: the engine's own is ONE per step,
-whatever mix of rows (greedy and sampled, chains and trees, model drafter and n-gram); the rest is one NaN check
-per forward and what each drafter documents.
+whatever mix of rows (greedy, rejection-sampled and coupled, chains and trees, model drafter and n-gram); the rest
+is one NaN check per forward and what each drafter documents.
 """
 
 from __future__ import annotations
@@ -69,16 +69,27 @@ def engine_syncs(sites: Counter) -> int:
     return sum(n for site, n in sites.items() if site.startswith("engine/") or site == "acceptance.py")
 
 
-def run_rows(engine, tokenizer, sampled=(False, True, False, True), warm_steps=2):
+# Each row's sampling: greedy, rejection sampling (its own generator) or coupled (Gumbel-max noise keyed by seed).
+GREEDY, REJECTION, COUPLED = "greedy", "rejection", "coupled"
+MIXES = {"greedy": (GREEDY,) * ROWS, "rejection": (GREEDY, REJECTION, GREEDY, REJECTION),
+         "coupled": (GREEDY, COUPLED, GREEDY, COUPLED), "all": (GREEDY, REJECTION, COUPLED, COUPLED)}
+
+
+def row_params(kind: str, seed: int) -> SamplingParams:
+    assert kind in (GREEDY, REJECTION, COUPLED), kind
+    if kind == GREEDY:
+        return SamplingParams(max_new_tokens=100, ignore_eos=True)
+    return SamplingParams(max_new_tokens=100, ignore_eos=True, temperature=1.0, seed=seed, coupled=kind == COUPLED)
+
+
+def run_rows(engine, tokenizer, rows=MIXES["rejection"], warm_steps=2):
     prompt = tokenizer("the cat sat on the mat. the cat sat on the")["input_ids"]
-    for i, is_sampled in enumerate(sampled):
-        params = SamplingParams(max_new_tokens=100, ignore_eos=True)
-        if is_sampled:
-            params = SamplingParams(max_new_tokens=100, ignore_eos=True, temperature=1.0, seed=i, coupled=False)
-        engine.add_request(prompt, params)
+    for i, kind in enumerate(rows):
+        engine.add_request(prompt, row_params(kind, i))
     for _ in range(warm_steps):  # admission and prefill done: the next steps are plain decoding rounds
         engine.step()
-    assert len(engine.running) == len(sampled)
+    assert len(engine.running) == len(rows)
+    assert sum(seq.sampling.noise_seed is not None for seq in engine.running) == rows.count(COUPLED)
 
 
 @pytest.fixture
@@ -100,13 +111,15 @@ def drafts_seen(monkeypatch):
     return seen
 
 
-def test_model_drafter_step(tokenizer, trained_pair, counter):
-    """Greedy and sampled rows with a model drafter: the engine's one sync, one NaN check per forward (the verify
-    pass and each of the K draft forwards), the model drafter's one read of which rows sample."""
+@pytest.mark.parametrize("mix", ["rejection", "coupled", "all"])
+def test_model_drafter_step(tokenizer, trained_pair, counter, mix):
+    """Greedy and sampled rows (rejection-sampled, coupled, both) with a model drafter: the engine's one sync, one
+    NaN check per forward (the verify pass and each of the K draft forwards), the model drafter's one read of which
+    rows sample. Coupled rows' choices (the noise keyed by seed and position) cost no sync of their own."""
     target, draft = trained_pair
     engine = SpeculativeEngine(target, tokenizer, ModelDrafter(draft, 256 + CACHE_SLACK),
                                SpeculativeConfig(num_draft_tokens=K), max_len=256, max_batch_size=ROWS)
-    run_rows(engine, tokenizer)
+    run_rows(engine, tokenizer, MIXES[mix])
     for _ in range(3):
         sites = counter.step(engine)
         assert engine_syncs(sites) == 1, sites
@@ -115,11 +128,12 @@ def test_model_drafter_step(tokenizer, trained_pair, counter):
         assert sum(sites.values()) == 1 + (1 + K) + 1, sites
 
 
-def test_ngram_step(tokenizer, counter):
+@pytest.mark.parametrize("mix", ["rejection", "coupled"])
+def test_ngram_step(tokenizer, counter, mix):
     """Prompt lookup: the engine's one sync, the verify pass's NaN check, and the matcher's one per row."""
     engine = SpeculativeEngine(tiny_llama(3), tokenizer, NgramDrafter(), SpeculativeConfig(num_draft_tokens=K),
                                max_len=256, max_batch_size=ROWS)
-    run_rows(engine, tokenizer)
+    run_rows(engine, tokenizer, MIXES[mix])
     for _ in range(3):
         sites = counter.step(engine)
         assert engine_syncs(sites) == 1, sites
@@ -128,17 +142,17 @@ def test_ngram_step(tokenizer, counter):
         assert sum(sites.values()) == 1 + 1 + ROWS, sites
 
 
-@pytest.mark.parametrize("sampled", [(False, False, False, False), (False, True, False, True)])
-def test_token_tree_step(tokenizer, trained_pair, counter, drafts_seen, sampled):
-    """Token trees from a draft head (greedy and sampled rows): still the engine's one sync per step (no trim of
-    the accepted paths, no per-row read of the trees, their depths come back with the verdict)."""
+@pytest.mark.parametrize("mix", ["greedy", "rejection", "coupled"])
+def test_token_tree_step(tokenizer, trained_pair, counter, drafts_seen, mix):
+    """Token trees from a draft head (greedy, rejection-sampled and coupled rows): still the engine's one sync per
+    step (no trim of the accepted paths, no per-row read of the trees, their depths come back with the verdict)."""
     target, _ = trained_pair
     config = HeadConfig.for_target(target.config, "tiny", target.config.vocab_size)
     head = HeadDrafter(config, HeadNet(config, target, torch.arange(target.config.vocab_size), seed=0).export(),
                        target, 256)
     engine = SpeculativeEngine(target, tokenizer, head, SpeculativeConfig(num_draft_tokens=K, tree_nodes=10),
                                max_len=256, max_batch_size=ROWS)
-    run_rows(engine, tokenizer, sampled)
+    run_rows(engine, tokenizer, MIXES[mix])
     for _ in range(3):
         sites = counter.step(engine)
         assert drafts_seen[-1].tree is not None  # the step verified trees

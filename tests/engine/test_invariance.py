@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from conftest import machine_reason
 from verispec.runtime.kernels.invariant import MAX_INVARIANT_IN, block_attention
 from verispec.runtime.caches.kv_cache import attention_mask
 from verispec.runtime.model.llama import try_pack
@@ -20,7 +21,7 @@ from verispec.runtime.runners.native import NativeRunner
 VOCAB = 97
 BF16_PACKS = try_pack(torch.zeros(64, 64, dtype=torch.bfloat16)) is not None
 DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(
-    not BF16_PACKS, reason="this CPU has no oneDNN bf16 kernel (no AVX-512-bf16 / AVX-NE-CONVERT)"))]
+    not BF16_PACKS, reason=machine_reason("no oneDNN bf16 kernel for this CPU (no AVX-512-bf16 / AVX-NE-CONVERT)")))]
 
 
 def random_model(seed: int, qwen: bool, heads: int, kv_heads: int, wide_mlp: bool, dtype: torch.dtype):
@@ -95,15 +96,13 @@ def test_attention_blocks_ignore_queries_and_padding(dtype):
 
 
 @pytest.fixture(scope="module")
-def bf16_pair(tokenizer):
-    from conftest import tiny_llama, train_on_corpus
+def bf16_pair(small_pair):
+    import copy
 
-    target = train_on_corpus(tiny_llama(30, hidden=48), tokenizer, steps=60).to(torch.bfloat16)
-    draft = train_on_corpus(tiny_llama(31, layers=1), tokenizer, steps=30).to(torch.bfloat16)
-    return target, draft
+    return tuple(copy.deepcopy(model).to(torch.bfloat16) for model in small_pair)  # the shared pair stays fp32
 
 
-@pytest.mark.skipif(not BF16_PACKS, reason="this CPU has no oneDNN bf16 kernel (no AVX-512-bf16 / AVX-NE-CONVERT)")
+@pytest.mark.skipif(not BF16_PACKS, reason=machine_reason("no oneDNN bf16 kernel for this CPU (no AVX-512-bf16 / AVX-NE-CONVERT)"))
 def test_bf16_greedy_batch_and_continuous_batching_equal_alone(bf16_pair, tokenizer):
     """bf16 greedy rows, 20 requests through 16 slots (rows join as others finish: continuous batching), with an
     n-gram + draft-model cascade: every row's tokens and logprobs are bitwise those of the bf16 target alone."""

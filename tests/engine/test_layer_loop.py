@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from conftest import tiny_llama, tiny_qwen2
-from verispec.runtime.kernels import fused, layer_loop
+from verispec.runtime.kernels import layer_loop
 from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
 
-pytestmark = [pytest.mark.skipif(fused.kernel() is None, reason="the C++ layer kernel could not be built here"),
-              pytest.mark.usefixtures("one_thread")]
+pytestmark = [pytest.mark.kernel("layer"), pytest.mark.usefixtures("one_thread")]
 
 
 def model_of(arch: str, weights: str):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_llama, train_on_corpus
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
@@ -27,10 +26,8 @@ SYSTEM = "You are a helpful assistant. Answer briefly and well. "
 
 
 @pytest.fixture(scope="module")
-def models(tokenizer):
-    target = train_on_corpus(tiny_llama(30, hidden=48), tokenizer, steps=60)
-    draft = train_on_corpus(tiny_llama(31, layers=1), tokenizer, steps=30)
-    return target, draft
+def models(small_pair):
+    return small_pair
 
 
 @pytest.fixture(scope="module")

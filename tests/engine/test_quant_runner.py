@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import tiny_llama
+from conftest import machine_reason, tiny_llama
 from test_quant_values import random_blocks  # tests/unit's helper
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
@@ -38,6 +38,7 @@ def available_paths() -> list[str]:
     return paths
 
 
+@pytest.mark.kernel("quant")
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_kernel_values_and_row_invariance(qtype, path):
@@ -45,8 +46,8 @@ def test_kernel_values_and_row_invariance(qtype, path):
     on the rows beside it (1 to 40 rows: past every tile size, the 11- and 16-row GEMM and panel switches and channel
     tails)
     nor on the thread count, and equals x @ W^T in float64 within float32 summation error."""
-    if kernel() is None or path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+    if path not in available_paths():
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     torch.manual_seed(0)
     w = weight_of(qtype, out=43)  # 43: not a multiple of any tile's channel count
     reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
@@ -67,6 +68,7 @@ def test_kernel_values_and_row_invariance(qtype, path):
     assert not torch.equal(alone, torch.zeros_like(alone))
 
 
+@pytest.mark.kernel("quant")
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0", "int8"])
 @pytest.mark.parametrize("width", [576, 1536])  # the embedded target's inputs: 8- and 4-channel AVX-512 panels
@@ -75,8 +77,8 @@ def test_many_rows_give_each_row_its_one_row_bits(qtype, width, path):
     them at the model's input widths: rows just below and above each switch, uneven tiles of rows, a verify pass at
     batch 16 (80) and a prefill chunk (130), on 1 and 2 threads; 203 channels: a partial last group and several
     panels per thread."""
-    if kernel() is None or path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+    if path not in available_paths():
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     torch.manual_seed(1)
     w = weight_of(qtype, out=203, width=width)
     x = torch.randn(130, width)
@@ -95,13 +97,14 @@ def test_many_rows_give_each_row_its_one_row_bits(qtype, width, path):
     assert ((alone.double() - x.double() @ reference.T).abs() <= bound).all()
 
 
+@pytest.mark.kernel("quant")
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_the_kernels_own_dequantized_values_are_gguf_pys(qtype, path):
     """x = the identity picks each weight out of the sums exactly (the other products are zeros), so this sees the
     values the kernel dequantizes in its registers (tiles: 5 rows a call) and in its prefill panels (96 rows)."""
-    if kernel() is None or path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+    if path not in available_paths():
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     w = weight_of(qtype, out=43)
     reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
     eye = torch.eye(w.shape[1])  # [in, in]
@@ -110,6 +113,7 @@ def test_the_kernels_own_dequantized_values_are_gguf_pys(qtype, path):
     assert torch.equal(tiles, reference.T)
 
 
+@pytest.mark.kernel("quant")
 @pytest.mark.parametrize("path", ["scalar", "avx2", "avx512"])
 @pytest.mark.parametrize("qtype", sorted(quant.REPACKED))
 @pytest.mark.parametrize("out", [43, 49152])  # 49152 x 576: the embedded target's LM head
@@ -117,8 +121,8 @@ def test_the_repacked_layout_computes_what_the_files_layout_does(qtype, out, pat
     """Repacked Q4 blocks (the kernel's load-time layout) give the values and the very sums, in the same order, of
     the file's layout on each path: the file's blocks still run through the kernel (their own type id), so every
     output is compared bit for bit, at the tile sizes (1, 5, 7 rows) and the panel's (16)."""
-    if kernel() is None or path not in available_paths():
-        pytest.skip(f"the {path} path does not run on this CPU")
+    if path not in available_paths():
+        pytest.skip(machine_reason(f"the {path} path does not run on this CPU"))
     width = 576 if out > 1000 else 96
     torch.manual_seed(2)
     w = QuantWeight(qtype, torch.from_numpy(random_blocks(qtype, out, width, seed=3)), width)
@@ -134,9 +138,10 @@ def test_the_repacked_layout_computes_what_the_files_layout_does(qtype, out, pat
         assert torch.equal(w.dequantize(), dequantize_reference(qtype, w.data, width))
 
 
+@pytest.mark.kernel("quant")
 def test_the_default_path_is_the_best_the_cpu_runs(monkeypatch):
-    if kernel() is None or quant.KERNEL_PATH != PATHS["auto"]:
-        pytest.skip("no compiler here, or VERISPEC_QUANT_PATH forces a path")
+    if quant.KERNEL_PATH != PATHS["auto"]:
+        pytest.skip("VERISPEC_QUANT_PATH forces a path in this run")
     assert kernel().resolve_path(PATHS["auto"]) == PATHS[available_paths()[-1]]
     torch.manual_seed(1)
     w, x = weight_of("Q4_1"), torch.randn(3, 96)

@@ -6,7 +6,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import train_on_corpus, tiny_llama
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
@@ -86,9 +85,8 @@ def test_bad_budgets_are_refused():
 
 
 @pytest.fixture(scope="module")
-def pair(tokenizer):
-    return (train_on_corpus(tiny_llama(30, hidden=48), tokenizer, steps=60),
-            train_on_corpus(tiny_llama(31, layers=1), tokenizer, steps=30))
+def pair(small_pair):
+    return small_pair
 
 
 def make_engine(pair, tokenizer, max_batch_size=4, drafter=True):

@@ -8,10 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import machine_reason
 from verispec.runtime.kernels import dense
 from verispec.runtime.model.llama import DENSE, Linear
 
-pytestmark = pytest.mark.skipif(dense.kernel() is None, reason="the dense kernel could not be built here")
+pytestmark = pytest.mark.kernel("dense")
 
 DTYPES = [torch.float32, torch.bfloat16]
 SHAPES = [(1, 1), (16, 16), (37, 33), (100, 65), (64, 130), (48, 1031)]  # [out, in]: tails of 16 outputs, odd in
@@ -184,7 +185,7 @@ def test_bf16_denormals_follow_vdpbf16ps_on_the_avx512_paths(rows):
     vdpbf16ps): denormal inputs count as zero, and sums below fp32's normal range flush to zero. The AVX2 path
     keeps denormals (the contrast: these data do reach them)."""
     if not fma_paths_with_bf16():
-        pytest.skip("no AVX512_BF16 here")
+        pytest.skip(machine_reason("no AVX512_BF16 on this CPU"))
     weight, x, _ = data(48, 96, rows, torch.bfloat16, seed=7)
     packed = dense.pack(weight)
     tiny = (x.float() * 1e-39).to(torch.bfloat16)  # [rows, in] denormal bf16 inputs (and zeros)
@@ -208,7 +209,7 @@ def test_vdpbf16ps_is_bitwise_the_fma_path(out, size):
     magnitudes (weights scaled per output down to 1e-38), with NaN and inf, from rows that are not contiguous
     (a stride of K + 1: the odd-K copy and the strided read)."""
     if len(fma_paths_with_bf16()) < 2:
-        pytest.skip("no AVX512_BF16 here")
+        pytest.skip(machine_reason("no AVX512_BF16 on this CPU"))
     weight, x, bias = data(out, size, 130, torch.bfloat16, seed=8)
     scale = torch.logspace(0, -38, out).view(out, 1)  # [out, 1]
     weight = (weight.float() * scale).to(torch.bfloat16)
@@ -228,7 +229,7 @@ def test_vdpbf16ps_goes_first_only_where_measured_faster():
     """`paths` puts vdpbf16ps first for bf16 exactly where the kernel measured it at least 1.3x the FMAs'
     multiply-adds (2.0 on CPUs that issue both at one rate, 0.5 where vdpbf16ps runs at a quarter of it)."""
     if len(fma_paths_with_bf16()) < 2:
-        pytest.skip("no AVX512_BF16 here")
+        pytest.skip(machine_reason("no AVX512_BF16 on this CPU"))
     speedup = dense.kernel().vdpbf16ps_speedup()
     assert 0.2 < speedup < 3.0
     first = paths(torch.bfloat16)[0]

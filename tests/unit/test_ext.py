@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 
 from verispec.runtime.kernels import ext
-from verispec.runtime.kernels.dense import kernel as dense_kernel
 
 
+@pytest.mark.kernel("dense")
 def test_a_built_kernel_is_cached_and_an_empty_cache_is_not(tmp_path, monkeypatch):
-    if dense_kernel() is None:
-        pytest.skip("no C++ compiler here: the dense kernel is not built")
     assert ext.is_cached("dense")  # built (or loaded) above, under the real cache root
+    for name, (source, flags) in ext.VARIANTS.items():  # a variant's folder is keyed by its own flags
+        assert ext._folder(name, Path(ext.__file__).with_name(source), ext.CFLAGS + list(flags)) != \
+            ext._folder(name, Path(ext.__file__).with_name(source), ext.CFLAGS)
     monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
     assert not any(ext.is_cached(name) for name in ext.KERNELS)
 
@@ -33,17 +34,19 @@ def test_build_all_starts_one_process_per_missing_kernel(tmp_path, monkeypatch):
     monkeypatch.setattr(ext, "is_cached", lambda name: name == "layer")
     assert set(ext.build_all()) == {"dense", "quant"}
     assert len(started) == 2 and all("build(" in code for code in started)
+    started.clear()
+    assert set(ext.build_all(variants=True)) == {"dense", "quant", *ext.VARIANTS}  # make test's: the tests' builds too
+    for name, (source, flags) in ext.VARIANTS.items():
+        assert any(f"build({name!r}, {source!r}, {flags!r})" in code for code in started)
 
 
+@pytest.mark.kernel("layer")  # built (or found on disk) first: the test times a load, not a compile
 def test_a_lock_left_by_a_killed_build_does_not_hang_the_next(tmp_path, monkeypatch):
     """torch's lock file in the build folder (a builder killed mid-build leaves it) is cleared under verispec's own
     lock, which the OS releases with its process; the source is compiled from a copy in the folder."""
-    if dense_kernel() is None:
-        pytest.skip("no C++ compiler here")
     source = Path(ext.__file__).with_name("layer_kernel.cpp")
     folder, _ = ext._folder("layer", source, ext.CFLAGS)
-    if not ext.is_cached("layer"):
-        pytest.skip("the layer kernel is not built yet (this test must not build it)")
+    assert ext.is_cached("layer")
     (folder / "lock").write_text("")  # as a killed build leaves it
     ext._BUILT.pop("layer", None)
     assert ext.build("layer", "layer_kernel.cpp") is not None  # would wait forever on torch's lock
@@ -103,3 +106,46 @@ def test_an_include_outside_the_kernels_folder_is_refused(tmp_path):
     source.write_text('#include "../shared.h"\n')
     with pytest.raises(ValueError, match="outside"):
         ext.local_includes(source)
+
+
+def test_a_broken_kernel_falls_back_saying_so_or_raises_where_required(tmp_path, monkeypatch, capsys):
+    """A source the compiler refuses: with VERISPEC_REQUIRE_KERNELS=1, KernelBuildError with the compiler's words, at
+    every call (the failure is remembered, not rebuilt); without it, None (the torch fallback) and one message."""
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(ext, "_BUILT", {})
+    source = tmp_path / "broken_kernel.cpp"
+    source.write_text('#error "a planted compile error"\n')
+    monkeypatch.setenv(ext.REQUIRE_ENV, "1")
+    assert ext.required()
+    with pytest.raises(ext.KernelBuildError, match="(?s)kernel broken_required .*VERISPEC_REQUIRE_KERNELS.*planted "
+                                                   "compile error"):
+        ext.build("broken_required", source)
+    with pytest.raises(ext.KernelBuildError, match="planted compile error"):
+        ext.build("broken_required", source)
+    assert capsys.readouterr().out == ""
+    monkeypatch.setenv(ext.REQUIRE_ENV, "0")
+    assert not ext.required()
+    assert ext.build("broken", source) is None
+    assert "broken_kernel.cpp not built" in capsys.readouterr().out
+    assert ext.build("broken", source) is None and capsys.readouterr().out == ""  # told once
+    monkeypatch.delenv(ext.REQUIRE_ENV)
+    assert not ext.required() and ext.build("broken", source) is None
+
+
+def test_build_all_raises_on_a_failed_build_where_required(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VERISPEC_CACHE", str(tmp_path))
+
+    class Proc:  # a builder process; the quant kernel's fails
+        def __init__(self, argv):
+            self.code = 1 if "'quant'" in argv[-1] else 0
+
+        def wait(self):
+            return self.code
+
+    monkeypatch.setattr(ext.subprocess, "Popen", Proc)
+    monkeypatch.setattr(ext, "is_cached", lambda name: False)
+    monkeypatch.delenv(ext.REQUIRE_ENV, raising=False)
+    assert set(ext.build_all()) == set(ext.KERNELS)  # each process printed its own message; the fallbacks serve
+    monkeypatch.setenv(ext.REQUIRE_ENV, "1")
+    with pytest.raises(ext.KernelBuildError, match="kernels not built: quant "):
+        ext.build_all()

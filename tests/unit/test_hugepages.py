@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import machine_reason
 from verispec.runtime.weights import hugepages
 
 MIB = 1 << 20
@@ -48,13 +49,30 @@ def test_gather_copies_into_one_arena_in_order(monkeypatch):
     assert hugepages.gather(small)[0] is small[0]  # under a huge page in all: left as is
 
 
-@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="no transparent huge pages here")
+@pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason=machine_reason("no transparent huge pages (the kernel's setting)"))
 def test_the_kernel_backs_the_buffers_with_huge_pages(monkeypatch):
     """Where THP is on (`always` or `madvise`), the advised buffers sit on huge pages. (Whether torch's own do is
     not asserted: smaps counts huge pages per mapping, and the allocator may hand back a region an earlier test's
-    huge buffer left.)"""
+    huge buffer left.) The kernel's collapse is best effort: under another process's memory churn MADV_COLLAPSE now
+    and then refuses a range (EINVAL, seen in the full suite on a shared machine), so the arena gets three tries,
+    each a fresh allocation, and the failure names what the kernel answered."""
+    import ctypes
+
     monkeypatch.setattr(hugepages, "ENABLED", True)
     z = hugepages.zeros((16 * MIB,), torch.uint8)
     assert hugepages.huge_bytes(z) >= 8 * MIB
-    views = hugepages.gather([torch.randn(MIB // 4) for _ in range(12)])  # 12 x 1 MiB, each alone too small
-    assert hugepages.huge_bytes(views[5]) > 0
+    advise, refused = hugepages._madvise, []
+
+    def answered(address, length, advice):
+        ok = advise(address, length, advice)
+        if not ok:
+            refused.append((advice, ctypes.get_errno()))
+        return ok
+
+    monkeypatch.setattr(hugepages, "_madvise", answered)
+    for _ in range(3):
+        views = hugepages.gather([torch.randn(MIB // 4) for _ in range(12)])  # 12 x 1 MiB, each alone too small
+        if hugepages.huge_bytes(views[5]) > 0:
+            break
+    assert hugepages.huge_bytes(views[5]) > 0, f"three arenas on ordinary pages; madvise refused (advice, errno): " \
+                                               f"{refused}"

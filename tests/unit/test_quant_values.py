@@ -5,11 +5,11 @@ import numpy as np
 import pytest
 import torch
 
-gguf = pytest.importorskip("gguf")
-from gguf.quants import dequantize  # noqa: E402
+import gguf  # a dependency of verispec (runtime/weights/gguf.py): missing, it is an error, not a skip
+from gguf.quants import dequantize
 
-from verispec.runtime.weights.gguf import read_gguf_weights  # noqa: E402
-from verispec.runtime.kernels.quant import (GGML_BLOCKS, REPACKED, QuantWeight, dequantize_reference, pack_q4,  # noqa: E402
+from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.kernels.quant import (GGML_BLOCKS, REPACKED, QuantWeight, dequantize_reference, pack_q4,
                                    quantize_int8, unpack_q4)
 
 

@@ -12,6 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from conftest import machine_reason
 from verispec.server.scale import aggregate
 from verispec.server.scale.config import ScaleConfig
 from verispec.server.scale.routing import preference, rank, routing_key
@@ -147,7 +148,7 @@ def test_bench_replicas_resolves_auto_for_its_device():
     assert config("--device", "cpu", "--dtype", "float16").dtype == "float16"
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason=machine_reason("no /proc (the test reads it)"))
 def test_tree_cpu_counts_living_descendants():
     from verispec.bench.serve_replicas import tree_cpu_s
 

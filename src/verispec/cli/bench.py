@@ -138,15 +138,6 @@ def build_config(args: argparse.Namespace):
     bad = [d for d in dtypes if d not in DTYPE_NAMES]
     if bad:
         raise CliError(f"unknown dtype {', '.join(bad)} in --dtypes: choose from {', '.join(DTYPE_NAMES)}")
-    hf_methods = any(f.startswith("hf") for f in families)
-    # 'auto' weights: the GGUF blocks only where one dtype, auto, runs and no Hugging Face method compares
-    args.weights, args.weights_reason = target_weights(args, dtypes[0] if len(dtypes) == 1 else "float32",
-                                                       hf_methods)
-    quantized = is_quantized(args.weights, args.quantization)  # computes in float32
-    if quantized and hf_methods:
-        raise CliError("--weights gguf and --quantization run on verispec's native runner only: pass --methods "
-                       "without the hf-* methods (e.g. --methods target,adaptive)")
-    dtypes = [dtype_name(target_dtype(args, d)[0]) for d in dtypes]
     if args.warmup_tokens < 0 or args.probe_repeats < 0:
         raise CliError("--warmup-tokens and --probe-repeats must be >= 0")
     draft = None if args.draft_model == "none" else args.draft_model
@@ -174,6 +165,22 @@ def build_config(args: argparse.Namespace):
             structured = StructuredOutput("json_schema", Path(args.json_schema).read_text(encoding="utf-8"))
         except OSError as exc:
             raise CliError(f"--json-schema {args.json_schema}: {exc.strerror}") from None
+    if not args.demo:  # the prompts file and categories: checked before the target's file is read
+        from ..bench.prompts import PromptError, load_prompts, select_prompts
+
+        try:
+            select_prompts(load_prompts(args.prompts), _list(args.categories), args.limit)
+        except PromptError as exc:
+            raise CliError(str(exc)) from None
+    hf_methods = any(f.startswith("hf") for f in families)
+    # 'auto' weights: the GGUF blocks only where one dtype, auto, runs and no Hugging Face method compares
+    args.weights, args.weights_reason = target_weights(args, dtypes[0] if len(dtypes) == 1 else "float32",
+                                                       hf_methods)
+    quantized = is_quantized(args.weights, args.quantization)  # computes in float32
+    if quantized and hf_methods:
+        raise CliError("--weights gguf and --quantization run on verispec's native runner only: pass --methods "
+                       "without the hf-* methods (e.g. --methods target,adaptive)")
+    dtypes = [dtype_name(target_dtype(args, d)[0]) for d in dtypes]
     settings = BenchSettings(
         max_new_tokens=args.max_new_tokens or (64 if args.demo else 128),
         ks=ks or [int(k) for k in DEFAULT_KS.split(",")], families=families, seed=args.seed,
@@ -201,11 +208,9 @@ def run(args: argparse.Namespace) -> int:
     if args.serve or args.concurrency:
         return bench_serve.run_prefix(args) if getattr(args, "prefix_cache", False) else bench_serve.run_serve(args)
     from ..bench import run_benchmark
-    from ..bench.benchmark import selected_prompts
     from ..bench.demos import run_demos
-    from ..bench.prompts import PromptError
 
-    config, ks = build_config(args)
+    config, ks = build_config(args)  # every flag checked, the prompts file read: nothing loaded yet
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers.utils import logging as hf_logging
@@ -214,9 +219,5 @@ def run(args: argparse.Namespace) -> int:
     if args.demo:
         run_demos(args.demo, config, k=max(ks) if ks else 4, ks=ks, log=print)
         return 0
-    try:
-        selected_prompts(config)  # a missing file or an unknown category fails here, before the model load
-    except PromptError as exc:
-        raise CliError(str(exc)) from None
     run_benchmark(config, log=print)
     return 0

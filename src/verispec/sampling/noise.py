@@ -15,13 +15,8 @@ exact in float32, and g = -log(-log u).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 from torch import Tensor
-
-if TYPE_CHECKING:
-    from .processors import SamplingBatch
 
 _MASK32 = 0xFFFFFFFF
 _TOKEN_SALT = 0x9E3779B9  # the golden ratio's bits: token 0 does not hash to 0
@@ -81,26 +76,3 @@ def gumbel_argmax(logits: Tensor, seeds: Tensor, positions: Tensor) -> Tensor:
     inside = padded.gather(2, block.view(rows, n, 1, 1).expand(rows, n, 1, BLOCK)).squeeze(2)  # [rows, n, BLOCK]
     ids = block.unsqueeze(-1) * BLOCK + torch.arange(BLOCK, device=logits.device)  # [rows, n, BLOCK]
     return block * BLOCK + (inside + gumbel_noise(keys, ids)).argmax(dim=-1)
-
-
-def row_choices(logits: Tensor, batch: SamplingBatch, start: int = 0, depths: Tensor | None = None) -> Tensor:
-    """Each row's own token at each position from its processed logits: the coupled choice in coupled rows, the
-    argmax elsewhere (greedy rows' token; unused in rejection-sampled rows).
-
-    logits: [batch, n, vocab] processed; position i of row b is output position num_generated[b] + start + i, or
-    + start + depths[b, i] in a token tree ([batch, n] long) -> [batch, n] long.
-    """
-    # max's indices are argmax's (the first maximum; NaN wins) at a quarter of its time on bf16 CPU logits (3.1 vs
-    # 0.74 ms for 16 rows of a 49,152 vocabulary, one thread): a 16-row step's largest cost outside the model
-    choices = logits.max(dim=-1).indices  # [batch, n]
-    if batch.noise_seeds is None:
-        return choices
-    rows, n, _ = logits.shape
-    steps = torch.arange(n, device=logits.device) if depths is None else depths.to(logits.device)  # [n] | [batch, n]
-    positions = (batch.num_generated.to(logits.device).unsqueeze(1) + start + steps).expand(rows, n)  # [batch, n]
-    seeds = batch.noise_seeds.to(logits.device)  # [batch, 2]: a drafter may run on another device than the target
-    if all(batch.coupled):
-        return gumbel_argmax(logits, seeds, positions)
-    index = torch.tensor([i for i, c in enumerate(batch.coupled) if c], device=logits.device)  # [coupled rows]
-    coupled = gumbel_argmax(logits[index], seeds[index], positions[index])  # [coupled rows, n]
-    return choices.index_copy(0, index, coupled)

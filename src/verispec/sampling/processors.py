@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..config import SamplingParams
 from .grammar import Grammar, grammar_masks
-from .noise import seed_halves
+from .noise import gumbel_argmax, seed_halves
 
 NEG_INF = float("-inf")
 
@@ -362,3 +362,26 @@ def sample_from_probs(probs: Tensor, uniform: Tensor) -> Tensor:
     positions = torch.arange(probs.shape[-1], device=probs.device)  # [vocab]
     last_with_mass = torch.where(probs > 0, positions, 0).amax(dim=-1)  # [rows]
     return torch.where(token < probs.shape[-1], token, last_with_mass)
+
+
+def row_choices(logits: Tensor, batch: SamplingBatch, start: int = 0, depths: Tensor | None = None) -> Tensor:
+    """Each row's own token at each position from its processed logits: the coupled choice in coupled rows, the
+    argmax elsewhere (greedy rows' token; unused in rejection-sampled rows).
+
+    logits: [batch, n, vocab] processed; position i of row b is output position num_generated[b] + start + i, or
+    + start + depths[b, i] in a token tree ([batch, n] long) -> [batch, n] long.
+    """
+    # max's indices are argmax's (the first maximum; NaN wins) at a quarter of its time on bf16 CPU logits (3.1 vs
+    # 0.74 ms for 16 rows of a 49,152 vocabulary, one thread): a 16-row step's largest cost outside the model
+    choices = logits.max(dim=-1).indices  # [batch, n]
+    if batch.noise_seeds is None:
+        return choices
+    rows, n, _ = logits.shape
+    steps = torch.arange(n, device=logits.device) if depths is None else depths.to(logits.device)  # [n] | [batch, n]
+    positions = (batch.num_generated.to(logits.device).unsqueeze(1) + start + steps).expand(rows, n)  # [batch, n]
+    seeds = batch.noise_seeds.to(logits.device)  # [batch, 2]: a drafter may run on another device than the target
+    if all(batch.coupled):
+        return gumbel_argmax(logits, seeds, positions)
+    index = torch.tensor([i for i, c in enumerate(batch.coupled) if c], device=logits.device)  # [coupled rows]
+    coupled = gumbel_argmax(logits[index], seeds[index], positions[index])  # [coupled rows, n]
+    return choices.index_copy(0, index, coupled)

@@ -5,13 +5,15 @@ for the CPU at hand under ~/.cache/verispec/ext/<name>-<hash of sources, torch v
 process loads it in milliseconds. A kernel may be split into several files: the local files it includes
 (`#include "x.h"` or `"x.cpp"` beside the including file, recursively) are hashed and copied with it, so a change
 to any of them rebuilds it. Where no compiler, headers or OpenMP are found, `build` returns None (once, with a
-message) and the caller keeps its torch fallback.
+message) and the caller keeps its torch fallback; under VERISPEC_REQUIRE_KERNELS=1 (CI and `make test` set it) a
+failed build raises `KernelBuildError` instead, so a broken kernel fails the tests rather than skipping them.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -25,11 +27,17 @@ try:
 except ImportError:  # not POSIX: torch's own lock file only
     fcntl = None
 
-_BUILT: dict[str, object] = {}  # name -> module, or False when it could not be built
+_BUILT: dict[str, object] = {}  # name -> module, or the exception its build raised
+REQUIRE_ENV = "VERISPEC_REQUIRE_KERNELS"
 
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 # Every kernel: name -> its source beside this module (what `python -m verispec.runtime.kernels.ext` builds ahead of use).
 KERNELS = {"dense": "dense_kernel.cpp", "layer": "layer_kernel.cpp", "quant": "quant_kernel.cpp"}
+# Builds only the tests load: name -> (source, extra cflags). The layer kernel as for an x86 CPU without AVX-512
+# (tests/engine/test_fused.py compares its bits with the full build's); `build_all(variants=True)` (make test)
+# builds them beside the kernels.
+VARIANTS = {"layer_avx2": ("layer_kernel.cpp", ("-mno-avx512f",))} if platform.machine() in ("x86_64", "AMD64") \
+    else {}
 
 
 def cache_root() -> Path:
@@ -47,16 +55,32 @@ def cpu_flags_line() -> str:
     return torch.backends.cpu.get_cpu_capability()
 
 
-def build(name: str, source: str, extra_cflags: tuple[str, ...] = ()):
-    """The extension made of `source` (a file beside this module), built once per process and cached on disk;
-    None where it cannot be built."""
+class KernelBuildError(RuntimeError):
+    """A kernel failed to build where VERISPEC_REQUIRE_KERNELS=1 asks for every kernel."""
+
+
+def required() -> bool:
+    """Whether a kernel that fails to build is an error (VERISPEC_REQUIRE_KERNELS=1) rather than a fallback."""
+    return os.environ.get(REQUIRE_ENV, "").strip() not in ("", "0")
+
+
+def build(name: str, source: str | Path, extra_cflags: tuple[str, ...] = ()):
+    """The extension made of `source` (a file beside this module, or a path), built once per process and cached on
+    disk; None where it cannot be built. Raises KernelBuildError instead where `required()`."""
     if name not in _BUILT:
         try:
-            _BUILT[name] = _load(name, Path(__file__).with_name(source), list(extra_cflags))
+            _BUILT[name] = _load(name, Path(__file__).parent / source, list(extra_cflags))
         except Exception as exc:  # noqa: BLE001 - no compiler, headers or OpenMP: the torch fallback serves
-            print(f"[verispec] {source} not built ({str(exc)[:200]}); its torch fallback runs instead")
-            _BUILT[name] = False
-    return _BUILT[name] or None
+            _BUILT[name] = exc
+            if not required():
+                print(f"[verispec] {Path(source).name} not built ({str(exc)[:200]}); its torch fallback runs instead")
+    built = _BUILT[name]
+    if isinstance(built, Exception):
+        if required():
+            raise KernelBuildError(f"the C++ kernel {name} ({Path(source).name}) did not build and {REQUIRE_ENV} is "
+                                   f"set: {built}") from built
+        return None
+    return built
 
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)
@@ -131,22 +155,28 @@ def _load(name: str, source: Path, extra: list[str]):
 
 
 def is_cached(name: str) -> bool:
-    """Whether kernel `name` (of KERNELS) is already built on disk for this source, torch and CPU."""
-    folder, _ = _folder(name, Path(__file__).with_name(KERNELS[name]), CFLAGS)
+    """Whether kernel `name` (of KERNELS or VARIANTS) is already built on disk for this source, torch and CPU."""
+    source, extra = VARIANTS.get(name, (KERNELS.get(name), ()))
+    folder, _ = _folder(name, Path(__file__).with_name(source), CFLAGS + list(extra))
     return any(folder.glob("*.so"))
 
 
-def build_all() -> dict[str, float]:
-    """Build every kernel not yet on disk, each in its own process, all at once (one compiler each: on 2 cores
-    the three together take about as long as the longest) -> seconds per kernel built."""
+def build_all(variants: bool = False) -> dict[str, float]:
+    """Build every kernel not yet on disk (and the tests' VARIANTS too where asked), each in its own process, all at
+    once (one compiler each: on 2 cores the three together take about as long as the longest) -> seconds per kernel
+    built. Where `required()`, a kernel that did not build raises KernelBuildError (its process printed the
+    compiler's error)."""
     start, procs = time.perf_counter(), {}
-    for name, source in KERNELS.items():
+    builds = {name: (source, ()) for name, source in KERNELS.items()} | (VARIANTS if variants else {})
+    for name, (source, extra) in builds.items():
         if not is_cached(name):
-            code = f"from verispec.runtime.kernels.ext import build; build({name!r}, {source!r})"
+            code = f"from verispec.runtime.kernels.ext import build; build({name!r}, {source!r}, {extra!r})"
             procs[name] = subprocess.Popen([sys.executable, "-c", code])
-    seconds = {}
+    seconds, failed = {}, []
     for name, proc in procs.items():
-        proc.wait()
+        if proc.wait() != 0:
+            failed.append(name)
         seconds[name] = round(time.perf_counter() - start, 1)
+    if failed and required():
+        raise KernelBuildError(f"kernels not built: {', '.join(failed)} ({REQUIRE_ENV} is set; the errors are above)")
     return seconds
-
