@@ -63,11 +63,10 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 
     Our methods draft with the drafter `config.draft` names (a model, 'ngram', 'ngram+MODEL', ...); HF assisted
     generation gets its draft model, when it names one (model-free drafters: our methods only)."""
-    from ..runtime.model.loading import load_model, load_tokenizer, quantize_target
+    from ..runtime.model.loading import load_model, load_target, load_tokenizer
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
-    target = quantize_target(load_model(config.target, dtype=torch_dtype, device=config.device), config.target,
-                             config.weights, config.quantization)
+    target = load_target(config.target, config.weights, config.quantization, dtype=torch_dtype, device=config.device)
     spec = parse_drafter_spec(config.draft)
     model_name = spec.model
     draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from ..config import SamplingParams, SpeculativeConfig
     from ..drafters.build import build_drafter
     from ..generator import SpeculativeGenerator
-    from ..runtime.model.loading import ModelLoadError, load_model, load_tokenizer, quantize_target
+    from ..runtime.model.loading import ModelLoadError, load_target, load_tokenizer
 
     apply_runtime(args)
     setup_logging()
@@ -70,10 +70,9 @@ def run(args: argparse.Namespace) -> int:
     warn_if_lossy(args)
     dtype = args.torch_dtype  # --dtype, resolved by apply_runtime
     drafter_device = draft_device(args) or args.device
-    target = load_model(args.model, dtype=dtype, device=args.device)
     try:
-        quantize_target(target, args.model, args.weights, args.quantization)
-    except ValueError as exc:
+        target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device)
+    except ValueError as exc:  # a model that cannot be read, or weights that do not run on it
         raise CliError(str(exc)) from None
     tokenizer = load_tokenizer(args.model)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.

@@ -128,9 +128,9 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     if build.draft_model is not None:
         return DrafterLoad(_loaded_drafter(build, build.draft_model, name), name, name)
     if build.on_error == "raise":
-        from ..runtime.model.loading import load_model
+        from ..runtime.model.loading import load_draft
 
-        draft = load_model(name, dtype=build.dtype, device=build.device)
+        draft = load_draft(name, dtype=build.dtype, device=build.device)
         return DrafterLoad(_loaded_drafter(build, draft, name), name, name)
     drafter, reason = _try_model_drafter(name, build)
     if drafter is None:
@@ -181,7 +181,7 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | 
     another output size): those are the user's to fix. A draft with another tokenizer drafts across tokenizers.
     """
     from ..runtime.model.memory import check_draft_memory
-    from ..runtime.model.loading import load_model, read_model_config, resolve_model_path
+    from ..runtime.model.loading import load_draft, read_model_config, resolve_model_path
 
     path = resolve_model_path(name)
     if build.check_memory:
@@ -192,7 +192,7 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | 
             if not check.fits:
                 return None, f"not enough memory: {check}"
     try:
-        draft = load_model(name, dtype=build.dtype, device=build.device)
+        draft = load_draft(name, dtype=build.dtype, device=build.device)
     except Exception as exc:  # noqa: BLE001 - the path exists: corrupt weights (safetensors raises its own type), OOM
         return None, f"loading failed: {type(exc).__name__}: {exc}"
     return _loaded_drafter(build, draft, name), None

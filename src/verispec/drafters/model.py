@@ -6,14 +6,19 @@ import logging
 import os
 import time
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
 from ..runtime.caches.prefix_cache import PrefixCache
+from ..runtime.model.native_lm import is_causal_lm
 from ..runtime.runners.select import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger("verispec")
 
@@ -70,7 +75,7 @@ def draft_model_weights(drafter) -> str | None:
     seen = []
     for stage in getattr(drafter, "stages", [drafter]):
         stage = getattr(stage, "inner", stage)  # a draft across tokenizers wraps its model drafter
-        if isinstance(stage, ModelDrafter) and isinstance(stage.model, PreTrainedModel):
+        if isinstance(stage, ModelDrafter) and is_causal_lm(stage.model):
             seen.append(DRAFT_QTYPE if _in_blocks(stage.model) else "float")
     return ", ".join(seen) or None
 

@@ -168,7 +168,7 @@ def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> b
     from .llama import ARCHITECTURES
 
     try:
-        config = read_model_config(resolve_model_path(name_or_path))
+        config = read_model_config(_own_file(name_or_path))
     except ValueError:  # not found: loading reports it
         return False
     return config is not None and getattr(config.get_text_config(), "model_type", None) in ARCHITECTURES
@@ -193,6 +193,17 @@ def target_gguf_file(name_or_path: str | os.PathLike) -> Path | None:
         return embedded_gguf_path()
     path = resolve_model_path(name_or_path)
     return path if path.suffix == ".gguf" else None
+
+
+def _own_file(name_or_path: str | os.PathLike) -> Path:
+    """The file or folder a model is read from: the embedded default's GGUF file itself (not its float conversion)
+    where the package is installed."""
+    if str(name_or_path) == DEFAULT_TARGET:
+        try:
+            return embedded_gguf_path()
+        except ModelLoadError:  # the package is gone: its conversion may still be cached
+            pass
+    return resolve_model_path(name_or_path)
 
 
 def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.dtype = "auto",
@@ -280,11 +291,62 @@ def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32
     return model
 
 
+def load_draft(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto",
+               device: str | torch.device = "cpu"):
+    """A draft model (same names as `load_model`): a plain Llama folder is read without Hugging Face modeling
+    (`native_lm.from_folder`: the engine runs drafts on the native runner, which builds its twin from the same
+    tensors; the Hugging Face model is made on them where something asks for it); any other, by `load_model`."""
+    from .native_lm import from_folder
+
+    path = resolve_model_path(name_or_path)
+    if path.is_dir():
+        resolved, _ = resolve_target_dtype(dtype, device, path)
+        try:
+            model = from_folder(path, resolved, device)
+        except (OSError, RuntimeError) as exc:  # unreadable weights: as load_model reports them
+            raise ModelLoadError(f"cannot load the model weights in {path}: {exc}") from exc
+        if model is not None:
+            return model
+    return load_model(name_or_path, dtype=dtype, device=device)
+
+
+def load_target(name_or_path: str | os.PathLike, weights: str = "fp32", quantization: str = "none",
+                dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu"):
+    """The target on the weights `resolve_weights` chose (`check_weights`' rules): `weights="gguf"` on the CPU builds
+    the model straight from the file's blocks (`native_lm.from_gguf`: no float conversion, no Hugging Face
+    modeling; a `NativeCausalLM` that only the native runner runs), where its architecture allows; otherwise the
+    float model (`load_model`) on the weights `quantize_target` gives it. The same values either way. -> model."""
+    dtype, _ = resolve_target_dtype(dtype, device, name_or_path, weights, quantization)
+    if weights == "gguf" and quantization == "none" and torch.device(device).type == "cpu":
+        from .llama import UnsupportedModel
+        from .native_lm import from_gguf
+
+        try:
+            return from_gguf(check_weights(name_or_path, weights, quantization, dtype))
+        except UnsupportedModel:  # another architecture: through the conversion
+            pass
+    return quantize_target(load_model(name_or_path, dtype=dtype, device=device), name_or_path, weights, quantization)
+
+
 def read_model_config(path: Path):
-    """The model config at a resolved path, without its weights (None when unreadable: loading reports why)."""
-    from transformers import AutoConfig
+    """The model config at a resolved path, without its weights (None when unreadable: loading reports why). A
+    Llama GGUF file's is read from its header (`native_lm.gguf_config`), a plain Llama folder's from its config.json
+    (`native_lm.folder_config`): neither imports Hugging Face's model families."""
+    from .llama import UnsupportedModel
+    from .native_lm import folder_config, gguf_config
 
     try:
+        if path.suffix == ".gguf":
+            from ..weights.gguf_file import open_gguf
+
+            try:
+                return gguf_config(open_gguf(path))
+            except UnsupportedModel:
+                pass
+        elif (config := folder_config(path)) is not None:
+            return config
+        from transformers import AutoConfig
+
         if path.suffix == ".gguf":
             return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         return AutoConfig.from_pretrained(path)
@@ -293,14 +355,13 @@ def read_model_config(path: Path):
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
-    """Load the tokenizer that belongs to a model (same names as `load_model`)."""
-    from transformers import AutoTokenizer
+    """Load the tokenizer that belongs to a model (same names as `load_model`). A GGUF file's is converted once and
+    cached (`tokenizer_cache.gguf_tokenizer`)."""
+    from .tokenizer_cache import folder_tokenizer, gguf_tokenizer
 
-    path = resolve_model_path(name_or_path)
+    path = _own_file(name_or_path)
     try:
-        if path.suffix == ".gguf":
-            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(path)
+        return gguf_tokenizer(path) if path.suffix == ".gguf" else folder_tokenizer(path)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(f"cannot read a tokenizer from {path}: {exc}") from exc
 

@@ -61,7 +61,7 @@ def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> di
         if kind not in _FLOAT_TYPES and kind not in GGML_BLOCKS:
             raise ValueError(f"{path}: tensor {info.name} is {kind}, which --weights gguf does not run "
                              f"(it runs {', '.join(GGML_BLOCKS)}): use --weights fp32 (the converted model)")
-        raw = torch.from_numpy(file.data(info).copy())  # [nbytes] uint8, a copy off the map
+        raw = torch.from_numpy(file.read(info))  # [nbytes] uint8
         if kind in _FLOAT_TYPES:
             value = raw.view(_FLOAT_TYPES[kind]).float().reshape(info.shape)
         else:

@@ -10,7 +10,7 @@ dimensions (innermost first), u32 GGML type and u64 offset into the data, which 
 Unlike gguf-py's `GGUFReader`, which builds a numpy view of every part of every field when it opens a file (~4 s for
 the embedded model: its 49k-token vocabulary and 49k merges, string by string), numeric arrays here are one
 `np.frombuffer` each and string arrays are decoded only when read (`GGUFStrings`); skipping one reads only its
-lengths. `open_gguf` keeps the last file read, so deciding the weights and loading them parse it once.
+lengths. The header is read through a memory map; tensors are read into fresh arrays (`read`). `open_gguf` keeps the last file read, so deciding the weights and loading them parse it once.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def type_name(type_id: int) -> str:
 
 class GGUFFile:
     """The metadata (`metadata`: key -> int, float, bool, str, a numpy array or `GGUFStrings`) and tensor infos
-    (`tensors`, in file order) of a GGUF file; `data(info)` is a tensor's bytes, a read-only view of the map."""
+    (`tensors`, in file order) of a GGUF file; `read(info)` reads a tensor's bytes."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
@@ -171,9 +171,15 @@ class GGUFFile:
             values.append(value)
         return values, at
 
-    def data(self, info: TensorInfo) -> np.ndarray:
-        """The tensor's bytes, [nbytes] uint8, read-only and memory-mapped (copy what must outlive the file)."""
-        return np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+    def read(self, info: TensorInfo) -> np.ndarray:
+        """The tensor's bytes, [nbytes] uint8: a copy read from the file (not through the map, whose touched pages
+        would count in the process's resident memory as long as it is open)."""
+        out = np.empty(info.nbytes, dtype=np.uint8)
+        with open(self.path, "rb") as f:
+            f.seek(info.offset)
+            if f.readinto(memoryview(out)) != info.nbytes:
+                raise GGUFError(f"{self.path}: tensor {info.name} ends past the end of the file")
+        return out
 
 
 _OPEN: dict = {}  # the last file read: (path, size, mtime) -> GGUFFile
