@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from .peers import run_peers
 from .plots import write_plots
 from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
 from .report import text_table, write_reports
+from ..stats import process_seconds
 from .settings import BenchSettings
 from .suite import run_suite
 
@@ -102,12 +104,17 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     peer_results: dict = {}  # what a peer measured that does not depend on the dtype, run once
     for dtype in config.dtypes:
         log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
+        start = time.perf_counter()
         models, encoded = load_models(config, dtype, prompts)
         runner = runner_info(models.engine.target)
+        # the models' load (target, tokenizer, drafter, runners); the first dtype's also: process start to ready
+        runner["load_s"] = round(time.perf_counter() - start, 2)
+        if dtype == config.dtypes[0]:
+            runner["startup_s"] = round(process_seconds(), 2)
         draft_weights = draft_model_weights(models.engine.drafter)
         log(f"[bench] runner: {runner['backend']}{' compiled' if runner['compiled'] else ''}"
             f"{', weights pre-packed' if runner.get('packed_weights') else ''}"
-            f"{f'; draft model weights: {draft_weights}' if draft_weights else ''}")
+            f"{f'; draft model weights: {draft_weights}' if draft_weights else ''}; loaded in {runner['load_s']:.1f} s")
         if settings.batch_sizes:
             section, _ = run_batch_sweep(models, encoded, settings)
             base = section["batching"]["results"]["1"][BASELINE]

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..drafters.model import draft_model_weights
 from ..runtime.runners.native import release_engine_weights
 from ..runtime.runners.select import runner_info
-from ..stats import GenerationStats
+from ..stats import GenerationStats, process_seconds
 from . import CliError
 from .common import (
     add_draft_device_arg,
@@ -98,9 +98,11 @@ def run(args: argparse.Namespace) -> int:
     ids = gen.encode(args.prompt, chat=args.chat)
     gen.engine.check_request(len(ids), SamplingParams(**sampling))
     if args.json:
+        startup_s = process_seconds()  # ready: models loaded, runners built, the prompt encoded
         result = gen.generate(ids, return_dict=True, **sampling)
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-               "model": args.model, "draft_model": loaded.name, "drafter_warning": loaded.warning,
+               "startup_s": round(startup_s, 2), "model": args.model, "draft_model": loaded.name,
+               "drafter_warning": loaded.warning,
                "runner": {**runner_info(gen.engine.target), "dtype_reason": args.dtype_reason,
                           "weights_reason": args.weights_reason,
                           "draft_weights": draft_model_weights(gen.engine.drafter)},
