@@ -113,13 +113,27 @@ class ModelDrafter(Drafter):
     IN_BATCH = 2  # tokens a drafting row may feed in the batched forward (a round that accepted all: 2)
     CATCH_UP_CHUNK = 512  # tokens per forward of a row's own catch-up (a long prompt runs in chunks)
 
+    _runner = None
+    _slots = 1
+
     def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1,
                  runner: RunnerOptions | None = None) -> None:
         self.model = model
         self.max_len = max_len
         self.options = runner
-        # The weights are chosen at the first `reserve`, when the engine's runner options are known.
-        self.runner = make_runner(model, max_len, num_slots, runner)
+        self._slots = num_slots
+
+    @property
+    def runner(self):
+        """The draft model's runner, made on first use: the weights are chosen at the first `reserve`, when the
+        engine's runner options are known, so a runner on weights about to be replaced is never built."""
+        if self._runner is None:
+            self._runner = make_runner(self.model, self.max_len, self._slots, self.options)
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner) -> None:
+        self._runner = runner
 
     @property
     def _unstarted(self) -> dict[int, int]:
