@@ -99,9 +99,9 @@ class NativeCausalLM(nn.Module):
             from transformers import AutoConfig, AutoModelForCausalLM
 
             fields = {k: v for k, v in self.config.to_dict().items() if k != "model_type"}
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **fields))
-            model.load_state_dict(dict(self.named_parameters()), strict=False, assign=True)
+            weight = next(self.parameters())
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **fields), dtype=weight.dtype)
+            model.to(weight.device).load_state_dict(dict(self.named_parameters()), strict=False, assign=True)
             model.tie_weights()
             model.generation_config = self.generation_config
             self.__dict__["_hf"] = model.eval().requires_grad_(False)
