@@ -44,3 +44,19 @@ def test_other_folders_load_with_hugging_face(tmp_path):
     assert folder_config(tmp_path) is None and from_folder(tmp_path, torch.float32) is None
     assert not isinstance(load_draft(tmp_path, torch.float32), NativeCausalLM)
     assert read_model_config(tmp_path).model_type == "qwen2"
+
+
+def test_a_draft_saved_with_its_targets_tokenizer_files_shares_the_tokenizer_object(model_dirs, tmp_path):
+    from verispec.drafters.build import _draft_tokenizer
+    from verispec.runtime.model.loading import load_tokenizer
+    from verispec.runtime.model.tokenizer_cache import saved_alike
+
+    target = load_tokenizer(model_dirs["target"])
+    assert saved_alike(model_dirs["draft"], target) and _draft_tokenizer(str(model_dirs["draft"]), target) is target
+    other = tmp_path / "other"
+    other.mkdir()
+    target.save_pretrained(other)
+    (other / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # another template: not the same
+    assert not saved_alike(other, target)
+    loaded = _draft_tokenizer(str(other), target)
+    assert loaded is not None and loaded is not target and loaded.get_vocab() == target.get_vocab()

@@ -211,15 +211,20 @@ def check_vocab_match(target, draft) -> None:
 
 def _loaded_drafter(build: _Build, draft, name: str) -> Drafter:
     """The drafter for the draft model `name`, loaded as `draft`, with its own tokenizer read from `name`."""
-    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer, _draft_tokenizer(name), name)
+    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer,
+                          _draft_tokenizer(name, build.tokenizer), name)
 
 
-def _draft_tokenizer(name: str):
-    """The tokenizer stored with a draft model, or None when it has none (the draft is then taken to share the
-    target's, and its vocabulary size is checked)."""
-    from ..runtime.model.loading import load_tokenizer
+def _draft_tokenizer(name: str, target_tokenizer=None):
+    """The tokenizer stored with a draft model (the target's own object where the draft's folder saved the same
+    files: nothing to read), or None when it has none (the draft is then taken to share the target's, and its
+    vocabulary size is checked)."""
+    from ..runtime.model.loading import load_tokenizer, resolve_model_path
+    from ..runtime.model.tokenizer_cache import saved_alike
 
     try:
+        if target_tokenizer is not None and saved_alike(resolve_model_path(name), target_tokenizer):
+            return target_tokenizer
         return load_tokenizer(name)
     except Exception:  # noqa: BLE001 - no readable tokenizer (ModelLoadError, or a tokenizer class's own error)
         return None

@@ -71,6 +71,24 @@ def folder_tokenizer(folder: Path):
     return AutoTokenizer.from_pretrained(folder)
 
 
+# The files a tokenizer is saved as (`save_pretrained`), whichever of them a folder has.
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                    "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def saved_alike(folder: Path, tokenizer) -> bool:
+    """Whether `folder` holds the very tokenizer files `tokenizer` was read from (the same bytes, file by file):
+    then it is the same tokenizer, without reading it (e.g. the default draft's, which is its target's)."""
+    source = Path(getattr(tokenizer, "name_or_path", "") or "")
+    if not Path(folder).is_dir() or not (source / "tokenizer.json").is_file():
+        return False
+    for name in _TOKENIZER_FILES:
+        mine, theirs = Path(folder) / name, source / name
+        if mine.is_file() != theirs.is_file() or (mine.is_file() and mine.read_bytes() != theirs.read_bytes()):
+            return False
+    return True
+
+
 def _save(tokenizer, folder: Path) -> None:
     """Write the tokenizer to a temporary sibling of `folder` and rename it into place, so a crash or a concurrent
     process never leaves half a cache (the first complete one stays)."""
