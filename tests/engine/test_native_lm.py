@@ -56,6 +56,7 @@ def test_a_draft_saved_with_its_targets_tokenizer_files_shares_the_tokenizer_obj
     other = tmp_path / "other"
     other.mkdir()
     target.save_pretrained(other)
+    (other / "config.json").write_bytes((model_dirs["draft"] / "config.json").read_bytes())
     (other / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")  # another template: not the same
     assert not saved_alike(other, target)
     loaded = _draft_tokenizer(str(other), target)
