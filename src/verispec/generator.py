@@ -95,10 +95,11 @@ class SpeculativeGenerator:
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
         dtype, its name, or 'auto' (default; runtime/runners/dtype.py says what it picks and why). weights: 'auto'
         (default) a GGUF target's own quantized blocks (float32 compute; the embedded default is a GGUF file) where
-        verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`models.resolve_weights`);
+        verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`target.resolve_weights`);
         'fp32' the float conversion, 'gguf' the blocks; quantization='int8': weight-only int8 (a different model).
         draft_device: where a draft model runs (default: `device`)."""
-        from .runtime.model.loading import load_target, load_tokenizer, resolve_target_dtype, resolve_weights
+        from .runtime.model.loading import load_tokenizer
+        from .runtime.model.target import load_target, resolve_target_dtype, resolve_weights
 
         options = runner or RunnerOptions()
         backend = options.backend

@@ -17,7 +17,8 @@ from verispec.generator import SpeculativeGenerator
 from verispec.runtime.kernels import quant
 from verispec.runtime.kernels.quant import QuantWeight
 from verispec.runtime.model.loading import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, embedded_gguf_path,
-                                            load_model, load_target, load_tokenizer, resolve_weights)
+                                            load_model, load_tokenizer)
+from verispec.runtime.model.target import load_target, resolve_weights
 from verispec.runtime.model.native_lm import NativeCausalLM, gguf_config
 from verispec.runtime.model.tokenizer_cache import cached_folder
 from verispec.runtime.runners.native import rope_table

@@ -92,7 +92,7 @@ def test_bad_width_is_refused():
 
 
 def test_weights_options_that_do_not_run_are_refused_with_the_fix(tmp_path):
-    from verispec.runtime.model.loading import check_weights
+    from verispec.runtime.model.target import check_weights
 
     (tmp_path / "config.json").write_text("{}")
     assert check_weights(tmp_path, "fp32", "none", torch.bfloat16) is None  # the default: nothing to check

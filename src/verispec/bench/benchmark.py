@@ -45,7 +45,7 @@ class BenchConfig:
     vllm_python: str | None = None  # a vLLM virtualenv's python: the same as peers={"vllm": vllm_python}
     peers: dict[str, str] = field(default_factory=dict)  # peer engine -> its virtualenv's python (bench/peers.py)
     weights: str = "fp32"  # the target's weights: the float conversion, or "gguf" (its GGUF file's own blocks)
-    weights_reason: str = ""  # why (the CLI resolves --weights auto: models.resolve_weights)
+    weights_reason: str = ""  # why (the CLI resolves --weights auto: target.resolve_weights)
     quantization: str = "none"  # "int8": the target's linears per channel (a different model)
 
     def __post_init__(self):
@@ -65,7 +65,8 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 
     Our methods draft with the drafter `config.draft` names (a model, 'ngram', 'ngram+MODEL', ...); HF assisted
     generation gets its draft model, when it names one (model-free drafters: our methods only)."""
-    from ..runtime.model.loading import load_model, load_target, load_tokenizer
+    from ..runtime.model.loading import load_model, load_tokenizer
+    from ..runtime.model.target import load_target
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
     target = load_target(config.target, config.weights, config.quantization, dtype=torch_dtype, device=config.device)

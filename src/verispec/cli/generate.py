@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from ..config import SamplingParams, SpeculativeConfig
     from ..drafters.build import build_drafter
     from ..generator import SpeculativeGenerator
-    from ..runtime.model.loading import ModelLoadError, load_target, load_tokenizer
+    from ..runtime.model.loading import ModelLoadError, load_tokenizer
+    from ..runtime.model.target import load_target
 
     apply_runtime(args)
     setup_logging()
