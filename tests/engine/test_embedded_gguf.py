@@ -7,7 +7,10 @@ where a missing package is a failure, not a silent skip.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -138,3 +141,20 @@ def test_the_tokenizer_cache_is_keyed_by_the_files_version(tmp_path):
     first = cached_folder(path)
     os.utime(path, ns=(1, 1))
     assert cached_folder(path) != first
+
+
+def test_generate_on_the_default_path_imports_no_hugging_face_modeling(gguf_file):
+    """What keeps the start short (docs/runner.md, "Start-up"): neither the target nor the default draft needs Hugging
+    Face's modeling or its model families (~1.5 s to import), and --json reports the start-up seconds."""
+    script = ("import contextlib, io, json, sys\n"
+              "from verispec.cli import main\n"
+              "out = io.StringIO()\n"
+              "with contextlib.redirect_stdout(out):\n"
+              "    main(['generate', '--prompt', 'Hi', '--max-new-tokens', '2', '--json'])\n"
+              "heavy = [m for m in ('transformers.modeling_utils', 'transformers.models') if m in sys.modules]\n"
+              "print(json.dumps({'heavy': heavy, 'startup_s': json.loads(out.getvalue())['startup_s']}))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["heavy"] == [] and report["startup_s"] > 0
