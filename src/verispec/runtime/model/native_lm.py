@@ -45,10 +45,11 @@ _TOKEN_KEYS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "
                "padding_token_id": "pad_token_id"}
 
 
-def gguf_config(file: GGUFFile) -> NativeConfig:
-    """The config of a GGUF file's model, from its metadata (as transformers' conversion reads it). UnsupportedModel
-    where the blocks alone do not make the model: an architecture other than llama, or rope scaling (its
-    frequencies are not in the fields read here)."""
+def gguf_config(file: GGUFFile, name: str | None = None) -> NativeConfig:
+    """The config of a GGUF file's model, from its metadata (as transformers' conversion reads it); `name_or_path`
+    the name the model was asked for (default: the file's path), what `--draft-model auto` looks pairs up by.
+    UnsupportedModel where the blocks alone do not make the model: an architecture other than llama, or rope
+    scaling (its frequencies are not in the fields read here)."""
     meta = file.metadata
     arch = meta.get("general.architecture")
     if arch != "llama":
@@ -64,8 +65,8 @@ def gguf_config(file: GGUFFile) -> NativeConfig:
     fields["rope_parameters"] = {"rope_type": "default", "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0))}
     fields["tie_word_embeddings"] = not any(t.name == "output.weight" for t in file.tensors)
     fields["rms_norm_eps"] = float(fields.get("rms_norm_eps", 1e-6))
-    return NativeConfig(name_or_path=meta.get("general.name", file.path.stem), hidden_act="silu",
-                        architectures=["LlamaForCausalLM"], dtype=torch.float32, **fields)
+    return NativeConfig(name_or_path=name or str(file.path), hidden_act="silu", architectures=["LlamaForCausalLM"],
+                        dtype=torch.float32, **fields)
 
 
 class NativeCausalLM(nn.Module):
@@ -136,13 +137,13 @@ def is_causal_lm(obj) -> bool:
     return isinstance(obj, NativeCausalLM) or is_hf_model(obj)
 
 
-def from_gguf(path: str | Path, max_len: int = 0) -> NativeCausalLM:
+def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None) -> NativeCausalLM:
     """A GGUF file's model on its own blocks (Q4_0 / Q4_1 / Q8_0 as stored, the rest float32): the values of the
     fp32 conversion transformers makes of the file, without making it. max_len: the rotary table's length at least
-    (default: the model's context length). UnsupportedModel where `gguf_config` refuses the file, ValueError for a
-    block type the kernel does not run."""
+    (default: the model's context length); name: what the model was asked by (`gguf_config`). UnsupportedModel where
+    `gguf_config` refuses the file, ValueError for a block type the kernel does not run."""
     file = open_gguf(path)
-    config = gguf_config(file)
+    config = gguf_config(file, name)
     positions = max(max_len, config.max_position_embeddings)
     spec = LlamaSpec.from_config(config, positions)
     with _one_thread():

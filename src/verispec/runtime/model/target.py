@@ -128,7 +128,7 @@ def load_target(name_or_path: str | os.PathLike, weights: str = "fp32", quantiza
         from .native_lm import from_gguf
 
         try:
-            return from_gguf(check_weights(name_or_path, weights, quantization, dtype))
+            return from_gguf(check_weights(name_or_path, weights, quantization, dtype), name=str(name_or_path))
         except UnsupportedModel:  # another architecture: through the conversion
             pass
     return quantize_target(load_model(name_or_path, dtype=dtype, device=device), name_or_path, weights, quantization)
