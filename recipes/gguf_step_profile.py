@@ -22,7 +22,8 @@ import time
 import torch
 
 from verispec.bench.machine import measure_bandwidth
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.target import quantize_target
 from verispec.runtime.kernels import layer_loop, quant
 from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
 

@@ -15,7 +15,8 @@ import torch
 
 from quant_linear_bench import baseline_kernel
 from verispec.bench.machine import describe_machine, machine_line
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.target import quantize_target
 from verispec.runtime.kernels import layer_loop, quant
 from verispec.runtime.runners.native import NativeRunner
 

@@ -16,7 +16,8 @@ import time
 
 import torch
 
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model, quantize_target
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.target import quantize_target
 from verispec.runtime.kernels import fused, layer_loop
 from verispec.runtime.model import llama
 from verispec.runtime.runners.native import NativeRunner

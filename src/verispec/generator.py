@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel
 
 from .config import RunnerOptions, SamplingParams, SpeculativeConfig
 from .drafters.base import Drafter
@@ -22,7 +23,11 @@ from .drafters.build import build_drafter, model_drafter
 from .drafters.placement import check_device
 from .drafters.spec import parse_drafter_spec
 from .engine import GenerationResult, SpeculativeEngine
+from .runtime.model.native_lm import is_causal_lm
 from .stats import GenerationStats
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 PromptLike = str | Sequence[int] | torch.Tensor | list[dict]
 
@@ -53,10 +58,10 @@ class SpeculativeGenerator:
             draft_device = check_device(draft_device)
         if device is not None:
             target_model = target_model.to(device)
-        if isinstance(draft_model, PreTrainedModel) and (draft_device or device) is not None:
+        if is_causal_lm(draft_model) and (draft_device or device) is not None:
             draft_model = draft_model.to(draft_device or device)
         self.tokenizer = tokenizer
-        if isinstance(draft_model, PreTrainedModel):
+        if is_causal_lm(draft_model):
             drafter: Drafter | None = model_drafter(target_model, draft_model, max_len)
         elif isinstance(draft_model, str):  # a --draft-model value: 'ngram', 'self:int8', 'ngram+self:int4', a path
             drafter = build_drafter(draft_model, target_model, tokenizer, max_len, device=draft_device).drafter
@@ -90,11 +95,11 @@ class SpeculativeGenerator:
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
         dtype, its name, or 'auto' (default; runtime/runners/dtype.py says what it picks and why). weights: 'auto'
         (default) a GGUF target's own quantized blocks (float32 compute; the embedded default is a GGUF file) where
-        verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`models.resolve_weights`);
+        verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`target.resolve_weights`);
         'fp32' the float conversion, 'gguf' the blocks; quantization='int8': weight-only int8 (a different model).
         draft_device: where a draft model runs (default: `device`)."""
-        from .runtime.model.loading import (load_model, load_tokenizer, quantize_target, resolve_target_dtype,
-            resolve_weights)
+        from .runtime.model.loading import load_tokenizer
+        from .runtime.model.target import load_target, resolve_target_dtype, resolve_weights
 
         options = runner or RunnerOptions()
         backend = options.backend
@@ -103,7 +108,7 @@ class SpeculativeGenerator:
                                      compile=options.compile)
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
         dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization, backend)
-        target_model = quantize_target(load_model(target, dtype=dtype, device=device), target, weights, quantization)
+        target_model = load_target(target, weights, quantization, dtype=dtype, device=device)
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype,
                                 device=draft_device or device).drafter

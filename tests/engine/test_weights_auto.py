@@ -10,8 +10,8 @@ from verispec.cli import build_parser
 from verispec.cli.bench import build_config
 from verispec.cli.common import apply_runtime
 from verispec.drafters.build import build_drafter
-from verispec.runtime.model.loading import (DEFAULT_TARGET, embedded_gguf_path, load_model, load_tokenizer, quantize_target,
-                             resolve_target_dtype, resolve_weights)
+from verispec.runtime.model.loading import DEFAULT_TARGET, embedded_gguf_path, load_model, load_tokenizer
+from verispec.runtime.model.target import quantize_target, resolve_target_dtype, resolve_weights
 from verispec.runtime.weights import gguf as gguf_weights
 from verispec.runtime.kernels import quant
 from verispec.server.config import ServerConfig

@@ -92,7 +92,7 @@ def test_bad_width_is_refused():
 
 
 def test_weights_options_that_do_not_run_are_refused_with_the_fix(tmp_path):
-    from verispec.runtime.model.loading import check_weights
+    from verispec.runtime.model.target import check_weights
 
     (tmp_path / "config.json").write_text("{}")
     assert check_weights(tmp_path, "fp32", "none", torch.bfloat16) is None  # the default: nothing to check
@@ -107,3 +107,13 @@ def test_weights_options_that_do_not_run_are_refused_with_the_fix(tmp_path):
     gguf_file = tmp_path / "m.gguf"
     gguf_file.write_bytes(b"")
     assert check_weights(gguf_file, "gguf", "none", torch.float32) == gguf_file
+
+
+@pytest.mark.parametrize("qtype", sorted(REPACKED))
+@pytest.mark.parametrize("outs", [(8, 4, 4), (6, 4)])
+def test_fusing_repacked_weights_gives_the_repack_of_the_fused_blocks(qtype, outs):
+    """Whole groups stack as they are (no repack); a part short of a group is stacked as blocks and repacked."""
+    raws = [torch.from_numpy(random_blocks(qtype, out, 64, seed=out + i)) for i, out in enumerate(outs)]
+    fused = torch.cat([QuantWeight(qtype, raw, 64) for raw in raws])
+    assert fused.shape == (sum(outs), 64) and fused.kernel_id == REPACKED[qtype]
+    assert torch.equal(fused.packed, pack_q4(torch.cat(raws), qtype))

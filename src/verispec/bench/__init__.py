@@ -6,8 +6,17 @@ Modules, one job each: `prompts` (load, filter, encode), `methods` (the decoding
 `demos` (quick printed demonstrations).
 """
 
-from .benchmark import BenchConfig, run_benchmark
-from .costs import expected_tokens_per_round, predicted_speedup
-from .settings import BenchSettings
+from importlib import import_module
 
-__all__ = ["BenchConfig", "BenchSettings", "expected_tokens_per_round", "predicted_speedup", "run_benchmark"]
+# name -> module, imported on first use (PEP 562): `verispec generate` reads bench.prompts for its parser only
+_EXPORTS = {"BenchConfig": "benchmark", "run_benchmark": "benchmark", "expected_tokens_per_round": "costs",
+            "predicted_speedup": "costs", "BenchSettings": "settings"}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

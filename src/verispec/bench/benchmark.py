@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,7 @@ from .peers import run_peers
 from .plots import write_plots
 from .prompts import BenchPrompt, default_prompts_path, encode_prompts, load_prompts, select_prompts
 from .report import text_table, write_reports
+from ..stats import process_seconds
 from .settings import BenchSettings
 from .suite import run_suite
 
@@ -43,7 +45,7 @@ class BenchConfig:
     vllm_python: str | None = None  # a vLLM virtualenv's python: the same as peers={"vllm": vllm_python}
     peers: dict[str, str] = field(default_factory=dict)  # peer engine -> its virtualenv's python (bench/peers.py)
     weights: str = "fp32"  # the target's weights: the float conversion, or "gguf" (its GGUF file's own blocks)
-    weights_reason: str = ""  # why (the CLI resolves --weights auto: models.resolve_weights)
+    weights_reason: str = ""  # why (the CLI resolves --weights auto: target.resolve_weights)
     quantization: str = "none"  # "int8": the target's linears per channel (a different model)
 
     def __post_init__(self):
@@ -63,11 +65,11 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 
     Our methods draft with the drafter `config.draft` names (a model, 'ngram', 'ngram+MODEL', ...); HF assisted
     generation gets its draft model, when it names one (model-free drafters: our methods only)."""
-    from ..runtime.model.loading import load_model, load_tokenizer, quantize_target
+    from ..runtime.model.loading import load_model, load_tokenizer
+    from ..runtime.model.target import load_target
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
-    target = quantize_target(load_model(config.target, dtype=torch_dtype, device=config.device), config.target,
-                             config.weights, config.quantization)
+    target = load_target(config.target, config.weights, config.quantization, dtype=torch_dtype, device=config.device)
     spec = parse_drafter_spec(config.draft)
     model_name = spec.model
     draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)
@@ -103,12 +105,17 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     peer_results: dict = {}  # what a peer measured that does not depend on the dtype, run once
     for dtype in config.dtypes:
         log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
+        start = time.perf_counter()
         models, encoded = load_models(config, dtype, prompts)
         runner = runner_info(models.engine.target)
+        # the models' load (target, tokenizer, drafter, runners); the first dtype's also: process start to ready
+        runner["load_s"] = round(time.perf_counter() - start, 2)
+        if dtype == config.dtypes[0]:
+            runner["startup_s"] = round(process_seconds(), 2)
         draft_weights = draft_model_weights(models.engine.drafter)
         log(f"[bench] runner: {runner['backend']}{' compiled' if runner['compiled'] else ''}"
             f"{', weights pre-packed' if runner.get('packed_weights') else ''}"
-            f"{f'; draft model weights: {draft_weights}' if draft_weights else ''}")
+            f"{f'; draft model weights: {draft_weights}' if draft_weights else ''}; loaded in {runner['load_s']:.1f} s")
         if settings.batch_sizes:
             section, _ = run_batch_sweep(models, encoded, settings)
             base = section["batching"]["results"]["1"][BASELINE]

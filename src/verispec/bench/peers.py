@@ -22,7 +22,7 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..runtime.model.loading import is_quantized
+from ..runtime.model.target import is_quantized
 from .aggregate import BASELINE, OVERALL
 
 PEERS = ("vllm", "llama.cpp")

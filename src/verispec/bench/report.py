@@ -146,6 +146,8 @@ def render_markdown(report: dict) -> str:
             lines += [f"- runner: {r['backend']}{' compiled' if r['compiled'] else ' eager'}"
                       f"{_packing(r.get('packed_weights'))}; compile time "
                       f"{r.get('compile_s', 0):.1f} s (first calls of each new shape)"
+                      + (f"; models loaded in {r['load_s']:.1f} s" if "load_s" in r else "")
+                      + (f" (process start to ready: {r['startup_s']:.1f} s)" if "startup_s" in r else "")
                       + (f"; compiled programs: {r['compile_cache'].get('programs_loaded', 0)} loaded from disk, "
                          f"{r['compile_cache'].get('programs_compiled', 0)} compiled" if r.get("compile_cache") else "")]
         if run.get("floor"):

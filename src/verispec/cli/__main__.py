@@ -1,5 +1,3 @@
-import sys
+from . import entry_point
 
-from . import main
-
-sys.exit(main())
+entry_point()

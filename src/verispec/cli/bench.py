@@ -17,7 +17,8 @@ import torch
 from ..drafters.spec import parse_drafter_spec
 from ..bench.prompts import JSON_EXTRACTION, REPETITIVE, WORKLOADS, json_extraction_files, repetitive_prompts_file
 from ..config import StructuredOutput
-from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, is_quantized
+from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..runtime.model.target import is_quantized
 from . import CliError
 from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
 from . import bench_serve

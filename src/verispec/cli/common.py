@@ -47,8 +47,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_weights_args(group) -> None:
-    """--weights and --quantization (models.quantize_target)."""
-    from ..runtime.model.loading import QUANTIZATIONS, WEIGHTS
+    """--weights and --quantization (target.quantize_target)."""
+    from ..runtime.model.target import QUANTIZATIONS, WEIGHTS
 
     group.add_argument("--weights", choices=WEIGHTS, default="auto",
                        help="target weights: 'auto' (default) a GGUF target's own quantized blocks where verispec's "
@@ -229,7 +229,7 @@ def sampling_kwargs(args: argparse.Namespace) -> dict:
 
 def target_dtype(args: argparse.Namespace, dtype: str) -> tuple[torch.dtype, str]:
     """`dtype` ('auto' or a name) resolved for the target, weights, runner and device the arguments name."""
-    from ..runtime.model.loading import resolve_target_dtype
+    from ..runtime.model.target import resolve_target_dtype
 
     return resolve_target_dtype(dtype, args.device, getattr(args, "model", DEFAULT_TARGET),
                                 getattr(args, "weights", "auto"), getattr(args, "quantization", "none"),
@@ -239,7 +239,7 @@ def target_dtype(args: argparse.Namespace, dtype: str) -> tuple[torch.dtype, str
 def target_weights(args: argparse.Namespace, dtype: str, hf_methods: bool = False) -> tuple[str, str]:
     """--weights ('auto' or a name) resolved for the target, dtype, device and runner the arguments name."""
     from ..drafters.spec import parse_drafter_spec
-    from ..runtime.model.loading import resolve_weights
+    from ..runtime.model.target import resolve_weights
 
     try:
         draft = getattr(args, "draft_model", None)

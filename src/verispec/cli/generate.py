@@ -13,7 +13,7 @@ from pathlib import Path
 from ..drafters.model import draft_model_weights
 from ..runtime.runners.native import release_engine_weights
 from ..runtime.runners.select import runner_info
-from ..stats import GenerationStats
+from ..stats import GenerationStats, process_seconds
 from . import CliError
 from .common import (
     add_draft_device_arg,
@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from ..config import SamplingParams, SpeculativeConfig
     from ..drafters.build import build_drafter
     from ..generator import SpeculativeGenerator
-    from ..runtime.model.loading import ModelLoadError, load_model, load_tokenizer, quantize_target
+    from ..runtime.model.loading import ModelLoadError, load_tokenizer
+    from ..runtime.model.target import load_target
 
     apply_runtime(args)
     setup_logging()
@@ -70,10 +71,9 @@ def run(args: argparse.Namespace) -> int:
     warn_if_lossy(args)
     dtype = args.torch_dtype  # --dtype, resolved by apply_runtime
     drafter_device = draft_device(args) or args.device
-    target = load_model(args.model, dtype=dtype, device=args.device)
     try:
-        quantize_target(target, args.model, args.weights, args.quantization)
-    except ValueError as exc:
+        target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device)
+    except ValueError as exc:  # a model that cannot be read, or weights that do not run on it
         raise CliError(str(exc)) from None
     tokenizer = load_tokenizer(args.model)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.
@@ -99,9 +99,11 @@ def run(args: argparse.Namespace) -> int:
     ids = gen.encode(args.prompt, chat=args.chat)
     gen.engine.check_request(len(ids), SamplingParams(**sampling))
     if args.json:
+        startup_s = process_seconds()  # ready: models loaded, runners built, the prompt encoded
         result = gen.generate(ids, return_dict=True, **sampling)
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
-               "model": args.model, "draft_model": loaded.name, "drafter_warning": loaded.warning,
+               "startup_s": round(startup_s, 2), "model": args.model, "draft_model": loaded.name,
+               "drafter_warning": loaded.warning,
                "runner": {**runner_info(gen.engine.target), "dtype_reason": args.dtype_reason,
                           "weights_reason": args.weights_reason,
                           "draft_weights": draft_model_weights(gen.engine.drafter)},

@@ -128,9 +128,9 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
     if build.draft_model is not None:
         return DrafterLoad(_loaded_drafter(build, build.draft_model, name), name, name)
     if build.on_error == "raise":
-        from ..runtime.model.loading import load_model
+        from ..runtime.model.loading import load_draft
 
-        draft = load_model(name, dtype=build.dtype, device=build.device)
+        draft = load_draft(name, dtype=build.dtype, device=build.device)
         return DrafterLoad(_loaded_drafter(build, draft, name), name, name)
     drafter, reason = _try_model_drafter(name, build)
     if drafter is None:
@@ -181,7 +181,7 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | 
     another output size): those are the user's to fix. A draft with another tokenizer drafts across tokenizers.
     """
     from ..runtime.model.memory import check_draft_memory
-    from ..runtime.model.loading import load_model, read_model_config, resolve_model_path
+    from ..runtime.model.loading import load_draft, read_model_config, resolve_model_path
 
     path = resolve_model_path(name)
     if build.check_memory:
@@ -192,7 +192,7 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | 
             if not check.fits:
                 return None, f"not enough memory: {check}"
     try:
-        draft = load_model(name, dtype=build.dtype, device=build.device)
+        draft = load_draft(name, dtype=build.dtype, device=build.device)
     except Exception as exc:  # noqa: BLE001 - the path exists: corrupt weights (safetensors raises its own type), OOM
         return None, f"loading failed: {type(exc).__name__}: {exc}"
     return _loaded_drafter(build, draft, name), None
@@ -211,15 +211,20 @@ def check_vocab_match(target, draft) -> None:
 
 def _loaded_drafter(build: _Build, draft, name: str) -> Drafter:
     """The drafter for the draft model `name`, loaded as `draft`, with its own tokenizer read from `name`."""
-    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer, _draft_tokenizer(name), name)
+    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer,
+                          _draft_tokenizer(name, build.tokenizer), name)
 
 
-def _draft_tokenizer(name: str):
-    """The tokenizer stored with a draft model, or None when it has none (the draft is then taken to share the
-    target's, and its vocabulary size is checked)."""
-    from ..runtime.model.loading import load_tokenizer
+def _draft_tokenizer(name: str, target_tokenizer=None):
+    """The tokenizer stored with a draft model (the target's own object where the draft's folder saved the same
+    files: nothing to read), or None when it has none (the draft is then taken to share the target's, and its
+    vocabulary size is checked)."""
+    from ..runtime.model.loading import load_tokenizer, resolve_model_path
+    from ..runtime.model.tokenizer_cache import saved_alike
 
     try:
+        if target_tokenizer is not None and saved_alike(resolve_model_path(name), target_tokenizer):
+            return target_tokenizer
         return load_tokenizer(name)
     except Exception:  # noqa: BLE001 - no readable tokenizer (ModelLoadError, or a tokenizer class's own error)
         return None

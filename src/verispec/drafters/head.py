@@ -122,7 +122,7 @@ class HeadDrafter(Drafter):
     def __init__(self, config: HeadConfig, weights: dict[str, torch.Tensor], target, max_len: int,
                  num_slots: int = 1, name: str = "head") -> None:
         embed = target.get_input_embeddings().weight
-        if embed.device.type == "meta":  # the target runs on quantized weights (models.quantize_target)
+        if embed.device.type == "meta":  # the target runs on quantized weights (target.quantize_target)
             raise ValueError("a draft head reads the target's float embedding and LM head, which a target on "
                              "quantized weights (--weights gguf, --quantization) no longer holds: load the target "
                              "with --weights fp32, or draft with another drafter")

@@ -6,14 +6,19 @@ import logging
 import os
 import time
 
+from typing import TYPE_CHECKING
+
 import torch
-from transformers import PreTrainedModel
 
 from ..config import RunnerOptions
 from ..runtime.caches.prefix_cache import PrefixCache
+from ..runtime.model.native_lm import is_causal_lm
 from ..runtime.runners.select import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger("verispec")
 
@@ -70,7 +75,7 @@ def draft_model_weights(drafter) -> str | None:
     seen = []
     for stage in getattr(drafter, "stages", [drafter]):
         stage = getattr(stage, "inner", stage)  # a draft across tokenizers wraps its model drafter
-        if isinstance(stage, ModelDrafter) and isinstance(stage.model, PreTrainedModel):
+        if isinstance(stage, ModelDrafter) and is_causal_lm(stage.model):
             seen.append(DRAFT_QTYPE if _in_blocks(stage.model) else "float")
     return ", ".join(seen) or None
 
@@ -108,13 +113,27 @@ class ModelDrafter(Drafter):
     IN_BATCH = 2  # tokens a drafting row may feed in the batched forward (a round that accepted all: 2)
     CATCH_UP_CHUNK = 512  # tokens per forward of a row's own catch-up (a long prompt runs in chunks)
 
+    _runner = None
+    _slots = 1
+
     def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1,
                  runner: RunnerOptions | None = None) -> None:
         self.model = model
         self.max_len = max_len
         self.options = runner
-        # The weights are chosen at the first `reserve`, when the engine's runner options are known.
-        self.runner = make_runner(model, max_len, num_slots, runner)
+        self._slots = num_slots
+
+    @property
+    def runner(self):
+        """The draft model's runner, made on first use: the weights are chosen at the first `reserve`, when the
+        engine's runner options are known, so a runner on weights about to be replaced is never built."""
+        if self._runner is None:
+            self._runner = make_runner(self.model, self.max_len, self._slots, self.options)
+        return self._runner
+
+    @runner.setter
+    def runner(self, runner) -> None:
+        self._runner = runner
 
     @property
     def _unstarted(self) -> dict[int, int]:

@@ -23,9 +23,9 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Sequence as Seq
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from ..config import MAX_VERIFY_WIDTH, RunnerOptions, SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.base import Drafter
@@ -43,6 +43,9 @@ from .requests import acceptance_label, model_eos_ids, new_sequence
 from .scheduler import Scheduler, SchedulerConfig
 from .sequence import GenerationChunk, GenerationResult, Sequence
 from .verifier import Verifier
+
+if TYPE_CHECKING:  # (a type only: importing Hugging Face modeling costs ~1.5 s of start-up)
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger("verispec")
 

@@ -4,9 +4,9 @@ stop checker and statistics, everything the step reads and advances."""
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
-from transformers import PreTrainedModel
 
 from ..config import SamplingParams, SpeculativeConfig
 from .detokenize import StopChecker
@@ -14,6 +14,9 @@ from ..drafters.base import Drafter
 from ..sampling import Grammar, RowSamplingState
 from ..stats import GenerationStats
 from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:

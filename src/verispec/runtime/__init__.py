@@ -5,8 +5,10 @@
 - `runners/`: what executes forward passes on slots: `base` (what every runner shares), `hf` (`HFRunner`, Hugging
   Face modeling), `native` (`NativeRunner`, verispec's own model), `select` (`make_runner` picks one), `compile`
   (torch.compile's precompiled step), `dtype` (`--dtype auto`).
-- `model/`: verispec's own Llama-family model (`llama`), loading targets and drafts (`loading`), and their memory
-  (`memory`).
+- `model/`: verispec's own Llama-family model (`llama`), models only the native runner runs (`native_lm`: a GGUF
+  file's blocks, plain Llama drafts, without Hugging Face modeling), loading models (`loading`), the target's
+  weights decided and loaded (`target`), tokenizers (`tokenizer_cache`), and their memory (`memory`).
 - `caches/`: the slot KV cache (`kv_cache`) and automatic prefix caching (`prefix_cache`).
-- `weights/`: weight formats and placement: a GGUF file's tensors (`gguf`), 2 MiB huge pages (`hugepages`).
+- `weights/`: weight formats and placement: a GGUF file's header (`gguf_file`) and tensors (`gguf`), 2 MiB huge
+  pages (`hugepages`).
 """

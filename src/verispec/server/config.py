@@ -10,7 +10,8 @@ import torch
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.placement import check_device
 from ..drafters.spec import NONE, parse_drafter_spec
-from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, resolve_target_dtype, resolve_weights
+from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
+from ..runtime.model.target import resolve_target_dtype, resolve_weights
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"
@@ -41,7 +42,7 @@ class ServerConfig:
     """Why the dtype is what it is (set from `dtype`)."""
     weights: str = "auto"
     """The target's weights: 'auto' (a GGUF target's own blocks where verispec's kernel runs them and the dtype is
-    auto; else the float conversion: `models.resolve_weights`), 'fp32' (the float conversion) or 'gguf' (a GGUF
+    auto; else the float conversion: `target.resolve_weights`), 'fp32' (the float conversion) or 'gguf' (a GGUF
     target's own quantized blocks); resolved when the config is made, with `weights_reason` saying why."""
     weights_reason: str = ""
     """Why the weights are what they are (set from `weights`)."""

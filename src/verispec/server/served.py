@@ -37,8 +37,8 @@ from ..drafters.twin import twin_memory_bytes
 from ..engine import SpeculativeEngine
 from ..engine.scheduler import SchedulerConfig
 from ..runtime.model.memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
-from ..runtime.model.loading import (ModelLoadError, load_model, load_tokenizer, quantize_target, read_model_config,
-    resolve_model_path)
+from ..runtime.model.loading import ModelLoadError, load_tokenizer, read_model_config, resolve_model_path
+from ..runtime.model.target import load_target
 from ..sampling.grammar import prepare_tokenizer
 from .config import ServerConfig
 from .errors import APIError, invalid, model_not_found
@@ -167,8 +167,8 @@ class ServedModel:
 
     @classmethod
     def _load(cls, config: ServerConfig) -> ServedModel:
-        target = quantize_target(load_model(config.model, dtype=config.dtype, device=config.device), config.model,
-                                 config.weights, config.quantization)
+        target = load_target(config.model, config.weights, config.quantization, dtype=config.dtype,
+                             device=config.device)
         tokenizer = load_tokenizer(config.model)
         served = cls(config, target, tokenizer)
         engine = served.engine

