@@ -274,13 +274,16 @@ def test_bench_demo_basic_prints_side_by_side(model_dirs, tmp_path, capsys):
     ],
 )
 def test_bench_bad_input_exits_2(prompts_file, extra, message, capsys, tmp_path, monkeypatch):
-    from verispec.runtime.model import loading
+    from verispec.runtime.model import loading, target
 
     def loads(*args, **kwargs):
         raise AssertionError("the target's files were read before the user's input was checked")
 
-    for reader in ("load_model", "load_tokenizer", "resolve_weights", "resolve_target_dtype", "target_gguf_file"):
-        monkeypatch.setattr(loading, reader, loads)
+    for module in (loading, target):  # target.py decides the weights, with loading's readers imported by name
+        for reader in ("load_model", "load_tokenizer", "resolve_weights", "resolve_target_dtype", "target_gguf_file",
+                       "load_target"):
+            if hasattr(module, reader):
+                monkeypatch.setattr(module, reader, loads)
     # without hf-* methods 'auto' weights read the target's file (its GGUF block types): after the checks
     argv = ["bench", "--prompts", str(prompts_file), "--out", str(tmp_path), "--methods", "target,adaptive", *extra]
     with pytest.raises(SystemExit) as exc:

@@ -71,4 +71,4 @@ def test_the_head_slack_holds_the_deepest_widest_tree(target, folders):
     batch.rows[0].tree_nodes = MAX_DRAFT_TOKENS
     proposal = head.propose(batch)[0]
     assert proposal.parents is not None and proposal.token_ids.numel() == MAX_DRAFT_TOKENS
-    assert head.lengths[0] == tokens.numel() - 1  # draft entries are stale: the slot keeps the real pairs only
+    assert head.cache.lengths[0] == tokens.numel() - 1  # draft entries are stale: the slot keeps the real pairs only
