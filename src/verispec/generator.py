@@ -88,6 +88,7 @@ class SpeculativeGenerator:
         weights: str = "auto",
         quantization: str = "none",
         draft_device: str | None = None,
+        activations: str = "auto",
     ) -> SpeculativeGenerator:
         """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
 
@@ -97,9 +98,10 @@ class SpeculativeGenerator:
         (default) a GGUF target's own quantized blocks (float32 compute; the embedded default is a GGUF file) where
         verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`target.resolve_weights`);
         'fp32' the float conversion, 'gguf' the blocks; quantization='int8': weight-only int8 (a different model).
-        draft_device: where a draft model runs (default: `device`)."""
+        draft_device: where a draft model runs (default: `device`). activations: what GGUF blocks compute with
+        ('auto', 'q8', 'fp32': `target.resolve_activations`)."""
         from .runtime.model.loading import load_tokenizer
-        from .runtime.model.target import load_target, resolve_target_dtype, resolve_weights
+        from .runtime.model.target import load_target, resolve_activations, resolve_target_dtype, resolve_weights
 
         options = runner or RunnerOptions()
         backend = options.backend
@@ -108,7 +110,8 @@ class SpeculativeGenerator:
                                      compile=options.compile)
         # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
         dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization, backend)
-        target_model = load_target(target, weights, quantization, dtype=dtype, device=device)
+        activations, _ = resolve_activations(activations, weights)
+        target_model = load_target(target, weights, quantization, dtype=dtype, device=device, activations=activations)
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype,
                                 device=draft_device or device).drafter

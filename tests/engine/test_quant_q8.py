@@ -131,3 +131,54 @@ def test_integer_activations_refuse_types_they_do_not_run():
         QuantWeight("INT8", torch.zeros(4, 32, dtype=torch.uint8), 32, torch.ones(4), activations="q8")
     with pytest.raises(ValueError, match="choose from"):
         QuantWeight("Q8_0", torch.zeros(4, 34, dtype=torch.uint8), 32, activations="int4")
+
+
+# -- the engine on integer activations: exact speculation, batch invariance ------------------------------------------
+
+
+@pytest.mark.kernel("quant")
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q4_1", "Q8_0"])
+def test_speculation_and_batches_on_integer_activations_equal_the_target_alone(qtype, trained_pair, tokenizer):
+    """The verify pass (K + 1 rows) is bit for bit the one-token step on the q8 path, so speculation with a draft
+    model and n-gram drafts, greedy and coupled seeded sampling, equals the target alone, alone and in a batch."""
+    import copy
+
+    from verispec.config import RunnerOptions, SamplingParams
+    from verispec.drafters.build import model_drafter
+    from verispec.drafters.ngram import NgramDrafter
+    from verispec.engine import SpeculativeEngine
+    from verispec.runtime.runners.native import use_quantized_weights
+
+    target, draft = trained_pair
+    quantized = copy.deepcopy(target)
+    twin = use_quantized_weights(quantized, 128, quantization=qtype, activations="q8")
+    assert twin.layers[0].qkv.weight.activations == "q8" and twin.lm_head.weight.activations == "q8"
+    options = RunnerOptions(compile=False)
+    prompts = [tokenizer(t)["input_ids"] for t in ("the dog sat", "Paris is the capital", "one", "the cat sat on")]
+    for params in (SamplingParams(max_new_tokens=20), SamplingParams(max_new_tokens=20, temperature=1.0, seed=7,
+                                                                      coupled=True)):
+        alone = [SpeculativeEngine(quantized, tokenizer, max_len=128, runner=options, max_batch_size=1)
+                 .generate(p, params, use_drafter=False).token_ids for p in prompts]
+        for drafter in (model_drafter(quantized, draft, 200), NgramDrafter()):
+            engine = SpeculativeEngine(quantized, tokenizer, drafter, max_len=128, runner=options)
+            assert [r.token_ids for r in engine.generate_batch(prompts, params)] == alone
+
+
+@pytest.mark.kernel("quant")
+def test_integer_activations_are_another_model_close_to_the_fp32_one(trained_pair, tokenizer):
+    """Not the fp32 conversion's values (a test that q8 really ran), but close to them: logits within a few percent
+    of their range on a tiny trained model."""
+    import copy
+
+    from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+
+    target, _ = trained_pair
+    logits = {}
+    for activations in ("fp32", "q8"):
+        model = copy.deepcopy(target)
+        twin = use_quantized_weights(model, 64, quantization="Q4_1", activations=activations)
+        tokens = torch.tensor([tokenizer("the dog sat on the mat")["input_ids"]])
+        logits[activations] = NativeRunner(twin, model.config, 64).forward(tokens).logits
+    span = logits["fp32"].max() - logits["fp32"].min()
+    difference = (logits["q8"] - logits["fp32"]).abs().max()
+    assert 0 < difference < 0.05 * span

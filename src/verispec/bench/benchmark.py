@@ -47,6 +47,8 @@ class BenchConfig:
     weights: str = "fp32"  # the target's weights: the float conversion, or "gguf" (its GGUF file's own blocks)
     weights_reason: str = ""  # why (the CLI resolves --weights auto: target.resolve_weights)
     quantization: str = "none"  # "int8": the target's linears per channel (a different model)
+    activations: str = "fp32"  # what GGUF blocks compute with: "fp32" or "q8" (target.resolve_activations)
+    activations_reason: str = ""  # why
 
     def __post_init__(self):
         if self.vllm_python and not self.peers:
@@ -69,7 +71,8 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
     from ..runtime.model.target import load_target
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
-    target = load_target(config.target, config.weights, config.quantization, dtype=torch_dtype, device=config.device)
+    target = load_target(config.target, config.weights, config.quantization, dtype=torch_dtype, device=config.device,
+                         activations=config.activations)
     spec = parse_drafter_spec(config.draft)
     model_name = spec.model
     draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)
@@ -85,7 +88,8 @@ def new_report(config: BenchConfig, prompts_file: str) -> dict:
     machine = describe_machine(config.device)
     settings = {**config.settings.to_dict(), "prompts_file": prompts_file, "categories": config.categories,
                 "limit_per_category": config.limit, "dtypes": config.dtypes, "weights": config.weights,
-                "weights_reason": config.weights_reason,
+                "weights_reason": config.weights_reason, "activations": config.activations,
+                "activations_reason": config.activations_reason,
                 "limit_note": "all prompts" if config.limit is None else f"first {config.limit} per category"}
     return {"machine": machine, "settings": settings,
             "models": {"target": config.target, "draft": config.draft}, "runs": []}
@@ -96,7 +100,8 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
     prompts, prompts_file = selected_prompts(config)
     report = new_report(config, prompts_file)
     log(f"[bench] machine: {machine_line(report['machine'])}")
-    log(f"[bench] weights: {config.weights_reason or config.weights}")
+    log(f"[bench] weights: {config.weights_reason or config.weights}; activations: "
+        f"{config.activations_reason or config.activations}")
     settings = config.settings
     sweep = (f"batch sizes {','.join(map(str, settings.batch_sizes))}, methods {','.join(settings.batch_methods())}"
              if settings.batch_sizes else

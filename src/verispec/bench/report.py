@@ -135,7 +135,8 @@ def render_markdown(report: dict) -> str:
     lines = ["# verispec bench", "",
              f"- machine: {machine_line(report['machine'])}",
              f"- models: target `{report['models']['target']}`, draft `{report['models']['draft']}`; target weights "
-             f"{settings.get('weights_reason') or settings.get('weights', 'fp32')}",
+             f"{settings.get('weights_reason') or settings.get('weights', 'fp32')}; activations "
+             f"{settings.get('activations_reason') or settings.get('activations', 'fp32')}",
              f"- prompts: {settings['prompts_file']} ({settings['limit_note']})",
              f"- greedy, {length_line(settings)}, seed {settings['seed']}, {order}", ""]
     for run in report["runs"]:

@@ -23,7 +23,7 @@ from . import CliError
 from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
 from . import bench_serve
 from .common import (add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options,
-                     target_dtype, target_weights)
+                     target_activations, target_dtype, target_weights)
 
 DTYPE_NAMES = DTYPE_CHOICES
 DEFAULT_KS = "1,2,3,4,6,8"
@@ -177,6 +177,7 @@ def build_config(args: argparse.Namespace):
     # 'auto' weights: the GGUF blocks only where one dtype, auto, runs and no Hugging Face method compares
     args.weights, args.weights_reason = target_weights(args, dtypes[0] if len(dtypes) == 1 else "float32",
                                                        hf_methods)
+    args.activations, args.activations_reason = target_activations(args)
     quantized = is_quantized(args.weights, args.quantization)  # computes in float32
     if quantized and hf_methods:
         raise CliError("--weights gguf and --quantization run on verispec's native runner only: pass --methods "
@@ -199,7 +200,8 @@ def build_config(args: argparse.Namespace):
                          categories=_list(args.categories), limit=args.limit, dtypes=list(dict.fromkeys(dtypes)),
                          device=args.device, out=args.out, settings=settings, runner=runner_options(args),
                          peers=peers, weights=args.weights, weights_reason=args.weights_reason,
-                         quantization=args.quantization)
+                         quantization=args.quantization, activations=args.activations,
+                         activations_reason=args.activations_reason)
     return config, ks
 
 

@@ -47,8 +47,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_weights_args(group) -> None:
-    """--weights and --quantization (target.quantize_target)."""
-    from ..runtime.model.target import QUANTIZATIONS, WEIGHTS
+    """--weights, --activations and --quantization (target.py)."""
+    from ..runtime.model.target import ACTIVATIONS, QUANTIZATIONS, WEIGHTS
 
     group.add_argument("--weights", choices=WEIGHTS, default="auto",
                        help="target weights: 'auto' (default) a GGUF target's own quantized blocks where verispec's "
@@ -56,6 +56,12 @@ def add_weights_args(group) -> None:
                             "Q4_1 file) and --dtype is auto, else the float conversion; 'fp32' the float conversion "
                             "(in --dtype); 'gguf' the GGUF blocks: the same values as the conversion, a quarter of "
                             "the bytes (float32 compute, native runner). The choice and why are logged and in --json")
+    group.add_argument("--activations", choices=ACTIVATIONS, default="auto",
+                       help="what GGUF blocks compute with: 'q8' the activations quantized to int8 per block of 32 "
+                            "and exact integer dot products, as llama.cpp computes (verify passes, batches and "
+                            "prefill cost close to one step; another model than the fp32 conversion: "
+                            "docs/runner.md); 'fp32' the fp32 conversion's values exactly; 'auto' (default): q8 "
+                            "where the kernel is built. The choice and why are logged and in --json")
     group.add_argument("--quantization", choices=QUANTIZATIONS, default="none",
                        help="'int8': the target's linears quantized per output channel (weight-only, symmetric): "
                             "a different model than the original (outputs differ from the unquantized target's)")
@@ -251,6 +257,16 @@ def target_weights(args: argparse.Namespace, dtype: str, hf_methods: bool = Fals
         raise CliError(str(exc)) from None
 
 
+def target_activations(args: argparse.Namespace) -> tuple[str, str]:
+    """--activations resolved for the resolved --weights (target.resolve_activations); CliError on a bad pair."""
+    from ..runtime.model.target import resolve_activations
+
+    try:
+        return resolve_activations(getattr(args, "activations", "auto"), args.weights)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 def check_device_flag(flag: str, device: str, hint: str = "") -> str:
     """`device` (the value of `flag`: '--device', '--draft-device') checked by `placement.check_device` (index range,
     other device types); CliError (exit 2) with its message otherwise."""
@@ -267,6 +283,7 @@ def apply_runtime(args: argparse.Namespace) -> None:
     check_device_flag("--device", args.device)
     if getattr(args, "weights", None) is not None:  # 'auto' -> gguf or fp32, once: args.weights_reason says why
         args.weights, args.weights_reason = target_weights(args, getattr(args, "dtype", "auto"))
+        args.activations, args.activations_reason = target_activations(args)
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
         args.torch_dtype, args.dtype_reason = target_dtype(args, args.dtype)
     if args.threads:

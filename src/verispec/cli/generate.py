@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
     apply_runtime(args)
     setup_logging()
-    logging.getLogger("verispec").info("weights %s; dtype %s", args.weights_reason, args.dtype_reason)
+    logging.getLogger("verispec").info("weights %s; activations %s; dtype %s", args.weights_reason,
+                                       args.activations_reason, args.dtype_reason)
     sampling = sampling_kwargs(args)
     SamplingParams(**sampling)  # validate before the (slow) model load
     lines = read_prompts_file(args.prompts_file, sampling, args.chat) if args.prompts_file else None
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.torch_dtype  # --dtype, resolved by apply_runtime
     drafter_device = draft_device(args) or args.device
     try:
-        target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device)
+        target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device,
+                             activations=args.activations)
     except ValueError as exc:  # a model that cannot be read, or weights that do not run on it
         raise CliError(str(exc)) from None
     tokenizer = load_tokenizer(args.model)
@@ -105,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
                "startup_s": round(startup_s, 2), "model": args.model, "draft_model": loaded.name,
                "drafter_warning": loaded.warning,
                "runner": {**runner_info(gen.engine.target), "dtype_reason": args.dtype_reason,
-                          "weights_reason": args.weights_reason,
+                          "weights_reason": args.weights_reason, "activations": args.activations,
+                          "activations_reason": args.activations_reason,
                           "draft_weights": draft_model_weights(gen.engine.drafter)},
                "stats": result.stats.to_dict()}
         if result.logprobs is not None:

@@ -128,13 +128,15 @@ def run(args: argparse.Namespace) -> int:
 
     apply_runtime(args)
     setup_logging()
-    logging.getLogger("verispec").info("weights %s; dtype %s", args.weights_reason, args.dtype_reason)
+    logging.getLogger("verispec").info("weights %s; activations %s; dtype %s", args.weights_reason,
+                                       args.activations_reason, args.dtype_reason)
     spec = SpeculativeConfig(**spec_kwargs(args))
     warn_if_lossy(args)
     config = ServerConfig(
         model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
         draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=args.torch_dtype, dtype_reason=args.dtype_reason,
         weights=args.weights, weights_reason=args.weights_reason, quantization=args.quantization,
+        activations=args.activations, activations_reason=args.activations_reason,
         device=args.device, draft_device=draft_device(args), max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
         prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,

@@ -28,6 +28,9 @@ logger = logging.getLogger("verispec")
 # "auto" picks Q8_0 wherever verispec's quantized kernel runs. VERISPEC_DRAFT_WEIGHTS overrides it (A/B runs).
 DRAFT_WEIGHTS = os.environ.get("VERISPEC_DRAFT_WEIGHTS", "auto")
 DRAFT_QTYPE = "Q8_0"
+# What those blocks compute with (kernels/quant.py): "q8", integer activations (the same reasoning: only acceptance
+# moves, and the LM head, most of a small draft's bytes, runs ~2x faster), or "fp32". VERISPEC_DRAFT_ACTIVATIONS.
+DRAFT_ACTIVATIONS = os.environ.get("VERISPEC_DRAFT_ACTIVATIONS", "q8")
 
 
 def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
@@ -60,9 +63,12 @@ def to_draft_blocks(model: PreTrainedModel, max_len: int) -> None:
     HF keeps its float copies (the bench's HF assisted generation runs them)."""
     from ..runtime.runners.native import use_quantized_weights
 
-    use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False)
+    if DRAFT_ACTIVATIONS not in ("q8", "fp32"):
+        raise ValueError(f"VERISPEC_DRAFT_ACTIVATIONS={DRAFT_ACTIVATIONS!r}: choose q8 or fp32")
+    use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False, activations=DRAFT_ACTIVATIONS)
     model._verispec_draft_weights = DRAFT_QTYPE
-    logger.info("draft model: linears and LM head as %s blocks (a draft's numerics move only acceptance)", DRAFT_QTYPE)
+    logger.info("draft model: linears and LM head as %s blocks, %s activations (a draft's numerics move only "
+                "acceptance)", DRAFT_QTYPE, DRAFT_ACTIVATIONS)
 
 
 def _in_blocks(model: PreTrainedModel) -> bool:

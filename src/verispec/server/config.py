@@ -11,7 +11,7 @@ from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.placement import check_device
 from ..drafters.spec import NONE, parse_drafter_spec
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
-from ..runtime.model.target import resolve_target_dtype, resolve_weights
+from ..runtime.model.target import resolve_activations, resolve_target_dtype, resolve_weights
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"
@@ -48,6 +48,11 @@ class ServerConfig:
     """Why the weights are what they are (set from `weights`)."""
     quantization: str = "none"
     """'int8': the target's linears quantized per output channel (a different model than the original)."""
+    activations: str = "auto"
+    """What GGUF blocks compute with: 'q8' (integer activations, as llama.cpp), 'fp32' (the fp32 conversion's
+    values), 'auto' (`target.resolve_activations`); resolved when the config is made, with `activations_reason`."""
+    activations_reason: str = ""
+    """Why the activations are what they are (set from `activations`)."""
     device: str = "cpu"
     """Torch device of the target (and of the drafters, unless draft_device says otherwise)."""
     draft_device: str | None = None
@@ -105,6 +110,10 @@ class ServerConfig:
                                               compile=self.runner.compile)
             object.__setattr__(self, "weights", weights)
             object.__setattr__(self, "weights_reason", reason)
+        if self.activations == "auto" or not self.activations_reason:  # for the resolved weights
+            activations, reason = resolve_activations(self.activations, self.weights)
+            object.__setattr__(self, "activations", activations)
+            object.__setattr__(self, "activations_reason", reason)
         if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
             # ValueError naming the choices; quantized weights compute in float32, so 'auto' is float32 there
             dtype, reason = resolve_target_dtype(self.dtype, self.device, self.model, self.weights,

@@ -168,7 +168,7 @@ class ServedModel:
     @classmethod
     def _load(cls, config: ServerConfig) -> ServedModel:
         target = load_target(config.model, config.weights, config.quantization, dtype=config.dtype,
-                             device=config.device)
+                             device=config.device, activations=config.activations)
         tokenizer = load_tokenizer(config.model)
         served = cls(config, target, tokenizer)
         engine = served.engine

@@ -287,11 +287,12 @@ def quantize_gguf(weight: torch.Tensor, qtype: str, activations: str = "fp32") -
     return QuantWeight(qtype, torch.from_numpy(np.ascontiguousarray(blocks)), weight.shape[1], activations=activations)
 
 
-def quantize_linears(weights: dict[str, torch.Tensor], qtype: str) -> dict[str, torch.Tensor | QuantWeight]:
+def quantize_linears(weights: dict[str, torch.Tensor], qtype: str,
+                     activations: str = "fp32") -> dict[str, torch.Tensor | QuantWeight]:
     """A checkpoint's linear weights (every `*_proj.weight` and the LM head) quantized: qtype "int8" per output
     channel, or a GGUF block type; embeddings, norms and biases stay as they are."""
     def quantize(weight: torch.Tensor) -> QuantWeight:
-        return quantize_int8(weight) if qtype == "int8" else quantize_gguf(weight, qtype)
+        return quantize_int8(weight) if qtype == "int8" else quantize_gguf(weight, qtype, activations)
 
     return {name: quantize(w) if name.endswith("_proj.weight") or name == "lm_head.weight" else w
             for name, w in weights.items()}

@@ -137,17 +137,18 @@ def is_causal_lm(obj) -> bool:
     return isinstance(obj, NativeCausalLM) or is_hf_model(obj)
 
 
-def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None) -> NativeCausalLM:
+def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activations: str = "fp32") -> NativeCausalLM:
     """A GGUF file's model on its own blocks (Q4_0 / Q4_1 / Q8_0 as stored, the rest float32): the values of the
     fp32 conversion transformers makes of the file, without making it. max_len: the rotary table's length at least
     (default: the model's context length); name: what the model was asked by (`gguf_config`). UnsupportedModel where
-    `gguf_config` refuses the file, ValueError for a block type the kernel does not run."""
+    `gguf_config` refuses the file, ValueError for a block type the kernel does not run. activations: what the
+    blocks compute with (quant.py: 'fp32', or 'q8' integer activations)."""
     file = open_gguf(path)
     config = gguf_config(file, name)
     positions = max(max_len, config.max_position_embeddings)
     spec = LlamaSpec.from_config(config, positions)
     with _one_thread():
-        weights = read_gguf_weights(path, spec.num_heads, spec.num_kv_heads)
+        weights = read_gguf_weights(path, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
         model = LlamaModel(spec, weights, rope_table(config, positions), pack=False)
     shapes = {hf_name(info.name): info.shape for info in file.tensors if hf_name(info.name)}

@@ -17,6 +17,8 @@ from .loading import (ModelLoadError, float_dtype, in_native_family, load_model,
 WEIGHTS = ("auto", "fp32", "gguf")  # --weights: a GGUF target's own blocks where they run (auto), the float
 # conversion (fp32), or the GGUF blocks (gguf)
 QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output channel (a different model)
+ACTIVATIONS = ("auto", "q8", "fp32")  # --activations: what GGUF blocks compute with (kernels/quant.py)
+AUTO_ACTIVATIONS = "q8"  # what 'auto' picks for GGUF blocks where the kernel runs it (measured: docs/runner.md)
 
 
 def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, target: str | os.PathLike,
@@ -77,6 +79,31 @@ def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.
                     "conversion's weight values at a fraction of the bytes (--weights fp32 runs the conversion)")
 
 
+def resolve_activations(activations: str, weights: str) -> tuple[str, str]:
+    """`--activations` for the resolved weights -> ('q8' or 'fp32', why). On GGUF blocks 'auto' is AUTO_ACTIVATIONS
+    where the kernel is built: 'q8' computes as llama.cpp does (activations to int8 per block of 32, exact integer
+    dot products: a verify pass, a batch and a prefill cost close to one step), another model than the fp32
+    conversion (its quality measured in docs/runner.md); 'fp32' keeps the conversion's values exactly. Float weights
+    have no integer path. ValueError naming the choices for an unknown value or 'q8' on float weights."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"unknown activations {activations!r}: choose from {', '.join(ACTIVATIONS)}")
+    if weights != "gguf":
+        if activations == "q8":
+            raise ValueError("--activations q8 runs GGUF blocks: pass --weights gguf (or auto), or --activations fp32")
+        return "fp32", "fp32: the weights are float (integer activations run GGUF blocks only)"
+    if activations != "auto":
+        return activations, f"{activations}: asked for"
+    from ..kernels import quant
+
+    if quant.kernel() is None:
+        return "fp32", "fp32: the quant kernel is not built here"
+    if AUTO_ACTIVATIONS == "fp32":
+        return "fp32", "fp32: the fp32 conversion's values (--activations q8: integer activations, faster wide)"
+    return "q8", ("q8: the GGUF blocks' integer arithmetic (activations to int8 per block of 32, as llama.cpp): "
+                  "verify passes, batches and prefill cost close to one step; --activations fp32 keeps the fp32 "
+                  "conversion's values")
+
+
 def is_quantized(weights: str, quantization: str) -> bool:
     """Whether --weights / --quantization put the target on quantized weights (which compute in float32)."""
     return weights == "gguf" or quantization != "none"
@@ -104,7 +131,8 @@ def check_weights(name_or_path: str | os.PathLike, weights: str, quantization: s
     return path
 
 
-def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32", quantization: str = "none"):
+def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32", quantization: str = "none",
+                    activations: str = "fp32"):
     """The loaded target on quantized weights (runtime/kernels/quant.py), in place: `weights="gguf"` its GGUF file's own
     blocks (the same values as the fp32 conversion), `quantization="int8"` its linears per channel. Afterwards only
     the native runner runs it. -> model."""
@@ -112,23 +140,27 @@ def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32
 
     gguf_file = check_weights(name_or_path, weights, quantization, next(model.parameters()).dtype)
     if gguf_file is not None or quantization != "none":
-        use_quantized_weights(model, 0, gguf_file=gguf_file, quantization=quantization)
+        use_quantized_weights(model, 0, gguf_file=gguf_file, quantization=quantization, activations=activations)
     return model
 
 
 def load_target(name_or_path: str | os.PathLike, weights: str = "fp32", quantization: str = "none",
-                dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu"):
+                dtype: torch.dtype | str = "auto", device: str | torch.device = "cpu", activations: str = "fp32"):
     """The target on the weights `resolve_weights` chose (`check_weights`' rules): `weights="gguf"` on the CPU builds
     the model straight from the file's blocks (`native_lm.from_gguf`: no float conversion, no Hugging Face
     modeling; a `NativeCausalLM` that only the native runner runs), where its architecture allows; otherwise the
-    float model (`load_model`) on the weights `quantize_target` gives it. The same values either way. -> model."""
+    float model (`load_model`) on the weights `quantize_target` gives it. The same values either way. activations:
+    what GGUF blocks compute with ('fp32' or 'q8': `resolve_activations`). -> model."""
+    activations, _ = resolve_activations(activations, weights) if weights == "gguf" else ("fp32", "")
     dtype, _ = resolve_target_dtype(dtype, device, name_or_path, weights, quantization)
     if weights == "gguf" and quantization == "none" and torch.device(device).type == "cpu":
         from .llama import UnsupportedModel
         from .native_lm import from_gguf
 
         try:
-            return from_gguf(check_weights(name_or_path, weights, quantization, dtype), name=str(name_or_path))
+            return from_gguf(check_weights(name_or_path, weights, quantization, dtype), name=str(name_or_path),
+                             activations=activations)
         except UnsupportedModel:  # another architecture: through the conversion
             pass
-    return quantize_target(load_model(name_or_path, dtype=dtype, device=device), name_or_path, weights, quantization)
+    return quantize_target(load_model(name_or_path, dtype=dtype, device=device), name_or_path, weights, quantization,
+                           activations)

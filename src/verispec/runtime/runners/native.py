@@ -255,22 +255,24 @@ def dynamic_dims(batch: int, n: int, select: torch.Tensor | None) -> dict[str, t
 
 
 def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None = None,
-                          quantization: str | None = None, release: bool = True) -> LlamaModel:
+                          quantization: str | None = None, release: bool = True,
+                          activations: str = "fp32") -> LlamaModel:
     """hf_model's native twin on quantized weights (runtime/kernels/quant.py), and HF's own copies released: the GGUF file's
     weights as stored (`--weights gguf`: the same values as the fp32 conversion hf_model was loaded from), or the
     twin's linears quantized (`--quantization int8`: a different model than the original). -> the twin.
     Afterwards hf_model holds no weights (meta tensors of the same shapes): only native runners run it. With
-    release=False HF keeps its float weights (a draft model that HF's own assisted generation may also run)."""
+    release=False HF keeps its float weights (a draft model that HF's own assisted generation may also run).
+    activations: what GGUF blocks compute with (quant.py: 'fp32', or 'q8' integer activations)."""
     from ..weights.gguf import read_gguf_weights
     from ..kernels.quant import quantize_linears
 
     positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
     spec = LlamaSpec.from_config(hf_model.config, positions)
     if gguf_file is not None:  # hf_model is this file's fp32 conversion: the same config
-        weights = read_gguf_weights(gguf_file, spec.num_heads, spec.num_kv_heads)
+        weights = read_gguf_weights(gguf_file, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
     else:
-        weights = quantize_linears(weights_of(hf_model), quantization)
+        weights = quantize_linears(weights_of(hf_model), quantization, activations)
     model = LlamaModel(spec, weights, rope_table(hf_model, positions), pack=False)
     if not release:
         _TWINS[hf_model] = (model, _fingerprint(hf_model))

@@ -50,8 +50,10 @@ def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(moved).reshape(rows.shape))
 
 
-def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> dict[str, torch.Tensor | QuantWeight]:
-    """-> {Hugging Face name: float32 tensor or QuantWeight}. ValueError for a tensor type without a kernel."""
+def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int,
+                      activations: str = "fp32") -> dict[str, torch.Tensor | QuantWeight]:
+    """-> {Hugging Face name: float32 tensor or QuantWeight (computing with `activations`: quant.py)}. ValueError
+    for a tensor type without a kernel."""
     weights: dict[str, torch.Tensor | QuantWeight] = {}
     file = open_gguf(path)
     for info in file.tensors:
@@ -68,5 +70,6 @@ def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int) -> di
             value = raw.view(info.shape[0], -1)  # [out, row_bytes]
         if ".q_proj." in name or ".k_proj." in name:
             value = _unpermute(value, num_heads if ".q_proj." in name else num_kv_heads)
-        weights[name] = QuantWeight(kind, value, info.shape[-1]) if kind in GGML_BLOCKS else value
+        weights[name] = QuantWeight(kind, value, info.shape[-1], activations=activations) if kind in GGML_BLOCKS \
+            else value
     return weights
