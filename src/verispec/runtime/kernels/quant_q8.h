@@ -85,18 +85,46 @@ inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
   sq = s;
 }
 
-inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out) {
+#if defined(VERISPEC_AVX512)
+// quantize_block's operations 16 lanes at a time: the same max, division, reciprocal, products and roundings
+// (vcvtps2dq rounds to nearest even, as nearbyint under the default rounding mode), so the same q, dx and sq.
+inline void quantize_block512(const float* x, int8_t* q, float& dx, int32_t& sq) {
+  const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
+  const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+  dx = amax / 127.0f;
+  const __m512 id = _mm512_set1_ps(dx != 0.0f ? 1.0f / dx : 0.0f);
+  const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), b = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(a));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(b));
+  sq = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+}
+#endif
+
+// The rows' activations quantized (into `out`, reused across calls: no allocation once it is large enough).
+inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out, int64_t path) {
   const int64_t blocks = in / QK;
-  out.q.resize(rows * in);
-  out.dx.resize(rows * blocks);
-  out.sx.resize(rows * blocks);
-  out.sq.resize(rows * blocks);
-  at::parallel_for(0, rows * blocks, 256, [&](int64_t begin, int64_t end) {
+  if (static_cast<int64_t>(out.q.size()) < rows * in) out.q.resize(rows * in);
+  if (static_cast<int64_t>(out.dx.size()) < rows * blocks) {
+    out.dx.resize(rows * blocks);
+    out.sx.resize(rows * blocks);
+    out.sq.resize(rows * blocks);
+  }
+  auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      quantize_block(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
+#if defined(VERISPEC_AVX512)
+      if (path == AVX512)
+        quantize_block512(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
+      else
+#endif
+        quantize_block(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
       out.sx[i] = out.dx[i] * static_cast<float>(out.sq[i]);
     }
-  });
+  };
+  if (rows * blocks < 512) {
+    run(0, rows * blocks);  // a few rows: on the calling thread
+  } else {
+    at::parallel_for(0, rows * blocks, 256, run);
+  }
 }
 
 // What each block's integer sum needs taken away: 8 sq (Q4_0's k - 8), 128 sq (Q8_0's k + 128 on the unsigned
@@ -273,8 +301,11 @@ VTileFn v_tile_for(int64_t path, int64_t& rows_per_tile) {
 
 // y [rows, out] = the integer-activation linear of x [rows, in] on V-layout weights.
 inline void v_linear(const Args& a, int64_t qtype, int64_t path) {
-  QuantX xq;
-  quantize_rows(a.x, a.rows, a.in, xq);
+  // The calling thread's buffers, reused. The tiles on other threads read them through this reference (a
+  // thread_local named inside the lambda would be each worker's own, empty, instance).
+  static thread_local QuantX buffers;
+  QuantX& xq = buffers;
+  quantize_rows(a.x, a.rows, a.in, xq, path);
   int64_t per_tile = 16;
   VTileFn tile = qtype == Q4_0V ? v_tile_for<Q4_0V>(path, per_tile)
                : qtype == Q4_1V ? v_tile_for<Q4_1V>(path, per_tile)

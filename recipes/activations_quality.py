@@ -1,0 +1,70 @@
+"""Integer activations' quality: the embedded target's teacher-forced negative log-likelihood with `--activations q8`
+against `fp32` (the fp32 conversion's values), on held-apart text: the docstrings of Python standard-library
+modules (English technical prose, nothing of the Spec-Bench prompts), cut into chunks of --tokens tokens. Also the
+share of positions where the two models' greedy choice agrees. Usage:
+  PYTHONPATH=src python recipes/activations_quality.py --chunks 24 --tokens 256
+"""
+
+import argparse
+import importlib
+import json
+import math
+
+import torch
+
+from verispec.runtime.model.loading import DEFAULT_TARGET, load_tokenizer
+from verispec.runtime.model.target import load_target
+from verispec.config import RunnerOptions
+from verispec.runtime.runners.select import make_runner
+
+MODULES = ["argparse", "collections", "json", "textwrap", "pathlib", "logging", "unittest", "datetime", "csv",
+           "functools", "itertools", "subprocess", "threading", "heapq", "decimal", "fractions", "statistics",
+           "email", "http.client", "zipfile", "tarfile", "sqlite3", "random", "string"]
+
+
+def held_apart_text() -> str:
+    parts = []
+    for name in MODULES:
+        module = importlib.import_module(name)
+        parts += [module.__doc__ or ""] + [getattr(module, attr).__doc__ or "" for attr in sorted(dir(module))
+                                           if not attr.startswith("_") and callable(getattr(module, attr))]
+    return "\n\n".join(p.strip() for p in parts if p and len(p.strip()) > 80)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chunks", type=int, default=24)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    tokenizer = load_tokenizer(DEFAULT_TARGET)
+    ids = tokenizer(held_apart_text())["input_ids"]
+    chunks = [ids[i : i + args.tokens] for i in range(0, args.chunks * args.tokens, args.tokens)]
+    assert len(chunks[-1]) == args.tokens, "not enough text for that many chunks"
+    results, choices = {}, {}
+    for activations in ("fp32", "q8"):
+        model = load_target(DEFAULT_TARGET, "gguf", activations=activations)
+        runner = make_runner(model, args.tokens + 8, 1, RunnerOptions(backend="native", compile=False))
+        total, count, picks = 0.0, 0, []
+        for chunk in chunks:
+            runner.reset(0)
+            tokens = torch.tensor([chunk])
+            with torch.inference_mode():
+                logits = runner.forward(tokens).logits[0].double()  # [n, vocab]
+            logp = torch.log_softmax(logits[:-1], dim=-1)
+            total -= logp.gather(1, tokens[0, 1:].unsqueeze(1)).sum().item()
+            count += len(chunk) - 1
+            picks.append(logits[:-1].argmax(-1))
+        results[activations] = total / count
+        choices[activations] = torch.cat(picks)
+    agree = (choices["q8"] == choices["fp32"]).float().mean().item()
+    out = {"tokens_scored": count, "nll_fp32": round(results["fp32"], 5), "nll_q8": round(results["q8"], 5),
+           "nll_q8_over_fp32": round(results["q8"] / results["fp32"], 5),
+           "ppl_fp32": round(math.exp(results["fp32"]), 3), "ppl_q8": round(math.exp(results["q8"]), 3),
+           "greedy_choice_agreement": round(agree, 4)}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""What width costs on the embedded target's GGUF blocks, `--activations fp32` against `q8`, side by side in one
+process (the two models' forwards by turns, so a busy machine slows both alike): a prefill of N tokens, and forwards
+of ROWS x WIDTH fed tokens on 64 kept entries per row (1x1: a decode step; 1x5: verifying 4 draft tokens; 16x1: a
+batch-16 decode step). Prints ms per forward (best of --repeats) and each width's cost relative to its own one-row
+step. The C++ layer loop runs as in the engine.
+    PYTHONPATH=src python recipes/activations_step_bench.py [--threads 2] [--prefill 128,512]
+        [--steps 1x1,1x3,1x5,1x9,16x1,16x5] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from verispec.bench.machine import describe_machine, machine_line
+from verispec.config import RunnerOptions
+from verispec.runtime.model.loading import DEFAULT_TARGET
+from verispec.runtime.model.target import load_target
+from verispec.runtime.runners.select import make_runner
+
+CONTEXT = 64
+
+
+def prefill(runner, n: int) -> float:
+    runner.reset()
+    prompt = torch.arange(n).remainder(1000).add(100).view(1, n)  # [1, n]
+    start = time.perf_counter()
+    runner.forward(prompt, last_only=True)
+    return time.perf_counter() - start
+
+
+def step(runner, rows: int, width: int, calls: int = 4) -> float:
+    fed = torch.arange(rows * width).remainder(900).add(200).view(rows, width)  # [rows, width]
+    start = time.perf_counter()
+    for _ in range(calls):
+        runner.forward(fed)
+        for slot in range(rows):
+            runner.truncate(CONTEXT, slot)
+    return (time.perf_counter() - start) / calls
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prefill", default="128,512")
+    ap.add_argument("--steps", default="1x1,1x3,1x5,1x9,16x1,16x5")
+    ap.add_argument("--repeats", type=int, default=7)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
+    slots = max(r for r, _ in steps)
+    runners = {}
+    for activations in ("fp32", "q8"):
+        model = load_target(DEFAULT_TARGET, "gguf", activations=activations)
+        runners[activations] = make_runner(model, 2048, slots, RunnerOptions(backend="native", compile=False))
+    print(machine_line(describe_machine("cpu")) + f"; threads {args.threads}")
+    for runner in runners.values():  # every slot holds CONTEXT entries
+        runner.reset()
+        for slot in range(slots):
+            runner.forward(torch.arange(CONTEXT).add(300 + slot).view(1, CONTEXT), start_slot=slot, last_only=True)
+    best = {}
+
+    def measure(label, run):
+        for _ in range(args.repeats):
+            for name, runner in runners.items():
+                best[(label, name)] = min(best.get((label, name), float("inf")), run(runner))
+
+    for rows, width in steps:
+        measure(f"{rows}x{width}", lambda r, rows=rows, width=width: step(r, rows, width))
+    for n in [int(v) for v in args.prefill.split(",") if v]:
+        measure(f"prefill {n}", lambda r, n=n: prefill(r, n))
+    print("| forward | fp32 ms | q8 ms | q8 speed-up | fp32 x its 1x1 | q8 x its 1x1 |")
+    print("|---|---|---|---|---|---|")
+    one = {name: best[("1x1", name)] for name in runners}
+    for label in dict.fromkeys(key[0] for key in best):
+        f, q = best[(label, "fp32")], best[(label, "q8")]
+        rel = "" if label.startswith("prefill") else f"| {f / one['fp32']:.2f} | {q / one['q8']:.2f} "
+        extra = (f"| {int(label.split()[1]) / f:.0f} tok/s | {int(label.split()[1]) / q:.0f} tok/s "
+                 if label.startswith("prefill") else "")
+        print(f"| {label} | {f * 1e3:.2f} | {q * 1e3:.2f} | {f / q:.2f}x {rel}{extra}|")
+
+
+if __name__ == "__main__":
+    main()
