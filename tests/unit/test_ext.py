@@ -75,15 +75,15 @@ def test_the_key_changes_with_every_included_file(tmp_path):
     assert len(keys) == 4
 
 
-def test_a_kernel_without_local_includes_keeps_its_key(tmp_path):
-    """Counting includes does not move the key of a single-file kernel (the caches already built stay valid)."""
+def test_the_key_of_a_kernel_without_local_includes(tmp_path):
+    """A single-file kernel's key: its text, torch's version and installation, the CPU flags and the cflags."""
     import hashlib
 
     import torch
 
     source = tmp_path / "one.cpp"
     source.write_text('#include <torch/extension.h>\n#include "not_here.h"\nint f();\n')
-    text = source.read_text() + torch.__version__ + ext.cpu_flags_line() + " ".join(ext.CFLAGS)
+    text = source.read_text() + torch.__version__ + ext.installation() + ext.cpu_flags_line() + " ".join(ext.CFLAGS)
     assert ext.local_includes(source) == []
     assert ext.cache_key(source, ext.CFLAGS) == hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -149,3 +149,14 @@ def test_build_all_raises_on_a_failed_build_where_required(tmp_path, monkeypatch
     monkeypatch.setenv(ext.REQUIRE_ENV, "1")
     with pytest.raises(ext.KernelBuildError, match="kernels not built: quant "):
         ext.build_all()
+
+
+def test_two_environments_get_two_builds(monkeypatch, tmp_path):
+    """Another virtualenv (another torch folder or interpreter prefix) keys another build folder: the two never
+    rebuild each other's kernel."""
+    source = tmp_path / "one.cpp"
+    source.write_text("int f();\n")
+    key = ext.cache_key(source, ext.CFLAGS)
+    monkeypatch.setattr(ext.sys, "prefix", str(tmp_path / "other-venv"))
+    assert ext.cache_key(source, ext.CFLAGS) != key
+

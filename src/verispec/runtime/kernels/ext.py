@@ -111,11 +111,18 @@ def local_includes(source: Path) -> list[Path]:
 
 
 def cache_key(source: Path, flags: list[str]) -> str:
-    """The build's key: a hash of the source and every local file it includes (name and text), torch's version,
-    the CPU flags and the cflags. A source that includes no local file keeps the key it had before includes counted."""
+    """The build's key: a hash of the source and every local file it includes (name and text), torch's version and
+    installation (its folder and the interpreter's prefix: torch's build file names the include paths of the
+    environment, so two virtualenvs sharing one folder rebuilt each other's kernel on every switch, a minute each),
+    the CPU flags and the cflags."""
     files = "".join(f"\0{relative}\0{(source.parent / relative).read_text()}" for relative in local_includes(source))
-    text = source.read_text() + files + torch.__version__ + cpu_flags_line() + " ".join(flags)
+    text = (source.read_text() + files + torch.__version__ + installation() + cpu_flags_line() + " ".join(flags))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def installation() -> str:
+    """Where this environment's torch and interpreter live (part of a build's key: `cache_key`)."""
+    return f"\0{Path(torch.__file__).resolve().parent}\0{Path(sys.prefix).resolve()}"
 
 
 def _folder(name: str, source: Path, flags: list[str]) -> tuple[Path, str]:
