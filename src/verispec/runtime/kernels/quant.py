@@ -97,7 +97,7 @@ class QuantWeight:
     def repacked(cls, qtype: str, packed: torch.Tensor, out: int, in_features: int) -> QuantWeight:
         """A Q4_0 / Q4_1 weight of `out` channels from blocks already in `pack_q4`'s layout."""
         weight = cls.__new__(cls)
-        weight.qtype, weight.scales, weight._scales_arg = qtype, None, _or_empty(None)
+        weight.qtype, weight.scales, weight._scales_arg, weight.activations = qtype, None, _or_empty(None), "fp32"
         weight.shape = torch.Size((out, in_features))
         weight.packed, weight.kernel_id = packed, REPACKED[qtype]
         return weight
@@ -168,15 +168,15 @@ def cat(weights: list[QuantWeight]) -> QuantWeight:
     weights whose sizes are whole groups stack as they are (`pack_q4` keeps each group of 4 channels in one row:
     the same bytes as repacking the stack); others are stacked as the file's blocks and repacked."""
     first = weights[0]
-    if any(w.qtype != first.qtype or w.shape[1] != first.shape[1] for w in weights):
-        raise ValueError("only quantized weights of one type and input size fuse")
+    if any(w.qtype != first.qtype or w.shape[1] != first.shape[1] or w.activations != first.activations
+           for w in weights):
+        raise ValueError("only quantized weights of one type, input size and activations fuse")
     if first.kernel_id in REPACKED.values() and all(w.kernel_id == first.kernel_id and w.shape[0] % GROUP == 0
                                                     for w in weights):
         return QuantWeight.repacked(first.qtype, torch.cat([w.packed for w in weights]),
                                     sum(w.shape[0] for w in weights), first.shape[1])
     scales = None if first.scales is None else torch.cat([w.scales for w in weights])
-    return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales,
-                       getattr(first, "activations", "fp32"))
+    return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales, first.activations)
 
 
 def pack_q4(data: torch.Tensor, qtype: str) -> torch.Tensor:

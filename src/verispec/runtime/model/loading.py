@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -83,6 +81,8 @@ def convert_gguf_model(model, tokenizer, folder: Path) -> Path:
     """
     from transformers import AutoModelForCausalLM
 
+    from .tokenizer_cache import write_folder
+
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -93,21 +93,12 @@ def convert_gguf_model(model, tokenizer, folder: Path) -> Path:
     plain.tie_weights()
     plain.generation_config = model.generation_config
 
-    folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
-    try:
+    def write(tmp: Path) -> None:
         plain.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(folder)
-        except OSError:
-            # Another process converted it first; keep theirs.
-            if not (folder / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    folder = Path(folder)
+    write_folder(folder, write, "config.json")  # another process's complete conversion is kept
     return folder
 
 

@@ -151,7 +151,7 @@ def load_target(name_or_path: str | os.PathLike, weights: str = "fp32", quantiza
     modeling; a `NativeCausalLM` that only the native runner runs), where its architecture allows; otherwise the
     float model (`load_model`) on the weights `quantize_target` gives it. The same values either way. activations:
     what GGUF blocks compute with ('fp32' or 'q8': `resolve_activations`). -> model."""
-    activations, _ = resolve_activations(activations, weights) if weights == "gguf" else ("fp32", "")
+    activations, _ = resolve_activations(activations, weights)
     dtype, _ = resolve_target_dtype(dtype, device, name_or_path, weights, quantization)
     if weights == "gguf" and quantization == "none" and torch.device(device).type == "cpu":
         from .llama import UnsupportedModel

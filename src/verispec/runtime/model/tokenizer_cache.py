@@ -89,17 +89,23 @@ def saved_alike(folder: Path, tokenizer) -> bool:
     return True
 
 
-def _save(tokenizer, folder: Path) -> None:
-    """Write the tokenizer to a temporary sibling of `folder` and rename it into place, so a crash or a concurrent
-    process never leaves half a cache (the first complete one stays)."""
+def write_folder(folder: Path, write, complete: str) -> None:
+    """`write(tmp)` fills a temporary sibling of `folder`, which is then renamed into place, so a crash or a
+    concurrent process never leaves half a cache folder: where another process got there first (its `complete` file
+    is there), the first complete one stays. Used for the tokenizer cache and the fp32 conversion (loading.py)."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
     try:
-        tokenizer.save_pretrained(tmp)
+        write(tmp)
         try:
             tmp.rename(folder)
         except OSError:
-            if not (folder / "tokenizer.json").is_file():
+            if not (folder / complete).is_file():
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _save(tokenizer, folder: Path) -> None:
+    write_folder(folder, tokenizer.save_pretrained, "tokenizer.json")

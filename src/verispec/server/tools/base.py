@@ -27,8 +27,10 @@ class ToolFormat:
     in_template: bool = False  # the chat template renders the tools (passed as apply_chat_template's tools=)
 
     def prompt(self, messages: list[dict], request: ToolRequest | None) -> tuple[list[dict], list[dict] | None]:
-        """-> (messages for the chat template, the template's `tools` or None)."""
-        raise NotImplementedError
+        """-> (messages for the chat template, the template's `tools` or None). By default the template renders
+        the tools itself (`in_template` formats); a format that writes them into the prompt overrides this."""
+        tools = [t.as_openai() for t in request.tools] if request is not None and request.calls else None
+        return hf_messages(messages), tools
 
     def grammar(self, request: ToolRequest) -> str:
         return tool_grammar(request, self.syntax, self.json_style, self.single_call)

@@ -10,8 +10,7 @@ Arguments are written as Python's json.dumps writes them (", " and ": "), as the
 
 from __future__ import annotations
 
-from .base import ToolFormat, hf_messages
-from .spec import ToolRequest
+from .base import ToolFormat
 from .syntax import CallSyntax
 
 SYNTAX = CallSyntax(trigger="<tool_call>", open="<tool_call>\n", call_open='{"name": "', args_open='", "arguments": ',
@@ -28,6 +27,3 @@ class HermesFormat(ToolFormat):
     def matches(template: str, rendered: str) -> bool:
         return "<tool_call>" in template or "<tool_call>" in rendered
 
-    def prompt(self, messages: list[dict], request: ToolRequest | None) -> tuple[list[dict], list[dict] | None]:
-        tools = [t.as_openai() for t in request.tools] if request is not None and request.calls else None
-        return hf_messages(messages), tools

@@ -9,8 +9,7 @@ the templates make of `tool` messages. The built-in tools (`<|python_tag|>`, bra
 
 from __future__ import annotations
 
-from .base import ToolFormat, hf_messages
-from .spec import ToolRequest
+from .base import ToolFormat
 from .syntax import CallSyntax
 
 SYNTAX = CallSyntax(trigger="{", open="", call_open='{"name": "', args_open='", "parameters": ', call_close="}",
@@ -28,6 +27,3 @@ class Llama3Format(ToolFormat):
     def matches(template: str, rendered: str) -> bool:
         return "<|start_header_id|>" in rendered and '"parameters"' in rendered
 
-    def prompt(self, messages: list[dict], request: ToolRequest | None) -> tuple[list[dict], list[dict] | None]:
-        tools = [t.as_openai() for t in request.tools] if request is not None and request.calls else None
-        return hf_messages(messages), tools
