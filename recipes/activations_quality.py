@@ -1,5 +1,5 @@
-"""Integer activations' quality: the embedded target's teacher-forced negative log-likelihood with `--activations q8`
-against `fp32` (the fp32 conversion's values), on held-apart text: the docstrings of Python standard-library
+"""Integer activations' and a 16-bit KV cache's quality: the embedded target's teacher-forced negative log-likelihood
+with `--activations q8` (and `--kv-cache-dtype float16`) against `fp32` (the fp32 conversion's values), on held-apart text: the docstrings of Python standard-library
 modules (English technical prose, nothing of the Spec-Bench prompts), cut into chunks of --tokens tokens. Also the
 share of positions where the two models' greedy choice agrees. Usage:
   PYTHONPATH=src python recipes/activations_quality.py --chunks 24 --tokens 256
@@ -36,6 +36,8 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--configs", default="fp32:float32,q8:float32,q8:float16",
+                        help="activations:kv-cache-dtype pairs, the first the reference")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer = load_tokenizer(DEFAULT_TARGET)
@@ -43,9 +45,11 @@ def main() -> None:
     chunks = [ids[i : i + args.tokens] for i in range(0, args.chunks * args.tokens, args.tokens)]
     assert len(chunks[-1]) == args.tokens, "not enough text for that many chunks"
     results, choices = {}, {}
-    for activations in ("fp32", "q8"):
+    configs = [tuple(c.split(":")) for c in args.configs.split(",")]
+    for activations, kv_cache in configs:
         model = load_target(DEFAULT_TARGET, "gguf", activations=activations)
-        runner = make_runner(model, args.tokens + 8, 1, RunnerOptions(backend="native", compile=False))
+        options = RunnerOptions(backend="native", compile=False, kv_cache_dtype=kv_cache)
+        runner = make_runner(model, args.tokens + 8, 1, options)
         total, count, picks = 0.0, 0, []
         for chunk in chunks:
             runner.reset(0)
@@ -56,13 +60,14 @@ def main() -> None:
             total -= logp.gather(1, tokens[0, 1:].unsqueeze(1)).sum().item()
             count += len(chunk) - 1
             picks.append(logits[:-1].argmax(-1))
-        results[activations] = total / count
-        choices[activations] = torch.cat(picks)
-    agree = (choices["q8"] == choices["fp32"]).float().mean().item()
-    out = {"tokens_scored": count, "nll_fp32": round(results["fp32"], 5), "nll_q8": round(results["q8"], 5),
-           "nll_q8_over_fp32": round(results["q8"] / results["fp32"], 5),
-           "ppl_fp32": round(math.exp(results["fp32"]), 3), "ppl_q8": round(math.exp(results["q8"]), 3),
-           "greedy_choice_agreement": round(agree, 4)}
+        name = f"{activations}/{kv_cache}"
+        results[name] = total / count
+        choices[name] = torch.cat(picks)
+    first = next(iter(results))
+    out = {"tokens_scored": count, "reference": first}
+    for name, nll in results.items():
+        out[name] = {"nll": round(nll, 5), "ppl": round(math.exp(nll), 3), "nll_over_reference": round(nll / results[first], 5),
+                     "greedy_choice_agreement": round((choices[name] == choices[first]).float().mean().item(), 4)}
     print(json.dumps(out, indent=1))
 
 

@@ -1,10 +1,10 @@
-"""What width costs on the embedded target's GGUF blocks, `--activations fp32` against `q8`, side by side in one
-process (the two models' forwards by turns, so a busy machine slows both alike): a prefill of N tokens, and forwards
+"""What width costs on the embedded target's GGUF blocks, `--activations fp32` against `q8` (and the KV cache's dtype:
+`--configs activations:kv,...`), side by side in one process (the two models' forwards by turns, so a busy machine slows both alike): a prefill of N tokens, and forwards
 of ROWS x WIDTH fed tokens on 64 kept entries per row (1x1: a decode step; 1x5: verifying 4 draft tokens; 16x1: a
 batch-16 decode step). Prints ms per forward (best of --repeats) and each width's cost relative to its own one-row
 step. The C++ layer loop runs as in the engine.
     PYTHONPATH=src python recipes/activations_step_bench.py [--threads 2] [--prefill 128,512]
-        [--steps 1x1,1x3,1x5,1x9,16x1,16x5] [--repeats 7]
+        [--steps 1x1,1x3,1x5,1x9,16x1,16x5] [--repeats 7] [--configs fp32:float32,q8:float32,q8:float16]
 """
 
 from __future__ import annotations
@@ -47,14 +47,18 @@ def main() -> None:
     ap.add_argument("--prefill", default="128,512")
     ap.add_argument("--steps", default="1x1,1x3,1x5,1x9,16x1,16x5")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--configs", default="fp32:float32,q8:float32,q8:float16",
+                    help="activations:kv-cache-dtype pairs, side by side; speed-ups against the first")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
     slots = max(r for r, _ in steps)
     runners = {}
-    for activations in ("fp32", "q8"):
+    for config in args.configs.split(","):
+        activations, kv_cache = config.split(":")
         model = load_target(DEFAULT_TARGET, "gguf", activations=activations)
-        runners[activations] = make_runner(model, 2048, slots, RunnerOptions(backend="native", compile=False))
+        runners[f"{activations}/{kv_cache}"] = make_runner(
+            model, 2048, slots, RunnerOptions(backend="native", compile=False, kv_cache_dtype=kv_cache))
     print(machine_line(describe_machine("cpu")) + f"; threads {args.threads}")
     for runner in runners.values():  # every slot holds CONTEXT entries
         runner.reset()
@@ -71,15 +75,20 @@ def main() -> None:
         measure(f"{rows}x{width}", lambda r, rows=rows, width=width: step(r, rows, width))
     for n in [int(v) for v in args.prefill.split(",") if v]:
         measure(f"prefill {n}", lambda r, n=n: prefill(r, n))
-    print("| forward | fp32 ms | q8 ms | q8 speed-up | fp32 x its 1x1 | q8 x its 1x1 |")
-    print("|---|---|---|---|---|---|")
-    one = {name: best[("1x1", name)] for name in runners}
+    names = list(runners)
+    print("| forward | " + " | ".join(f"{n} ms" for n in names) + " | " + " | ".join(f"{n} x its 1x1 or tok/s"
+                                                                              for n in names) + " | speed-up of the last |")
+    print("|---" * (2 * len(names) + 2) + "|")
+    one = {name: best[("1x1", name)] for name in names}
     for label in dict.fromkeys(key[0] for key in best):
-        f, q = best[(label, "fp32")], best[(label, "q8")]
-        rel = "" if label.startswith("prefill") else f"| {f / one['fp32']:.2f} | {q / one['q8']:.2f} "
-        extra = (f"| {int(label.split()[1]) / f:.0f} tok/s | {int(label.split()[1]) / q:.0f} tok/s "
-                 if label.startswith("prefill") else "")
-        print(f"| {label} | {f * 1e3:.2f} | {q * 1e3:.2f} | {f / q:.2f}x {rel}{extra}|")
+        times = [best[(label, n)] for n in names]
+        if label.startswith("prefill"):
+            tokens = int(label.split()[1])
+            rel = [f"{tokens / t:.0f} tok/s" for t in times]
+        else:
+            rel = [f"{t / one[n]:.2f}" for t, n in zip(times, names)]
+        print(f"| {label} | " + " | ".join(f"{t * 1e3:.2f}" for t in times) + " | " + " | ".join(rel)
+              + f" | {times[0] / times[-1]:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ With `--loops python,cpp` the layers' C++ loop (`runtime/kernels/layer_loop.py`)
 a step is the part "layer loop" (every layer's linears and small ops), the LM head stays under "linears".
 
     PYTHONPATH=src python recipes/step_breakdown.py [--dtype bfloat16] [--context 160] [--steps 16] [--repeats 3]
-        [--loops python,cpp] [--weights gguf]   (the embedded GGUF's own Q4_1 / Q8_0 blocks, `--weights auto`'s default; --dtype ignored)
+        [--loops python,cpp] [--weights gguf] [--widths 1,5] [--kv-cache-dtype float16]   (the embedded GGUF's own Q4_1 / Q8_0 blocks, `--weights auto`'s default; --dtype ignored)
 """
 
 from __future__ import annotations
@@ -44,11 +44,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--rows", default="1,16")
+    parser.add_argument("--widths", default="1", help="tokens fed a row a step (a verify pass, rolled back), e.g. 1,5")
     parser.add_argument("--context", type=int, default=160, help="tokens fed before the timed steps")
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loops", default="python", help="the layers' loop: python, cpp, or python,cpp")
     parser.add_argument("--weights", default="fp32", help="fp32 (the conversion, in --dtype) or gguf (its blocks)")
+    parser.add_argument("--kv-cache-dtype", default="float32", help="the KV cache's entries: float32, float16, auto")
+    parser.add_argument("--activations", default="q8", help="with --weights gguf: q8 (integer, the default) or fp32")
     args = parser.parse_args()
     torch.set_num_threads(1)
     timed(llama, "linear", "linears")
@@ -58,28 +61,33 @@ def main() -> None:
     gguf = args.weights == "gguf"
     hf = load_model(DEFAULT_TARGET, dtype=torch.float32 if gguf else getattr(torch, args.dtype))
     if gguf:
-        quantize_target(hf, DEFAULT_TARGET, weights="gguf")
-    runners = {rows: NativeRunner.from_hf(hf, 2048, rows, batch_invariant=True) for rows in map(int, args.rows.split(","))}
-    configs = [(rows, loop) for rows in runners for loop in args.loops.split(",")]
+        quantize_target(hf, DEFAULT_TARGET, weights="gguf", activations=args.activations)
+    runners = {rows: NativeRunner.from_hf(hf, 2048, rows, batch_invariant=True, kv_cache_dtype=args.kv_cache_dtype)
+               for rows in map(int, args.rows.split(","))}
+    configs = [(rows, width, loop) for rows in runners for width in map(int, args.widths.split(","))
+               for loop in args.loops.split(",")]
     best: dict[tuple[int, str], tuple[float, dict, dict]] = {}
     context = torch.randint(100, 40000, (max(runners), args.context), generator=torch.Generator().manual_seed(0))
     for _ in range(args.repeats):
-        for rows, loop in configs:
+        for rows, width, loop in configs:
             layer_loop.ENABLED = loop == "cpp"
             runner = runners[rows]
             runner.reset()
             token = runner.forward(context[:rows], last_only=True).logits[:, -1].max(-1, keepdim=True).indices
             SPENT.clear(), CALLS.clear()
             start = time.thread_time()
-            for _ in range(args.steps):
-                token = runner.forward(token).logits[:, -1].max(-1, keepdim=True).indices  # [rows, 1]
+            for _ in range(args.steps):  # a verify pass of `width` tokens a row, rolled back to its first
+                logits = runner.forward(token.repeat(1, width)).logits  # [rows, width, vocab]
+                for slot in range(rows):
+                    runner.truncate(runner.lengths[slot] - (width - 1), slot)
+                token = logits[:, 0].max(-1, keepdim=True).indices  # [rows, 1]
             step = (time.thread_time() - start) / args.steps
-            if (rows, loop) not in best or step < best[rows, loop][0]:
-                best[rows, loop] = (step, {k: v / args.steps for k, v in SPENT.items()}, dict(CALLS))
+            if (rows, width, loop) not in best or step < best[rows, width, loop][0]:
+                best[rows, width, loop] = (step, {k: v / args.steps for k, v in SPENT.items()}, dict(CALLS))
     parts = sorted({part for _, spent, _ in best.values() for part in spent},
                    key=lambda k: -max(spent.get(k, 0.0) for _, spent, _ in best.values()))
     print(f"{'gguf' if gguf else args.dtype}, one thread, thread CPU ms per decode step after {args.context} tokens (calls a step)")
-    print(f"{'':14}" + "".join(f"{f'{rows} row(s), {loop}':>22}" for rows, loop in best))
+    print(f"{'':14}" + "".join(f"{f'{rows}x{width}, {loop}':>22}" for rows, width, loop in best))
     for part in parts + ["rest", "step"]:
         cells = []
         for step, spent, calls in best.values():

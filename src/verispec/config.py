@@ -178,6 +178,7 @@ class SpeculativeConfig:
 
 
 RUNNER_BACKENDS = ("auto", "native", "hf")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -194,6 +195,14 @@ class RunnerOptions:
     one-token step's; docs/speculation.md, "Bit for bit"). None (default): on where verispec's C++ kernels are
     built (free there: their tiled attention runs long chunks as fast as torch's SDPA), off elsewhere (torch's
     invariant ops cost speed). False: long prefill chunks through SDPA (not invariant). The HF runner ignores it."""
+    kv_cache_dtype: str = "auto"
+    """Native runner: the KV cache's entries. "float16" / "bfloat16" halve the bytes attention reads each step
+    (each entry rounded once, to nearest even: a row's bits still never depend on the others); "float32" /
+    the model's dtype keep them as computed. "auto": float16 where GGUF blocks compute with integer activations
+    (--activations q8) on the CPU kernels, the model's dtype elsewhere (runners/dtype.py::resolve_kv_cache_dtype
+    says why). The HF runner ignores it."""
 
     def __post_init__(self) -> None:
         _check(self.backend in RUNNER_BACKENDS, f"runner backend must be one of {', '.join(RUNNER_BACKENDS)}, got {self.backend!r}")
+        _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
+               f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")

@@ -56,6 +56,12 @@ class GenerationStats:
             self.accepted_by_position[position] += position < accepted
 
     @property
+    def rounds_by_k(self) -> list[int]:
+        """[K]: rounds that drafted exactly K tokens (a tree: its depth; K = 0: a plain step of adaptive K)."""
+        proposed = [self.rounds, *self.proposed_by_position, 0]
+        return [proposed[k] - proposed[k + 1] for k in range(len(proposed) - 1)]
+
+    @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
 
@@ -100,6 +106,7 @@ class GenerationStats:
             acceptance_rate=round(self.acceptance_rate, 4),
             mean_accepted_length=round(self.mean_accepted_length, 4),
             acceptance_by_position=[round(x, 4) for x in self.acceptance_by_position],
+            rounds_by_k=self.rounds_by_k,
             tokens_per_s=round(self.tokens_per_s, 2),
         )
         for name in ("draft_s", "verify_s", "prefill_s", "wall_s"):

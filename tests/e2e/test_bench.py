@@ -143,11 +143,18 @@ def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
         assert row["predicted_speedup"] > 0 and row["efficiency"] > 0
         assert {"draft_s", "verify_s", "prefill_s", "draft_share", "verify_share"} <= set(row)
     assert overall["hf-assisted-k3"]["equal_to_hf_target"] is not None
-    assert set(run["cost_probes"]["overall"]["verify_ms"]) == {"1", "2", "3", "4"}
+    probe = run["cost_probes"]["overall"]
+    assert set(probe["verify_ms"]) == {"1", "2", "3", "4"}
+    # the probe times the engine's own runner at a round's context: the prompt and half the new tokens
+    assert probe["runner"] == run["runner"]["backend"] and probe["context_tokens"] == probe["prompt_tokens"] + 6
+    for k in (1, 3):  # a fixed K drafts K tokens every round (the n-gram stage may find nothing: K=0 there)
+        counts = overall[f"verispec-k{k}"]["rounds_by_k"]
+        assert sum(counts) == overall[f"verispec-k{k}"]["rounds"] and len(counts) == k + 1
     assert len(run["prompts"]) == 3 * len(names)
     markdown = (out / "report.md").read_text()
     assert f"## {AUTO}" in markdown and "### Speedup by category" in markdown and "verispec-k3" in markdown
     assert "GB/s measured" in markdown and "x the floor" in markdown
+    assert "### Draft length by round" in markdown and "verify w=4 ms" in markdown
     for plot in (f"speedup_vs_k_{AUTO}.png", f"acceptance_by_position_{AUTO}.png", f"tokens_per_s_{AUTO}.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
         assert plot in run["plots"]

@@ -54,6 +54,18 @@ def test_json_says_which_dtype_auto_chose_and_why(capsys, model_dirs):
     assert runner["dtype"] == "bfloat16" and runner["dtype_reason"] == "bfloat16: asked for"
 
 
+def test_json_says_which_kv_cache_dtype_ran(capsys, model_dirs):
+    """--kv-cache-dtype reaches the runner and --json; float weights keep the model's dtype under 'auto'."""
+    common = ["--model", model_dirs["target"], "--prompt", "hi", "--max-new-tokens", 2, "--json", "--draft-model",
+              "none", "--dtype", "float32"]
+    code, out, _ = run_cli(capsys, *common)
+    runner = json.loads(out)["runner"]
+    assert code == 0 and runner["kv_cache_dtype"] == "float32" and "model's dtype" in runner["kv_cache_dtype_reason"]
+    code, out, _ = run_cli(capsys, *common, "--kv-cache-dtype", "float16")
+    runner = json.loads(out)["runner"]
+    assert code == 0 and runner["kv_cache_dtype"] == "float16" and runner["kv_cache_dtype_reason"] == "float16: asked for"
+
+
 def test_streams_text_then_stats(capsys, model_dirs):
     code, out, err = run_cli(capsys, "--model", model_dirs["target"], "--draft-model", model_dirs["draft"],
                              "--prompt", "hello", "--chat", "--max-new-tokens", 12, "--temperature", 0.8, "--seed", 3)
@@ -71,6 +83,7 @@ BAD_INPUT = [
     (["--tree-nodes", "99"], "tree_nodes"),
     (["--draft-model", "ngram+head:/no/such/head"], "holds no draft head"),
     (["--draft-model", "self:int3"], "unknown twin format 'int3'; choose from self:int8"),
+    (["--kv-cache-dtype", "int8"], "--kv-cache-dtype"),
 ]
 
 

@@ -249,3 +249,53 @@ def test_a_build_without_avx512_gives_the_same_bits():
                 keys, values = cache(2, Hk, 128, d, dtype, gen)
                 want = fused.kernel().attention(q, keys, values, mask, fused.PATHS["tiled"])
                 assert torch.equal(avx2.attention(q, keys, values, mask, fused.PATHS["tiled"]), want), (dtype, d, n)
+                half_keys, half_values = keys.half(), values.half()  # a 16-bit cache (--kv-cache-dtype float16)
+                want = fused.kernel().attention(q, half_keys, half_values, mask, fused.PATHS["tiled"])
+                assert torch.equal(avx2.attention(q, half_keys, half_values, mask, fused.PATHS["tiled"]), want)
+
+
+# -- a 16-bit KV cache (--kv-cache-dtype): entries rounded once where written, read as their exact fp32 values -------
+
+CACHE_DTYPES = [torch.float16, torch.bfloat16]
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+@pytest.mark.parametrize("d", [32, 40, 64, 128])
+def test_a_16_bit_cache_reads_as_its_exact_values(cache_dtype, d):
+    """fp32 queries on a 16-bit cache: every path gives bitwise what the same call gives on the cache converted to
+    fp32 (the conversion is exact), for one query and long chunks; bf16 queries on it stay near fp64."""
+    gen = torch.Generator().manual_seed(d)
+    b, H, Hk = 2, 6, 2
+    keys, values = cache(b, Hk, 96, d, cache_dtype, gen)
+    for n in (1, 5, 24):
+        mask = attention_mask(torch.tensor([50, 9]), n, 50 + n, torch.float32)
+        q = torch.randn(b, H, n, d, generator=gen)
+        want = fused.kernel().attention(q, keys.float(), values.float(), mask, fused.PATHS["scalar"])
+        for path in paths_built():
+            assert torch.equal(fused.kernel().attention(q, keys, values, mask, path), want), (n, path)
+        bf16 = fused.attention(q.bfloat16(), keys, values, mask.bfloat16())
+        assert bf16.dtype == torch.bfloat16
+        assert (bf16.double() - reference(q.bfloat16(), keys, values, mask)).abs().max() < TOLERANCE[torch.bfloat16]
+    with pytest.raises(RuntimeError, match="keys' dtype"):
+        fused.attention(q, keys, values.float(), mask)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_a_16_bit_cache_holds_each_entry_rounded_once(dtype, cache_dtype):
+    """rotary_write into a 16-bit cache writes, per entry, the value a cache of the activations' dtype holds, rounded
+    to nearest even (torch's .to()); q is unchanged. Negative control: fp32 entries are not the wide values."""
+    gen = torch.Generator().manual_seed(2)
+    b, n, H, Hk, d = 2, 3, 6, 2, 64
+    qkv = torch.randn(b, n, (H + 2 * Hk) * d, generator=gen).to(dtype)
+    cos, sin = torch.randn(2, b, 1, n, d, generator=gen).to(dtype)
+    index = torch.tensor([[0, 1, 2], [7, 4, 5]])
+    wide = [torch.zeros(b, Hk, 8, d, dtype=dtype) for _ in range(2)]
+    narrow = [torch.zeros(b, Hk, 8, d, dtype=cache_dtype) for _ in range(2)]
+    q_wide = fused.rotary_write(qkv, cos, sin, index, *wide, H)
+    q_narrow = fused.rotary_write(qkv, cos, sin, index, *narrow, H)
+    assert torch.equal(q_wide, q_narrow)
+    for w, c in zip(wide, narrow):
+        assert torch.equal(c, w.to(cache_dtype))
+        if dtype == torch.float32:  # (bf16 values fit a half's mantissa: nothing to round)
+            assert not torch.equal(c.to(dtype), w)

@@ -43,21 +43,35 @@ rows_strategy = st.lists(st.tuples(st.integers(1, 150), st.integers(1, 9)), min_
 @given(seed=st.integers(0, 2**16), qwen=st.booleans(), heads=st.sampled_from([(2, 1), (4, 2), (3, 3)]),
        wide_mlp=st.booleans(), rows=rows_strategy, order=st.randoms(use_true_random=False))
 def test_verify_pass_equals_one_token_steps(dtype, seed, qwen, heads, wide_mlp, rows, order):
-    model = random_model(seed, qwen, *heads, wide_mlp, dtype)
+    check_verify_pass_equals_steps(random_model(seed, qwen, *heads, wide_mlp, dtype), seed, rows, order)
+
+
+@pytest.mark.kernel("layer")
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**16), qwen=st.booleans(), heads=st.sampled_from([(2, 1), (4, 2)]), rows=rows_strategy,
+       order=st.randoms(use_true_random=False))
+def test_a_16_bit_cache_keeps_verify_passes_equal_to_steps(seed, qwen, heads, rows, order):
+    """--kv-cache-dtype float16 on fp32 activations: each entry is rounded where it is written, so the verify pass
+    is still bitwise the one-token steps (which use the same cache)."""
+    check_verify_pass_equals_steps(random_model(seed, qwen, *heads, False, torch.float32), seed, rows, order,
+                                   kv_cache_dtype="float16")
+
+
+def check_verify_pass_equals_steps(model, seed, rows, order, kv_cache_dtype="auto"):
     gen = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(0, VOCAB, (1, p), generator=gen) for p, _ in rows]
     n = max(w for _, w in rows)
     fed = torch.randint(0, VOCAB, (len(rows), n), generator=gen)  # [b, n]; row i's tokens past its width: padding
     slots = list(range(len(rows)))
     order.shuffle(slots)  # row i runs in slot slots[i]
-    batch = NativeRunner.from_hf(model, 256, num_slots=len(rows), batch_invariant=True)
+    batch = NativeRunner.from_hf(model, 256, num_slots=len(rows), batch_invariant=True, kv_cache_dtype=kv_cache_dtype)
     for i, prompt in enumerate(prompts):
         batch.forward(prompt, start_slot=slots[i])
     in_slots = torch.empty_like(fed)
     in_slots[slots] = fed
     out = batch.forward(in_slots, want_hidden=True)  # logits [b, n, vocab], hidden [b, n, hidden]
     for i, (prompt, (_, width)) in enumerate(zip(prompts, rows)):
-        alone = NativeRunner.from_hf(model, 256, batch_invariant=True)
+        alone = NativeRunner.from_hf(model, 256, batch_invariant=True, kv_cache_dtype=kv_cache_dtype)
         alone.forward(prompt)
         for t in range(width):
             step = alone.forward(fed[i : i + 1, t : t + 1], want_hidden=True)
@@ -126,4 +140,38 @@ def test_bf16_greedy_batch_and_continuous_batching_equal_alone(bf16_pair, tokeni
         reference = single.generate(prompt, p, use_drafter=False)
         assert result.token_ids == reference.token_ids
         assert result.logprobs == reference.logprobs  # bitwise: the verify pass's values are the step's
+    assert engine.total.accepted_tokens > 0
+
+
+@pytest.mark.kernel("layer")
+def test_greedy_speculation_on_a_16_bit_cache_equals_target_alone(small_pair, tokenizer):
+    """fp32 greedy rows on a float16 KV cache, 12 requests through 8 slots with an n-gram + draft-model cascade: every
+    row's tokens and logprobs are bitwise those of the target alone on the same cache. Negative control: the float16
+    cache took effect (the target alone's logprobs differ from an fp32 cache's)."""
+    from test_batch import prompts
+    from verispec.config import RunnerOptions, SamplingParams, SpeculativeConfig
+    from verispec.drafters.cascade import CascadeDrafter
+    from verispec.drafters.model import ModelDrafter
+    from verispec.drafters.ngram import NgramDrafter
+    from verispec.engine import CACHE_SLACK, SpeculativeEngine
+
+    target, draft = small_pair
+    half = RunnerOptions(backend="native", batch_invariant=True, kv_cache_dtype="float16")
+    cascade = CascadeDrafter([NgramDrafter(min_ngram=2), ModelDrafter(draft, 256 + CACHE_SLACK)])
+    engine = SpeculativeEngine(target, tokenizer, cascade, SpeculativeConfig(num_draft_tokens=4), max_len=256,
+                               max_batch_size=8, runner=half)
+    assert engine.target.kv_dtype == torch.float16
+    batch = prompts(tokenizer, 12)
+    params = [SamplingParams(max_new_tokens=8 + 4 * (i % 4), ignore_eos=True, logprobs=2) for i in range(12)]
+    results = engine.generate_batch(batch, params)
+    single = SpeculativeEngine(target, tokenizer, None, max_len=256, max_batch_size=1, runner=half)
+    wide = SpeculativeEngine(target, tokenizer, None, max_len=256, max_batch_size=1,
+                             runner=RunnerOptions(backend="native", batch_invariant=True, kv_cache_dtype="float32"))
+    differs = False
+    for prompt, p, result in zip(batch, params, results):
+        reference = single.generate(prompt, p, use_drafter=False)
+        assert result.token_ids == reference.token_ids
+        assert result.logprobs == reference.logprobs
+        differs |= wide.generate(prompt, p, use_drafter=False).logprobs != reference.logprobs
+    assert differs
     assert engine.total.accepted_tokens > 0

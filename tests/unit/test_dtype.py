@@ -87,3 +87,23 @@ def test_server_config_auto_on_quantized_weights_is_fp32(weights, quantization):
     assert ServerConfig(model="m", device="cuda").dtype == torch.bfloat16
     config = ServerConfig(model="m", device="cuda", weights=weights, quantization=quantization)
     assert config.dtype == torch.float32 and "quantized" in config.dtype_reason
+
+
+# -- --kv-cache-dtype ----------------------------------------------------------------------------------------------
+
+
+def test_the_kv_cache_dtype_choice():
+    from verispec.config import RunnerOptions
+    from verispec.runtime.runners.dtype import resolve_kv_cache_dtype
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    # auto: float16 only for integer activations on the CPU kernels; the model's dtype elsewhere, with the reason
+    assert resolve_kv_cache_dtype("auto", torch.float32, cpu, integer_activations=True, kernels=True)[0] == torch.float16
+    for args in [(torch.float32, cpu, False, True), (torch.float32, cpu, True, False), (torch.bfloat16, cuda, True, True)]:
+        dtype, why = resolve_kv_cache_dtype("auto", *args[:2], integer_activations=args[2], kernels=args[3])
+        assert dtype == args[0] and "model's dtype" in why
+    assert resolve_kv_cache_dtype("bfloat16", torch.float32, cpu, integer_activations=False) == (torch.bfloat16, "bfloat16: asked for")
+    dtype, why = resolve_kv_cache_dtype("float32", torch.bfloat16, cpu, integer_activations=False)  # nothing to hold wider
+    assert dtype == torch.bfloat16 and "nothing more" in why
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        RunnerOptions(kv_cache_dtype="int8")

@@ -31,6 +31,7 @@ def _speculation(stats: GenerationStats, seconds: float) -> dict:
         "acceptance_rate": round(stats.acceptance_rate, 4),
         "acceptance_by_position": [round(x, 4) for x in stats.acceptance_by_position],
         "alpha_by_position": [round(x, 4) for x in conditional_acceptance(stats.acceptance_by_position)],
+        "rounds_by_k": stats.rounds_by_k,
         "draft_s": round(stats.draft_s, 4),
         "verify_s": round(stats.verify_s, 4),
         "prefill_s": round(stats.prefill_s, 4),

@@ -118,8 +118,9 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
         if dtype == config.dtypes[0]:
             runner["startup_s"] = round(process_seconds(), 2)
         draft_weights = draft_model_weights(models.engine.drafter)
+        kv_cache = f", KV cache {runner['kv_cache_dtype']}" if "kv_cache_dtype" in runner else ""
         log(f"[bench] runner: {runner['backend']}{' compiled' if runner['compiled'] else ''}"
-            f"{', weights pre-packed' if runner.get('packed_weights') else ''}"
+            f"{', weights pre-packed' if runner.get('packed_weights') else ''}{kv_cache}"
             f"{f'; draft model weights: {draft_weights}' if draft_weights else ''}; loaded in {runner['load_s']:.1f} s")
         if settings.batch_sizes:
             section, _ = run_batch_sweep(models, encoded, settings)

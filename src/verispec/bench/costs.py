@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..runtime.runners.hf import HFRunner
 
 
 def conditional_acceptance(accepted_by_position: Sequence[float]) -> list[float]:
@@ -58,36 +57,57 @@ def alphas_for_k(accepted_by_position: Sequence[float], k: int) -> list[float]:
 
 @dataclass
 class CostProbe:
-    """Median seconds of one forward at a prompt-sized KV cache."""
+    """Median seconds of one forward with a round's context in the KV cache (the prompt and `generated` tokens)."""
 
     prompt_tokens: int
     draft_step_s: float
     verify_s: dict[int, float] = field(default_factory=dict)  # width w -> c_verify(w)
+    generated: int = 0  # tokens past the prompt in the KV cache when timed (half the run's new tokens)
+    runner: str = ""  # the target runner's backend the probe timed (the engine's own kind and options)
 
     def to_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "draft_step_ms": round(self.draft_step_s * 1e3, 3),
+        return {"prompt_tokens": self.prompt_tokens, "context_tokens": self.prompt_tokens + self.generated,
+                "runner": self.runner, "draft_step_ms": round(self.draft_step_s * 1e3, 3),
                 "verify_ms": {str(w): round(s * 1e3, 3) for w, s in sorted(self.verify_s.items())}}
 
 
-def _timed_forward(runner: HFRunner, tokens: torch.Tensor, keep: int) -> float:
+def _timed_forward(runner, tokens: torch.Tensor, keep: int, last_only: bool = False) -> float:
     start = time.perf_counter()
-    runner.forward(tokens)  # [1, w] -> logits [1, w, vocab], as a verify pass computes them
+    runner.forward(tokens, last_only=last_only)  # [1, w] -> logits [1, w, vocab], as a verify pass computes them
     seconds = time.perf_counter() - start
     runner.truncate(keep)  # rollback: the probe never grows the cache
     return seconds
 
 
+def model_drafter_of(drafter):
+    """The first stage of `drafter` that drafts with a model of its own (model.py's ModelDrafter), or None."""
+    from ..drafters.model import ModelDrafter
+
+    stages = drafter.stages if drafter is not None else ()
+    return next((stage for stage in stages if isinstance(stage, ModelDrafter)), None)
+
+
 @torch.inference_mode()
-def probe_costs(target, draft, prompt_ids: Sequence[int], max_width: int, repeats: int = 5) -> CostProbe:
-    """Time c_verify(w) for w = 1..max_width on the target and c_draft (one token) on the draft, each with the
-    prompt already in the KV cache. Widths are interleaved within each repeat so machine drift hits all alike."""
-    prompt = torch.as_tensor(list(prompt_ids), dtype=torch.long)  # [n]
-    keep = prompt.numel() - 1
-    filler = prompt[-1:].repeat(max_width).unsqueeze(0)  # [1, max_width]: real token ids; values do not matter
-    target_runner = HFRunner(target, prompt.numel() + max_width + 1)
-    draft_runner = HFRunner(draft, prompt.numel() + 2) if draft is not None else None
+def probe_costs(target, options, drafter, prompt_ids: Sequence[int], max_width: int, repeats: int = 5,
+                generated: int = 0) -> CostProbe:
+    """Time c_verify(w) for w = 1..max_width on a runner of the engine's kind and options (`make_runner(target, ...,
+    options)`: the native runner shares the engine's weights and kernels), and c_draft, one token on the draft
+    model the engine's drafter (a cascade's model stage) runs, each with the context a round has in the KV cache:
+    the prompt and `generated` more tokens. A verify pass of width w is what a round of K = w - 1 pays (logits at
+    every fed position); widths are interleaved within each repeat so machine drift hits all alike. A drafter
+    without a model (n-gram, suffix) costs ~0 per step: c_draft 0."""
+    from ..runtime.runners.select import make_runner
+
+    prompt = list(prompt_ids)
+    context = torch.as_tensor(prompt + prompt[-1:] * generated, dtype=torch.long)  # [n]: filler ids past the prompt
+    keep = context.numel() - 1
+    filler = context[-1:].repeat(max_width).unsqueeze(0)  # [1, max_width]: real token ids; values do not matter
+    target_runner = make_runner(target, context.numel() + max_width + 1, 1, options)
+    stage = model_drafter_of(drafter)
+    draft_runner = (make_runner(stage.model, context.numel() + 2, 1, stage.options or options)
+                    if stage is not None else None)
     for runner in filter(None, (target_runner, draft_runner)):
-        runner.forward(prompt[:-1].unsqueeze(0), last_only=True)
+        runner.forward(context[:-1].unsqueeze(0), last_only=True)
     widths = range(1, max_width + 1)
     for width in widths:  # warm-up, not timed
         _timed_forward(target_runner, filler[:, :width], keep)
@@ -98,9 +118,11 @@ def probe_costs(target, draft, prompt_ids: Sequence[int], max_width: int, repeat
             verify[width].append(_timed_forward(target_runner, filler[:, :width], keep))
         if draft_runner is not None:
             for _ in range(2):
-                draft_times.append(_timed_forward(draft_runner, filler[:, :1], keep))
+                draft_times.append(_timed_forward(draft_runner, filler[:, :1], keep, last_only=True))
     return CostProbe(
-        prompt_tokens=prompt.numel(),
+        prompt_tokens=len(prompt),
         draft_step_s=statistics.median(draft_times) if draft_times else 0.0,
         verify_s={w: statistics.median(times) for w, times in verify.items()},
+        generated=generated,
+        runner=target_runner.backend,
     )

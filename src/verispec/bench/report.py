@@ -81,6 +81,19 @@ def acceptance_table(run: dict) -> list[str]:
     return _table(["method", *[f"pos {i + 1}" for i in range(width)]], rows)
 
 
+def k_table(run: dict) -> list[str]:
+    """The draft length each method's rounds used: the share of rounds by K (adaptive K chooses it per round)."""
+    rows = []
+    width = 0
+    for name, row in run["results"][OVERALL].items():
+        counts = row.get("rounds_by_k")
+        if counts and sum(counts):
+            width = max(width, len(counts))
+            rows.append([name, str(sum(counts)), *[f"{c / sum(counts):.0%}" for c in counts]])
+    rows = [r + ["-"] * (width + 2 - len(r)) for r in rows]
+    return _table(["method", "rounds", *[f"K={k}" for k in range(width)]], rows) if rows else []
+
+
 def memory_table(run: dict) -> list[str]:
     overall = run["results"][OVERALL]
     rows = [[m["name"], _fmt(m["weights_mb"], ".1f"), _fmt(m["kv_cache_mb"], ".1f"),
@@ -94,9 +107,11 @@ def probe_table(run: dict) -> list[str]:
     if not probe:
         return []
     widths = list(probe["verify_ms"])
-    row = [str(probe["prompt_tokens"]), _fmt(probe["draft_step_ms"], ".2f")] + [
-        _fmt(probe["verify_ms"][w], ".2f") for w in widths]
-    return _table(["prompt tokens", "draft step ms", *[f"verify w={w} ms" for w in widths]], [row])
+    context = probe.get("context_tokens", probe["prompt_tokens"])
+    row = [f"{probe['prompt_tokens']} + {context - probe['prompt_tokens']}", probe.get("runner", ""),
+           _fmt(probe["draft_step_ms"], ".2f")] + [_fmt(probe["verify_ms"][w], ".2f") for w in widths]
+    return _table(["context (prompt + generated)", "runner", "draft step ms",
+                   *[f"verify w={w} ms" for w in widths]], [row])
 
 
 FLOOR_NOTE = ("Floor: a decode step reads every weight of the target once, so it takes at least weight bytes / "
@@ -145,7 +160,9 @@ def render_markdown(report: dict) -> str:
         if run.get("runner"):
             r = run["runner"]
             lines += [f"- runner: {r['backend']}{' compiled' if r['compiled'] else ' eager'}"
-                      f"{_packing(r.get('packed_weights'))}; compile time "
+                      f"{_packing(r.get('packed_weights'))}"
+                      + (f"; KV cache {r['kv_cache_dtype']}" if r.get("kv_cache_dtype") else "")
+                      + "; compile time "
                       f"{r.get('compile_s', 0):.1f} s (first calls of each new shape)"
                       + (f"; models loaded in {r['load_s']:.1f} s" if "load_s" in r else "")
                       + (f" (process start to ready: {r['startup_s']:.1f} s)" if "startup_s" in r else "")
@@ -172,10 +189,16 @@ def render_markdown(report: dict) -> str:
             lines += ["### Acceptance by draft position (overall)", "",
                       "Share of rounds whose draft token at that position was accepted; in parentheses the "
                       "conditional rate alpha (accepted given all earlier positions were).", ""] + acceptance
+        chosen = k_table(run)
+        if chosen:
+            lines += ["### Draft length by round (overall)", "",
+                      "Share of rounds that drafted K tokens (adaptive K chooses per round from measured costs; "
+                      "K=0 is a plain step).", ""] + chosen
         lines += ["### Memory (MB)", ""] + memory_table(run)
         probe = probe_table(run)
         if probe:
-            lines += ["### Cost probe (median forward time at the median prompt length)", ""] + probe
+            lines += ["### Cost probe (median forward time on the engine's runner, with a round's context: the "
+                      "median prompt and half the new tokens)", ""] + probe
         plots = run.get("plots") or []
         lines += [f"![{Path(p).stem}]({p})" for p in plots] + ([""] if plots else [])
     return "\n".join(lines)

@@ -40,16 +40,18 @@ def _median_prompt(prompts: Sequence[BenchPrompt]) -> BenchPrompt:
 
 
 def run_probes(models: BenchModels, prompts: Sequence[BenchPrompt], max_width: int, repeats: int,
-               categories: Sequence[str], progress: bool = True) -> dict[str, CostProbe]:
-    """One probe per category (at its median prompt length) and one overall; equal lengths share a probe."""
+               categories: Sequence[str], progress: bool = True, generated: int = 0) -> dict[str, CostProbe]:
+    """One probe per category (at its median prompt length, `generated` tokens past it: a round's context) and one
+    overall; equal lengths share a probe. It times the engine's own runner kind and drafter (costs.probe_costs)."""
     by_length: dict[int, CostProbe] = {}
     probes = {}
     for group in tqdm([OVERALL, *categories], desc="cost probe", leave=False, disable=not progress):
         members = [p for p in prompts if group == OVERALL or p.category == group]
         prompt = _median_prompt(members)
         if len(prompt.token_ids) not in by_length:
-            by_length[len(prompt.token_ids)] = probe_costs(models.target, models.draft, prompt.token_ids,
-                                                           max_width, repeats)
+            engine = models.engine
+            by_length[len(prompt.token_ids)] = probe_costs(models.target, engine.runner_options, engine.drafter,
+                                                           prompt.token_ids, max_width, repeats, generated)
         probes[group] = by_length[len(prompt.token_ids)]
     return probes
 
@@ -89,7 +91,7 @@ def run_suite(models: BenchModels, prompts: Sequence[BenchPrompt], settings: Ben
     fixed_ks = [m.k for m in methods if m.family == "verispec"]
     if fixed_ks and settings.probe_repeats > 0:
         probes = run_probes(models, prompts, max(fixed_ks) + 1, settings.probe_repeats, categories,
-                            settings.progress)
+                            settings.progress, generated=settings.max_new_tokens // 2)
     section = {
         "notes": notes,
         "methods": [

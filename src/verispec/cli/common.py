@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import RUNNER_BACKENDS, RunnerOptions
+from ..config import KV_CACHE_DTYPES, RUNNER_BACKENDS, RunnerOptions
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..runtime.runners.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
 from . import CliError
@@ -83,11 +83,19 @@ def add_runner_args(group) -> None:
                             "logits and logprobs are bit for bit the target's own in any dtype, batch, K and "
                             "prompt chunking (docs/speculation.md, 'Bit for bit'); default: on where verispec's "
                             "C++ kernels are built (free there), off elsewhere")
+    group.add_argument("--kv-cache-dtype", choices=KV_CACHE_DTYPES, default="auto",
+                       help="native runner: the KV cache's entries. 'float16' / 'bfloat16' halve the bytes attention "
+                            "reads a step (each entry rounded once to nearest even: outputs stay exact against the "
+                            "target alone with the same cache); 'float32' keeps them as computed; 'auto' (default): "
+                            "float16 with integer activations (--activations q8) on the CPU kernels, the model's dtype "
+                            "elsewhere "
+                            "(logged, and in --json)")
 
 
 def runner_options(args) -> RunnerOptions:
     invariant = True if getattr(args, "deterministic", False) else args.batch_invariant
-    return RunnerOptions(backend=args.runner, compile=args.compile, batch_invariant=invariant)
+    return RunnerOptions(backend=args.runner, compile=args.compile, batch_invariant=invariant,
+                         kv_cache_dtype=args.kv_cache_dtype)
 
 
 class _ExplicitStore(argparse.Action):

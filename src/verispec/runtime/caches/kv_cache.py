@@ -96,7 +96,7 @@ def write_entries(buffer: torch.Tensor, index: torch.Tensor, states: torch.Tenso
     """buffer [batch, heads, max_len, d] (contiguous rows of the slot buffers) gets states [batch, heads, n, d] at
     entry_index's flat indices. index_copy_ writes only those entries in the buffer's dtype; `scatter_` on a bf16
     CPU tensor measured ~1,000x slower (it copies the whole buffer through float)."""
-    buffer.view(-1, buffer.shape[-1]).index_copy_(0, index, states.reshape(-1, states.shape[-1]))
+    buffer.view(-1, buffer.shape[-1]).index_copy_(0, index, states.reshape(-1, states.shape[-1]).to(buffer.dtype))
 
 
 class StepLayout:

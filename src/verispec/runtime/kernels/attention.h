@@ -8,13 +8,15 @@ namespace {
 // ---- attention -------------------------------------------------------------------------------------------------
 
 // One (row, head, query) at a time (vec: the AVX-512 code where built; else the scalar code, the same operations).
-template <typename T>
+// T: q, mask and output; C: the cache's entries (T, or a 16-bit cache's: converted to fp32 exactly where read).
+template <typename T, typename C>
 void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                     const at::Tensor& out, bool vec) {
   const int64_t b = q.size(0), H = q.size(1), n = q.size(2), d = q.size(3);
   const int64_t Hk = keys.size(1), g = H / Hk, L = mask.size(3);
   const auto qs = q.strides(), ks = keys.strides(), vs = values.strides(), ms = mask.strides(), os = out.strides();
-  const T *qp = ptr<T>(q), *kp = ptr<T>(keys), *vp = ptr<T>(values), *mp = ptr<T>(mask);
+  const T *qp = ptr<T>(q), *mp = ptr<T>(mask);
+  const C *kp = ptr<C>(keys), *vp = ptr<C>(values);
   T* op = mut<T>(out);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   at::parallel_for(0, b * H * n, attention_grain(b * H * n, 2 * b * H * n * L * d), [&](int64_t begin, int64_t end) {
@@ -24,8 +26,8 @@ void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tenso
       const T* qrow = qp + row * qs[0] + h * qs[1] + t * qs[2];
       for (int64_t i = 0; i < d; ++i) qf[i] = to_f(qrow[i]) * scale;
       const T* mrow = mp + row * ms[0] + t * ms[2];
-      const T* krow = kp + row * ks[0] + kh * ks[1];
-      const T* vrow = vp + row * vs[0] + kh * vs[1];
+      const C* krow = kp + row * ks[0] + kh * ks[1];
+      const C* vrow = vp + row * vs[0] + kh * vs[1];
       float top = -std::numeric_limits<float>::infinity();
       for (int64_t j = 0; j < L; ++j) {
         const float m = to_f(mrow[j * ms[3]]);
@@ -157,7 +159,7 @@ void weigh_some(int64_t R, TileScratch& w, const V* v, int64_t vstride, const st
   }
 }
 
-template <int NC, typename T>
+template <int NC, typename T, typename C>
 void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                  const at::Tensor& out, int64_t row, int64_t kh, int64_t t0, int64_t t1, TileScratch& w) {
   constexpr int64_t d = 16 * NC;
@@ -185,26 +187,27 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     for (int64_t j = 0; j < Lt; ++j) mt[j] = to_f(mrow[j * ms[3]]);
     std::fill(mt + Lt, mt + Lp, -inf);
   }
-  const T* krow = ptr<T>(keys) + row * ks[0] + kh * ks[1];
-  const T* vrow = ptr<T>(values) + row * vs[0] + kh * vs[1];
+  const C* krow = ptr<C>(keys) + row * ks[0] + kh * ks[1];
+  const C* vrow = ptr<C>(values) + row * vs[0] + kh * vs[1];
   for (int64_t j = 0; j < std::min(Lt, PREFETCH_ENTRIES); ++j) {  // the first entries, all at once
-    prefetch_entry(krow + j * ks[2], d * sizeof(T));
-    prefetch_entry(vrow + j * vs[2], d * sizeof(T));
+    prefetch_entry(krow + j * ks[2], d * sizeof(C));
+    prefetch_entry(vrow + j * vs[2], d * sizeof(C));
   }
-  // fp32 keys with contiguous entries: whole blocks of 16 are read where they are (the copy would be exact, so the
-  // bits are the same); the last partial block is copied, zero-padded (never read past the cache's end).
-  const int64_t Lc = std::is_same<T, float>::value && ks[2] == d ? Lt / 16 * 16 : 0;  // keys read in place
+  // Keys with contiguous entries: whole blocks of 16 are read where they are (fp32) or converted a block at a time
+  // into `block` (a 16-bit cache: exact, so the bits are the same); the last partial block is copied, zero-padded
+  // (never read past the cache's end).
+  const int64_t Lc = ks[2] == d ? Lt / 16 * 16 : 0;  // keys read in place
   for (int64_t j = Lc; j < Lt; ++j) {
-    const T* kj = krow + j * ks[2];
-    if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(kj + PREFETCH_ENTRIES * ks[2], d * sizeof(T));
+    const C* kj = krow + j * ks[2];
+    if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(kj + PREFETCH_ENTRIES * ks[2], d * sizeof(C));
     float* kw = w.k.data() + (j - Lc) * d;
-    for (int64_t i = 0; i < d; ++i) kw[i] = to_f(kj[i]);
+    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(kw + 16 * c, load16(kj + 16 * c, 0xffff));
   }
   std::fill(w.k.data() + (Lt - Lc) * d, w.k.data() + (Lp - Lc) * d, 0.0f);
   const bool copy_v = Q > QR;  // values read in more than one pass: an fp32 copy (else read where they are)
   for (int64_t j = 0; copy_v && j < Lt; ++j) {
-    const T* vj = vrow + j * vs[2];
-    if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(vj + PREFETCH_ENTRIES * vs[2], d * sizeof(T));
+    const C* vj = vrow + j * vs[2];
+    if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(vj + PREFETCH_ENTRIES * vs[2], d * sizeof(C));
     float* vw = w.v.data() + j * d;
     for (int c = 0; c < NC; ++c) _mm512_storeu_ps(vw + 16 * c, load16(vj + 16 * c, 0xffff));
   }
@@ -216,10 +219,20 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   }
   // scores, key blocks of 16 outside (in L1 for every query), then max, exp; p = 0 past a query's length
   std::vector<float> tops(Q * 16, -inf);  // per query, the lanes' maxima (exact: the maximum in any order)
+  alignas(64) float block[16 * d];  // a 16-bit cache's block of 16 keys in fp32
   for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
-    const float* kb = j0 < Lc ? reinterpret_cast<const float*>(krow) + j0 * d : w.k.data() + (j0 - Lc) * d;
-    if (j0 + PREFETCH_ENTRIES + 16 <= Lc)  // the block PREFETCH_ENTRIES ahead, read in place
-      prefetch_entry(kb + PREFETCH_ENTRIES * d, 16 * d * sizeof(float));
+    const float* kb = w.k.data() + (j0 - Lc) * d;
+    if (j0 < Lc) {
+      const C* kc = krow + j0 * d;
+      if (j0 + PREFETCH_ENTRIES + 16 <= Lc)  // the block PREFETCH_ENTRIES ahead, read in place
+        prefetch_entry(kc + PREFETCH_ENTRIES * d, 16 * d * sizeof(C));
+      if constexpr (std::is_same<C, float>::value) {
+        kb = kc;
+      } else {
+        for (int64_t i = 0; i < 16 * d; i += 16) _mm512_store_ps(block + i, load16(kc + i, 0xffff));
+        kb = block;
+      }
+    }
     for (int64_t qi = 0; qi < Q; ++qi) {
       if (j0 >= w.len[qi]) continue;
       __m512 qv[NC], acc[16];
@@ -255,7 +268,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
 
 // Every (row, KV head, run of positions) tile, dealt round robin to the threads (runs late in a causal chunk
 // attend more: the deal evens the work out).
-template <int NC, typename T>
+template <int NC, typename T, typename C>
 void attention_tiled(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                      const at::Tensor& out) {
   const int64_t b = q.size(0), Hk = keys.size(1), n = q.size(2), g = q.size(1) / Hk;
@@ -269,18 +282,18 @@ void attention_tiled(const at::Tensor& q, const at::Tensor& keys, const at::Tens
     for (int64_t tid = begin; tid < end; ++tid)
       for (int64_t item = tid; item < items; item += threads) {
         const int64_t r = item / (b * Hk), row = item % (b * Hk) / Hk, kh = item % Hk;
-        attend_tile<NC, T>(q, keys, values, mask, out, row, kh, r * run, std::min(n, (r + 1) * run), w);
+        attend_tile<NC, T, C>(q, keys, values, mask, out, row, kh, r * run, std::min(n, (r + 1) * run), w);
       }
   });
 }
 
-template <typename T>
+template <typename T, typename C>
 bool attention_tiled_if(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                         const at::Tensor& out) {
   switch (q.size(3)) {
-    case 32: attention_tiled<2, T>(q, keys, values, mask, out); return true;
-    case 64: attention_tiled<4, T>(q, keys, values, mask, out); return true;
-    case 128: attention_tiled<8, T>(q, keys, values, mask, out); return true;
+    case 32: attention_tiled<2, T, C>(q, keys, values, mask, out); return true;
+    case 64: attention_tiled<4, T, C>(q, keys, values, mask, out); return true;
+    case 128: attention_tiled<8, T, C>(q, keys, values, mask, out); return true;
     default: return false;
   }
 }
@@ -291,17 +304,28 @@ bool attention_tiled_if(const at::Tensor& q, const at::Tensor& keys, const at::T
 // path gives the same bits.
 enum { SCALAR = 0, VECTOR = 1, TILED = 2 };
 
-template <typename T>
+template <typename T, typename C>
 void attention_path(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                     const at::Tensor& out, int64_t path) {
 #if defined(__AVX512F__)
-  if (path >= TILED && attention_tiled_if<T>(q, keys, values, mask, out)) return;
+  if (path >= TILED && attention_tiled_if<T, C>(q, keys, values, mask, out)) return;
 #endif
-  attention_impl<T>(q, keys, values, mask, out, path >= VECTOR);
+  attention_impl<T, C>(q, keys, values, mask, out, path >= VECTOR);
 }
 
-// q [b, H, n, d], keys / values [b, Hk, max_len, d], mask [b, 1, n, L] (additive; L <= max_len), one dtype, each
-// with a contiguous last dimension -> [b, H, n, d] (a view of [b, n, H, d] memory: the output projection's rows).
+// The cache's entries for activations T: T itself, or float16 / bfloat16 (a 16-bit cache, --kv-cache-dtype).
+template <typename T>
+void attention_cache(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
+                     const at::Tensor& out, int64_t path) {
+  if (keys.scalar_type() == q.scalar_type()) return attention_path<T, T>(q, keys, values, mask, out, path);
+  if (keys.scalar_type() == at::kHalf) return attention_path<T, f16>(q, keys, values, mask, out, path);
+  TORCH_CHECK(keys.scalar_type() == at::kBFloat16, "attention: a cache of q's dtype, float16 or bfloat16");
+  attention_path<T, bf16>(q, keys, values, mask, out, path);
+}
+
+// q [b, H, n, d], keys / values [b, Hk, max_len, d] (q's dtype, or a 16-bit cache's), mask [b, 1, n, L] (additive;
+// L <= max_len, q's dtype), each with a contiguous last dimension -> [b, H, n, d] (a view of [b, n, H, d] memory:
+// the output projection's rows).
 at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                      int64_t path) {
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && mask.dim() == 4, "attention: 4-d tensors");
@@ -310,15 +334,15 @@ at::Tensor attention(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   TORCH_CHECK(q.size(1) % keys.size(1) == 0, "attention: query heads must be a multiple of KV heads");
   TORCH_CHECK(mask.size(0) == q.size(0) && mask.size(1) == 1 && mask.size(2) == q.size(2) &&
               mask.size(3) <= keys.size(2), "attention: mask [b, 1, n, L <= max_len]");
-  for (const auto* t : {&q, &keys, &values, &mask}) {
-    TORCH_CHECK(t->scalar_type() == q.scalar_type() && t->stride(3) == 1, "attention: one dtype, last dim contiguous");
-  }
+  TORCH_CHECK(mask.scalar_type() == q.scalar_type() && values.scalar_type() == keys.scalar_type(),
+              "attention: the mask in q's dtype, values in the keys' dtype");
+  for (const auto* t : {&q, &keys, &values, &mask}) TORCH_CHECK(t->stride(3) == 1, "attention: last dim contiguous");
   auto out = at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2);
   if (q.scalar_type() == at::kFloat) {
-    attention_path<float>(q, keys, values, mask, out, path);
+    attention_cache<float>(q, keys, values, mask, out, path);
   } else {
     TORCH_CHECK(q.scalar_type() == at::kBFloat16, "attention: float32 or bfloat16");
-    attention_path<bf16>(q, keys, values, mask, out, path);
+    attention_cache<bf16>(q, keys, values, mask, out, path);
   }
   return out;
 }

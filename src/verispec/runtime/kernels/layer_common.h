@@ -48,6 +48,14 @@ template <> inline bf16 from_f<bf16>(float f) {  // round to nearest even, as c1
   return static_cast<bf16>(u >> 16);
 }
 
+// IEEE half bits: a KV cache's 16-bit entries (--kv-cache-dtype float16). A distinct type, so the overloads below
+// tell it from bf16; converted exactly to fp32 and rounded to nearest even from it, as torch's .half() does.
+struct f16 {
+  uint16_t bits;
+};
+inline float to_f(f16 v) { return c10::detail::fp16_ieee_to_fp32_value(v.bits); }  // exact
+template <> inline f16 from_f<f16>(float f) { return f16{c10::detail::fp16_ieee_from_fp32_value(f)}; }
+
 template <typename T> inline float round_to(float f) { return to_f(from_f<T>(f)); }
 
 // e^x in fp32 (Cephes' expf: Cody-Waite reduction, degree-5 polynomial; ~1 ulp), branch-free so loops of it
@@ -88,6 +96,10 @@ template <typename T> inline float dot_scalar(const float* a, const T* b, int64_
 inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
 inline __m512 load16(const bf16* p, __mmask16 m) {  // bf16 -> fp32, exact
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
+}
+
+inline __m512 load16(const f16* p, __mmask16 m) {  // half -> fp32, exact
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
 }
 
 template <typename T> inline float dot(const float* a, const T* b, int64_t d) {

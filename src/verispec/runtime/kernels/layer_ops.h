@@ -9,8 +9,10 @@ namespace {
 
 // Hugging Face's rotary in torch's rounding: a = x * cos (rounded to the dtype), y = a + rotate_half(x) * sin as
 // one fused multiply-add in fp32, rounded to the dtype once: what `torch.addcmul(x * cos, rotated, sin)` computes
-// on this CPU (its vectorized kernel is contracted to an FMA; measured bitwise, fp32 and bf16).
-template <typename T>
+// on this CPU (its vectorized kernel is contracted to an FMA; measured bitwise, fp32 and bf16). A cache of another
+// dtype C (a 16-bit cache) holds each k and v entry as the dtype T gives it, rounded once more to C (nearest even):
+// per entry, so an entry's bits never depend on the other rows.
+template <typename T, typename C>
 void rotary_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& index,
                  const at::Tensor& keys, const at::Tensor& values, int64_t H, const at::Tensor& q_out) {
   const int64_t b = qkv.size(0), n = qkv.size(1), Hk = keys.size(1), d = keys.size(3), half = d / 2;
@@ -18,7 +20,8 @@ void rotary_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor&
   const auto is = index.strides();
   const T *xp = ptr<T>(qkv), *cp = ptr<T>(cos), *sp = ptr<T>(sin);
   const int64_t* ip = index.data_ptr<int64_t>();
-  T *kp = mut<T>(keys), *vp = mut<T>(values), *qp = mut<T>(q_out);
+  C *kp = mut<C>(keys), *vp = mut<C>(values);
+  T* qp = mut<T>(q_out);
   std::atomic<bool> bad{false};
   at::parallel_for(0, b * n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
@@ -32,17 +35,26 @@ void rotary_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor&
       const T* s = sp + row * ss[0] + t * ss[2];
       for (int64_t head = 0; head < H + 2 * Hk; ++head) {
         const T* xh = x + head * d;
-        T* dst = head < H ? qp + (item * H + head) * d
-                          : head < H + Hk ? kp + row * ks[0] + (head - H) * ks[1] + at_ * ks[2]
-                                          : vp + row * vs[0] + (head - H - Hk) * vs[1] + at_ * vs[2];
         if (head >= H + Hk) {  // v: as it is
-          std::memcpy(dst, xh, d * sizeof(T));
+          C* dst = vp + row * vs[0] + (head - H - Hk) * vs[1] + at_ * vs[2];
+          if constexpr (std::is_same<T, C>::value) {
+            std::memcpy(dst, xh, d * sizeof(T));
+          } else {
+            for (int64_t i = 0; i < d; ++i) dst[i] = from_f<C>(to_f(xh[i]));
+          }
           continue;
         }
-        for (int64_t i = 0; i < d; ++i) {
+        const auto rotated = [&](int64_t i) {
           const float r = i < half ? -to_f(xh[i + half]) : to_f(xh[i - half]);
           const float a = round_to<T>(to_f(xh[i]) * to_f(c[i]));
-          dst[i] = from_f<T>(std::fma(r, to_f(s[i]), a));
+          return from_f<T>(std::fma(r, to_f(s[i]), a));
+        };
+        if (head < H) {
+          T* dst = qp + (item * H + head) * d;
+          for (int64_t i = 0; i < d; ++i) dst[i] = rotated(i);
+        } else {
+          C* dst = kp + row * ks[0] + (head - H) * ks[1] + at_ * ks[2];
+          for (int64_t i = 0; i < d; ++i) dst[i] = from_f<C>(to_f(rotated(i)));
         }
       }
     }
@@ -63,15 +75,21 @@ at::Tensor rotary_write(const at::Tensor& qkv, const at::Tensor& cos, const at::
               cos.size(3) == d && cos.stride(3) == 1 && sin.stride(3) == 1, "rotary_write: cos / sin [b, 1, n, d]");
   TORCH_CHECK(index.dim() == 2 && index.size(0) == b && index.size(1) == n && index.scalar_type() == at::kLong,
               "rotary_write: index [b, n] long");
-  for (const auto* t : {&cos, &sin, &keys, &values}) {
-    TORCH_CHECK(t->scalar_type() == qkv.scalar_type(), "rotary_write: one dtype");
-  }
+  TORCH_CHECK(cos.scalar_type() == qkv.scalar_type() && sin.scalar_type() == qkv.scalar_type() &&
+              values.scalar_type() == keys.scalar_type(), "rotary_write: cos / sin in qkv's dtype, values in the keys'");
   auto q = at::empty({b, n, num_heads, d}, qkv.options());
+  const auto write = [&](auto activations) {  // the cache: qkv's dtype, or float16 / bfloat16
+    using T = decltype(activations);
+    if (keys.scalar_type() == qkv.scalar_type()) return rotary_impl<T, T>(qkv, cos, sin, index, keys, values, num_heads, q);
+    if (keys.scalar_type() == at::kHalf) return rotary_impl<T, f16>(qkv, cos, sin, index, keys, values, num_heads, q);
+    TORCH_CHECK(keys.scalar_type() == at::kBFloat16, "rotary_write: a cache of qkv's dtype, float16 or bfloat16");
+    rotary_impl<T, bf16>(qkv, cos, sin, index, keys, values, num_heads, q);
+  };
   if (qkv.scalar_type() == at::kFloat) {
-    rotary_impl<float>(qkv, cos, sin, index, keys, values, num_heads, q);
+    write(float{});
   } else {
     TORCH_CHECK(qkv.scalar_type() == at::kBFloat16, "rotary_write: float32 or bfloat16");
-    rotary_impl<bf16>(qkv, cos, sin, index, keys, values, num_heads, q);
+    write(bf16{});
   }
   return q.transpose(1, 2);
 }

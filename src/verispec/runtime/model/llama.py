@@ -250,7 +250,8 @@ def layer_parts(
         if invariant or n <= fused.MAX_QUERIES:
             attn = fused.attention(q, keys, values, mask)  # [b, H, n, d], [b, n, H, d] in memory
         else:  # a long prefill chunk of a runner that turned invariance off: torch's flash kernel (fused.py)
-            attn = F.scaled_dot_product_attention(q, keys[:, :, :mask.shape[-1]], values[:, :, :mask.shape[-1]],
+            kv_len = mask.shape[-1]
+            attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len].to(q.dtype), values[:, :, :kv_len].to(q.dtype),
                                                   attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
         x, h = fused.rms_norm(linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed), mlp_norm,
                               s.rms_norm_eps, residual=x)
@@ -269,8 +270,8 @@ def layer_parts(
     if invariant:
         attn = block_attention(q, keys, values, mask)  # [b, H, n, d]
     else:
-        attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len], values[:, :, :kv_len], attn_mask=mask,
-                                              enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
+        attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len].to(q.dtype), values[:, :, :kv_len].to(q.dtype),
+                                              attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
     x = x + linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed)
     gate, up = linear(rms_norm(x, mlp_norm, s.rms_norm_eps), gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I]
     return x, linear(F.silu(gate) * up, down_w, None, packed)
@@ -387,11 +388,18 @@ class LlamaModel(nn.Module):
             return run_program(model_forward, key, args, {MODEL_ARGS[name]: dims for name, dims in dynamic.items()})
         return model_forward(*args, self.layer_loop())
 
+    def _weights(self) -> list:
+        tensors = self.tensors()
+        return [tensors.lm_head] + [w for layer in tensors.layers for w in layer]
+
     def quantized(self) -> bool:
         """Whether any linear holds quantized blocks (runtime/kernels/quant.py), which only eager steps run."""
-        tensors = self.tensors()
-        weights = [tensors.lm_head] + [w for layer in tensors.layers for w in layer]
-        return any(w is not None and not isinstance(w, (torch.Tensor, tuple)) for w in weights)
+        return any(w is not None and not isinstance(w, (torch.Tensor, tuple)) for w in self._weights())
+
+    def integer_activations(self) -> bool:
+        """Whether any linear computes with integer activations (`--activations q8`: another model than the fp32
+        conversion already, where a 16-bit KV cache is `--kv-cache-dtype auto`'s choice)."""
+        return any(getattr(w, "activations", None) == "q8" for w in self._weights())
 
     def structure(self) -> str:
         """What fixes a compiled program's code besides the sources: the spec, the packing, every weight's type,

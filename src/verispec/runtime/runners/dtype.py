@@ -96,3 +96,28 @@ def resolve_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu",
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def resolve_kv_cache_dtype(name: str, model_dtype: torch.dtype, device: torch.device, integer_activations: bool,
+                           kernels: bool | None = None) -> tuple[torch.dtype, str]:
+    """`--kv-cache-dtype` for a native runner -> (the cache's dtype, why). "auto": float16 where the linears compute
+    with integer activations (`--activations q8`, GGUF blocks: another model than the fp32 conversion already) on
+    the CPU kernels, whose attention reads a 16-bit cache at half the bytes; the model's dtype elsewhere (float
+    weights and `--activations fp32` keep the conversion's values exactly). kernels: whether the layer kernel is
+    built (default: this machine's)."""
+    if name != "auto":
+        if DTYPES[name].itemsize > model_dtype.itemsize:
+            return model_dtype, (f"{dtype_name(model_dtype)}: the model's dtype (a {name} cache of "
+                                 f"{dtype_name(model_dtype)} activations would hold nothing more)")
+        return DTYPES[name], f"{name}: asked for"
+    if device.type != "cpu" or not integer_activations:
+        return model_dtype, (f"{dtype_name(model_dtype)}: the model's dtype (a 16-bit cache is the default only "
+                             "with integer activations on the CPU kernels)")
+    if kernels is None:
+        from ..kernels import fused
+
+        kernels = fused.kernel() is not None
+    if not kernels:
+        return model_dtype, f"{dtype_name(model_dtype)}: the model's dtype (the attention kernel is not built)"
+    return torch.float16, ("float16: integer activations on the CPU kernels; attention reads half the bytes a step "
+                           "(--kv-cache-dtype float32 keeps the computed values)")

@@ -23,6 +23,7 @@ from .compile import cache_counts
 from ..caches.kv_cache import SlotCache, attention_mask
 from ..model.llama import LlamaModel, LlamaSpec, UnsupportedModel
 from .base import RunnerOutput, SlotRunner
+from .dtype import resolve_kv_cache_dtype
 
 logger = logging.getLogger("verispec")
 
@@ -135,7 +136,7 @@ class NativeRunner(SlotRunner):
     backend = "native"
 
     def __init__(self, model: LlamaModel, config, max_len: int, num_slots: int = 1, compile: bool = False,
-                 batch_invariant: bool = False) -> None:
+                 batch_invariant: bool = False, kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.config = config
         self.spec = model.spec
@@ -144,6 +145,9 @@ class NativeRunner(SlotRunner):
         self.device = model.embed.device
         self.dtype = model.embed.dtype
         self.vocab_size = model.spec.vocab_size
+        # the KV cache's entries (a 16-bit cache halves what attention reads; config.RunnerOptions.kv_cache_dtype)
+        self.kv_dtype, self.kv_dtype_reason = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device,
+                                                                     model.integer_activations())
         self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
         if compile and model.quantized():
             logger.info("native runner: quantized weights run eager (the compiled step takes float weights; eager "
@@ -160,18 +164,18 @@ class NativeRunner(SlotRunner):
 
     @classmethod
     def from_hf(cls, hf_model, max_len: int, num_slots: int = 1, compile: bool = False,
-                batch_invariant: bool = False) -> NativeRunner:
+                batch_invariant: bool = False, kv_cache_dtype: str = "auto") -> NativeRunner:
         """The native twin of a loaded Hugging Face Llama-family model (UnsupportedModel if it is not one). The
         twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
         runner = cls(_twin(hf_model, max_len, batch_invariant), hf_model.config, max_len, num_slots, compile,
-                     batch_invariant)
+                     batch_invariant, kv_cache_dtype)
         runner.hf_model = hf_model  # the source, for release_hf_weights
         return runner
 
     def _buffers(self, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Each layer's key and value buffers, covering at least slots [0, end) (allocated / grown on demand)."""
         s = self.spec
-        proto = torch.empty(0, s.num_kv_heads, 0, s.head_dim, dtype=self.dtype, device=self.device)
+        proto = torch.empty(0, s.num_kv_heads, 0, s.head_dim, dtype=self.kv_dtype, device=self.device)
         for layer in self.cache.layers:
             if not layer.is_initialized:
                 layer.lazy_initialization(proto, proto)

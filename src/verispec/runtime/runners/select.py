@@ -34,6 +34,8 @@ def runner_info(runner) -> dict:
     if runner.backend == "native":
         info["packed_weights"] = runner.model.layers[0].packed
         info["batch_invariant"] = runner.batch_invariant
+        info["kv_cache_dtype"] = dtype_name(runner.kv_dtype)
+        info["kv_cache_dtype_reason"] = runner.kv_dtype_reason
     return info
 
 
@@ -58,7 +60,11 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
             invariant = options.batch_invariant
             if invariant is None:  # on where verispec's C++ kernels run: free there (config.RunnerOptions)
                 invariant = model_device(model).type == "cpu" and kernels_built()
-            return NativeRunner.from_hf(model, max_len, num_slots, compile=compile, batch_invariant=invariant)
+            runner = NativeRunner.from_hf(model, max_len, num_slots, compile=compile, batch_invariant=invariant,
+                                          kv_cache_dtype=options.kv_cache_dtype)
+            if runner.kv_dtype != runner.dtype:
+                logger.info("native runner: KV cache %s", runner.kv_dtype_reason)
+            return runner
         except UnsupportedModel as exc:
             if options.backend == "native":
                 raise ValueError(f"the native runner cannot run this model: {exc}; use the runner backend "
