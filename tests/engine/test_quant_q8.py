@@ -97,6 +97,33 @@ def test_every_path_gives_the_same_bits_in_any_batch(qtype):
 
 
 @pytest.mark.kernel("quant")
+def test_the_avx2_tiles_maddubs_and_vpdpbusd_give_the_same_bits():
+    """The 256-bit tile computes its products with vpdpbusd where the build has it (AVX-VNNI, or AVX-512 VNNI + VL
+    as on this CPU's own build) and with maddubs + madd elsewhere: the kernel built as for a CPU without AVX-512
+    (maddubs) against this build's AVX2 and best paths, every V type, 1 to 40 rows."""
+    import platform
+
+    from verispec.runtime.kernels.ext import REQUIRE_ENV, VARIANTS, build
+
+    if "quant_avx2" not in VARIANTS:
+        pytest.skip(machine_reason(f"-mno-avx512f is an x86 flag; this CPU is {platform.machine()}"))
+    if PATHS["avx2"] not in paths_here():
+        pytest.skip(machine_reason("this CPU has no AVX2 + FMA + F16C"))
+    avx2 = build("quant_avx2", *VARIANTS["quant_avx2"])  # built by make test; raises under VERISPEC_REQUIRE_KERNELS=1
+    if avx2 is None:
+        pytest.skip(f"the kernel could not be built without AVX-512 here; {REQUIRE_ENV}=1 makes this an error")
+    for qtype in TYPES:
+        for out, inn in SHAPES:
+            w = weight(qtype, out, inn)
+            x = torch.randn(40, inn)
+            for rows in (1, 5, 40):
+                args = (x[:rows], w.packed, w._scales_arg, w.kernel_id, inn, out)
+                want = kernel().quant_linear(*args, PATHS["avx2"])
+                assert torch.equal(avx2.quant_linear(*args, PATHS["avx2"]), want), (qtype, out, inn, rows)
+                assert torch.equal(kernel().quant_linear(*args, PATHS["auto"]), want)
+
+
+@pytest.mark.kernel("quant")
 def test_the_thread_count_changes_no_bit():
     w = weight("Q4_1", 100, 576)
     x = torch.randn(9, 576)

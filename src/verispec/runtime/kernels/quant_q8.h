@@ -30,6 +30,13 @@
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(VERISPEC_AVX512)
 #define VERISPEC_VNNI512 1
 #endif
+// The 256-bit tile's integer products: vpdpbusd on 8 lanes where the build has it (AVX-VNNI, the VEX form of
+// Alder Lake and later, or AVX-512 VNNI + VL, its EVEX form), else maddubs + madd. The same exact sums either way.
+#if defined(__AVXVNNI__)
+#define VERISPEC_DPBUSD256(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#elif defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define VERISPEC_DPBUSD256(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#endif
 
 namespace {
 
@@ -218,14 +225,15 @@ void v_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
 }
 #endif
 
-// ---- AVX2: 8 channels a register (each V chunk's halves), maddubs + madd -----------------------------------------
+// ---- AVX2: 8 channels a register (each V chunk's halves), maddubs + madd or 256-bit vpdpbusd --------------------
 #if defined(VERISPEC_AVX2)
 constexpr int V256_ROWS = 4;
 
 template <int64_t T>
 void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
   constexpr int CHUNKS = T == Q8_0V ? 8 : 4;
-  const __m256i low4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // (maddubs + madd only)
   for (int h = 0; h < 2; ++h) {  // channels 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte chunk
     const int64_t o0 = g * VCH + 8 * h;
     if (o0 >= a.out) return;
@@ -255,9 +263,13 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
           for (int j = 0; j < 8; ++j) {
             const __m256i x = _mm256_set1_epi32(x4[j]);
             // Q8: |k| times x with k's sign (pairs |sum| <= 2 * 128 * 127: no saturation); Q4: k <= 15 unsigned
-            const __m256i p = T == Q8_0V ? _mm256_maddubs_epi16(_mm256_sign_epi8(w[j], w[j]), _mm256_sign_epi8(x, w[j]))
-                                         : _mm256_maddubs_epi16(w[j], x);
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, ones));
+            const __m256i u = T == Q8_0V ? _mm256_sign_epi8(w[j], w[j]) : w[j];
+            const __m256i v = T == Q8_0V ? _mm256_sign_epi8(x, w[j]) : x;
+#if defined(VERISPEC_DPBUSD256)
+            isum = VERISPEC_DPBUSD256(isum, u, v);  // 4 products a lane summed exactly into it
+#else
+            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
+#endif
           }
           if (T == Q4_0V) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xq.sq[at]));
           acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq.dx[at])), _mm256_cvtepi32_ps(isum), acc[r]);
