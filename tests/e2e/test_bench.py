@@ -212,6 +212,46 @@ def test_bench_with_a_model_free_drafter(model_dirs, prompts_file, tmp_path):
     assert run["results"]["overall"]["verispec-k2"]["equal_to_target"] == 3
 
 
+def test_bench_busy_runs_again_beside_busy_processes(model_dirs, prompts_file, tmp_path, monkeypatch):
+    """`--busy 1`: each run twice, quiet then beside one spinning process that exists only during the busy run,
+    and a busy / quiet row per method in report.json and report.md."""
+    from verispec.bench import busy as busy_module
+
+    alive = []  # per run: the busy processes running while it measured
+    measure = busy_module.busy_cores
+
+    def watched(n):
+        context = measure(n)
+
+        class Watch:
+            def __enter__(self):
+                procs = context.__enter__()
+                alive.append([p.poll() is None for p in procs])
+                self.procs = procs
+                return procs
+
+            def __exit__(self, *exc):
+                context.__exit__(*exc)
+                assert all(p.poll() is not None for p in self.procs)  # killed and reaped
+
+        return Watch()
+
+    monkeypatch.setattr("verispec.bench.benchmark.busy_cores", watched)
+    out = tmp_path / "out"
+    rc = main(["bench", "--model", str(model_dirs["target"]), "--draft-model", "ngram", "--prompts", str(prompts_file),
+               "--limit", "1", "--max-new-tokens", "8", "--methods", "target,adaptive", "--probe-repeats", "0",
+               "--busy", "1", "--dtypes", "float32", "--out", str(out), *FAST])
+    assert rc == 0 and alive == [[], [True]]
+    report = json.loads((out / "report.json").read_text())
+    assert [run["busy"] for run in report["runs"]] == [0, 1]
+    rows = {(r["engine"], r["mode"]): r for r in report["contention"]}
+    assert set(rows) == {("verispec", "target"), ("verispec", "adaptive")}
+    for row in rows.values():
+        assert row["busy_over_quiet"] == pytest.approx(row["busy_tokens_per_s"] / row["quiet_tokens_per_s"], rel=1e-2)
+    markdown = (out / "report.md").read_text()
+    assert "beside 1 busy process(es)" in markdown and "## Busy / quiet" in markdown
+
+
 def test_bench_with_the_targets_twin(model_dirs, prompts_file, tmp_path):
     """`--draft-model self:int8 --also-drafters self:int4`: both twins side by side, outputs equal to the target's,
     their quantized weights counted in the method's memory (the embedding is the target's, not counted twice)."""
@@ -278,6 +318,8 @@ def test_bench_demo_basic_prints_side_by_side(model_dirs, tmp_path, capsys):
         (["--batch-sizes", "1,2.5"], "--batch-sizes must be a comma-separated list"),
         (["--batch-sizes", "4", "--demo", "basic"], "--batch-sizes and --demo do not combine"),
         (["--json-schema", "/nonexistent/schema.json"], "--json-schema /nonexistent/schema.json"),
+        (["--busy", "-1"], "--busy takes 0..64"),
+        (["--busy", "1", "--demo", "basic"], "--busy runs with the suite"),
     ],
 )
 def test_bench_bad_input_exits_2(prompts_file, extra, message, capsys, tmp_path, monkeypatch):

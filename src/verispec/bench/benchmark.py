@@ -19,6 +19,7 @@ from ..runtime.runners.select import runner_info
 from ..runtime.model.loading import model_weight_bytes
 from .aggregate import BASELINE, OVERALL
 from .batching import batch_table, run_batch_sweep
+from .busy import busy_cores, contention, contention_table
 from .machine import decode_floor, describe_machine, floor_line, machine_line
 from .methods import BenchModels
 from .peers import run_peers
@@ -107,7 +108,7 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
              if settings.batch_sizes else
              f"methods {','.join(settings.families)}; K {','.join(map(str, settings.ks))}")
     log(f"[bench] {len(prompts)} prompts from {prompts_file}; {sweep}; {settings.max_new_tokens} new tokens each")
-    peer_results: dict = {}  # what a peer measured that does not depend on the dtype, run once
+    peer_results: dict = {}  # busy -> what a peer measured that does not depend on the dtype, run once
     for dtype in config.dtypes:
         log(f"[bench] dtype {dtype}: loading {config.target} and {config.draft}")
         start = time.perf_counter()
@@ -122,34 +123,53 @@ def run_benchmark(config: BenchConfig, log: Callable[[str], None] = print) -> di
         log(f"[bench] runner: {runner['backend']}{' compiled' if runner['compiled'] else ''}"
             f"{', weights pre-packed' if runner.get('packed_weights') else ''}{kv_cache}"
             f"{f'; draft model weights: {draft_weights}' if draft_weights else ''}; loaded in {runner['load_s']:.1f} s")
-        if settings.batch_sizes:
-            section, _ = run_batch_sweep(models, encoded, settings)
-            base = section["batching"]["results"]["1"][BASELINE]
-        else:
-            section, records = run_suite(models, encoded, settings)
-            base = section["results"][OVERALL][BASELINE]
-        runner["compile_s"] = round(models.engine.target.compile_s, 1)  # first calls of new shapes, warm-ups included
-        if runner["compiled"]:
-            runner["compile_cache"] = cache_counts()  # programs loaded from the disk cache / compiled so far
-        run = {"dtype": dtype, "runner": runner, **section, "floor": decode_floor(
-            model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
-            base["seconds"])}
-        for note in run["notes"]:
-            log(f"[bench] note: {note}")
-        for line in batch_summary(run) if settings.batch_sizes else overall_summary(run):
-            log(line)
-        log(f"[bench] {floor_line(run['floor'])}")
-        if config.peers:
-            order = {p.question_id: i for i, p in enumerate(encoded)}
-            target_ids = {order[r.question_id]: list(r.token_ids) for r in records if r.method == BASELINE}
-            run["peers"] = run_peers(config, dtype, encoded, run, log, target_ids, peer_results)
-        run["plots"] = write_plots(run, config.out)
-        report["runs"].append(run)
+        for busy in settings.busy_conditions():
+            with busy_cores(busy):
+                if busy:
+                    log(f"[bench] dtype {dtype}: beside {busy} busy process(es) (bench/busy.py)")
+                run = measure(config, models, encoded, dtype, dict(runner), report, log,
+                              peer_results.setdefault(busy, {}), busy)
+            report["runs"].append(run)
         del models
         gc.collect()
+    if settings.busy:
+        report["contention"] = contention(report["runs"])
+        for line in text_table(*contention_table(report["contention"])):
+            log(line)
     json_path, md_path = write_reports(report, config.out)
     log(f"[bench] wrote {json_path}, {md_path} and {sum(len(r['plots']) for r in report['runs'])} plots")
     return report
+
+
+def measure(config: BenchConfig, models: BenchModels, encoded: list[BenchPrompt], dtype: str, runner: dict,
+            report: dict, log: Callable[[str], None], peer_results: dict, busy: int = 0) -> dict:
+    """One run of the loaded models (the K sweep or the batch sweep, then the peers), beside `busy` busy processes
+    (started by the caller) -> its section of report.json."""
+    settings = config.settings
+    records = []
+    if settings.batch_sizes:
+        section, _ = run_batch_sweep(models, encoded, settings)
+        base = section["batching"]["results"]["1"][BASELINE]
+    else:
+        section, records = run_suite(models, encoded, settings)
+        base = section["results"][OVERALL][BASELINE]
+    runner["compile_s"] = round(models.engine.target.compile_s, 1)  # first calls of new shapes, warm-ups included
+    if runner["compiled"]:
+        runner["compile_cache"] = cache_counts()  # programs loaded from the disk cache / compiled so far
+    run = {"dtype": dtype, "busy": busy, "runner": runner, **section, "floor": decode_floor(
+        model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
+        base["seconds"])}
+    for note in run["notes"]:
+        log(f"[bench] note: {note}")
+    for line in batch_summary(run) if settings.batch_sizes else overall_summary(run):
+        log(line)
+    log(f"[bench] {floor_line(run['floor'])}")
+    if config.peers:
+        order = {p.question_id: i for i, p in enumerate(encoded)}
+        target_ids = {order[r.question_id]: list(r.token_ids) for r in records if r.method == BASELINE}
+        run["peers"] = run_peers(config, dtype, encoded, run, log, target_ids, peer_results)
+    run["plots"] = write_plots(run, config.out)
+    return run
 
 
 def batch_summary(run: dict) -> list[str]:

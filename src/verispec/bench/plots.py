@@ -101,7 +101,7 @@ def tokens_per_s_vs_batch(run: dict, path: Path) -> Path:
 def write_plots(run: dict, out: Path) -> list[str]:
     """Write the run's plots into `out`; -> their file names (relative to out)."""
     out.mkdir(parents=True, exist_ok=True)
-    suffix = run["dtype"]
+    suffix = run["dtype"] + (f"_busy{run['busy']}" if run.get("busy") else "")
     if "batching" in run:
         return [tokens_per_s_vs_batch(run, out / f"tokens_per_s_vs_batch_{suffix}.png").name]
     written = [

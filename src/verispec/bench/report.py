@@ -155,7 +155,8 @@ def render_markdown(report: dict) -> str:
              f"- prompts: {settings['prompts_file']} ({settings['limit_note']})",
              f"- greedy, {length_line(settings)}, seed {settings['seed']}, {order}", ""]
     for run in report["runs"]:
-        lines += [f"## {run['dtype']}", ""]
+        beside = f", beside {run['busy']} busy process(es)" if run.get("busy") else ""
+        lines += [f"## {run['dtype']}{beside}", ""]
         lines += [f"- note: {note}" for note in run["notes"]]
         if run.get("runner"):
             r = run["runner"]
@@ -201,6 +202,12 @@ def render_markdown(report: dict) -> str:
                       "median prompt and half the new tokens)", ""] + probe
         plots = run.get("plots") or []
         lines += [f"![{Path(p).stem}]({p})" for p in plots] + ([""] if plots else [])
+    if report.get("contention"):
+        from .busy import contention_table
+
+        lines += ["## Busy / quiet", "", "Each engine's tokens/s beside the busy processes (`--busy`: `python -c "
+                  "'while True: pass'`, started and stopped by the bench) over its quiet tokens/s in the same "
+                  "invocation.", ""] + _table(*contention_table(report["contention"]))
     return "\n".join(lines)
 
 

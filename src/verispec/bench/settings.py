@@ -23,6 +23,11 @@ class BenchSettings:
     structured: StructuredOutput | None = None  # an output constraint for our methods (HF's are skipped)
     tree_nodes: int = 16  # the node budget of the 'tree' and 'adaptive-tree' methods
     also_drafters: list[str] = field(default_factory=list)  # more drafters, each an adaptive method 'adaptive[NAME]'
+    busy: int = 0  # > 0: every run again beside this many busy processes (bench/busy.py), busy / quiet reported
+
+    def busy_conditions(self) -> list[int]:
+        """Busy processes of each run, in order: quiet, then (with `busy`) beside them."""
+        return [0, self.busy] if self.busy else [0]
 
     def batch_methods(self) -> list[str]:
         """The batch sweep's methods: those of BATCH_FAMILIES that --methods names, the target alone always (the
@@ -41,6 +46,8 @@ class BenchSettings:
         count = ("generated tokens, prompt excluded; EOS masked so every method generates exactly max_new_tokens"
                  if self.structured is None else "generated tokens, prompt excluded; each output ends where its "
                  "constraint completes (identical for our methods, which all decode greedily)")
+        if self.busy:
+            mode["busy"] = self.busy
         out = {**mode, "max_new_tokens": self.max_new_tokens, "seed": self.seed, "warmup_tokens": self.warmup_tokens,
                "token_count": count, "decoding": "greedy"}
         if self.structured is not None:

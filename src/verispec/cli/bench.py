@@ -82,6 +82,9 @@ def add_parser(sub) -> None:
     g.add_argument("--methods", default=DEFAULT_METHODS, metavar="LIST", help=f"default {DEFAULT_METHODS}")
     g.add_argument("--tree-nodes", type=positive_int, default=16, metavar="N",
                    help="node budget of the 'tree' and 'adaptive-tree' methods (default 16)")
+    g.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="run everything again beside N busy processes (python spinning on a core, started and "
+                        "stopped by the bench) and report each engine's busy / quiet tokens/s, peers included")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--warmup-tokens", type=int, default=32, help="tokens of the one warm-up call per method")
     g.add_argument("--probe-repeats", type=int, default=5,
@@ -151,6 +154,10 @@ def build_config(args: argparse.Namespace):
             parse_drafter_spec(name)
         except ValueError as exc:
             raise CliError(f"--also-drafters: {exc}") from None
+    if not 0 <= args.busy <= 64:
+        raise CliError(f"--busy takes 0..64 busy processes, got {args.busy}")
+    if args.busy and args.demo:
+        raise CliError("--busy runs with the suite or --batch-sizes: drop --demo")
     if batch_sizes and args.demo:
         raise CliError("--batch-sizes and --demo do not combine: drop one of them")
     structured = None
@@ -188,8 +195,9 @@ def build_config(args: argparse.Namespace):
         ks=ks or [int(k) for k in DEFAULT_KS.split(",")], families=families, seed=args.seed,
         warmup_tokens=args.warmup_tokens, probe_repeats=args.probe_repeats, progress=not args.no_progress,
         batch_sizes=batch_sizes, structured=structured, tree_nodes=args.tree_nodes,
-        also_drafters=_list(args.also_drafters) or [],
+        also_drafters=_list(args.also_drafters) or [], busy=args.busy,
     )
+
     try:
         peers = resolve_peers(args.peers, args.vllm_python, args.llamacpp_python)
     except ValueError as exc:
@@ -206,6 +214,8 @@ def build_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.busy and (args.replicas or args.serve or args.concurrency):
+        raise CliError("--busy runs with the suite or --batch-sizes, not --serve / --replicas")
     if args.replicas:
         return bench_serve.run_replicas(args)
     if args.serve or args.concurrency:
