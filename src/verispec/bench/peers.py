@@ -19,7 +19,7 @@ import json
 import os
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 from ..runtime.model.target import is_quantized
