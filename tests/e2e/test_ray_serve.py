@@ -13,6 +13,7 @@ import asyncio
 import json
 import random
 import socket
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -340,6 +341,64 @@ def test_without_failover_the_kill_is_seen(cluster):
     for i in broken:
         assert answers[i]["error"]["code"] == "replica_unavailable" and answers[i]["done"]
         assert expected[i]["text"].startswith(answers[i]["text"])
+
+
+def _ready(url: str) -> int:
+    r = httpx.get(f"{url}/health", timeout=60)
+    return r.json()["replicas"]["ready"]
+
+
+def test_chaos_replicas_killed_under_load(cluster):
+    """Bounded chaos: clients keep sending streams and whole answers (KILL_CASES, and greedy JSON completions) while
+    a replica is killed, its replacement awaited, and the other killed: no client sees an error and every answer
+    equals its answer without kills. Not timed against the engine: the kills land wherever the load is (the
+    mid-stream case is the step-gated test above); the count of resumed streams is printed."""
+    expected = [_answer(_stream(cluster, path, fields)) for path, fields in KILL_CASES]
+    client = _client(cluster)
+    whole = {p: _complete(client, p, max_tokens=24).choices[0].text for p in PROMPTS}
+    before = _stats(cluster)["ingress"]
+    stop, failures, done = threading.Event(), [], []
+
+    def load(worker: int) -> None:
+        i = worker
+        while not stop.is_set():
+            try:
+                if i % 3 == 2:
+                    prompt = PROMPTS[i % len(PROMPTS)]
+                    text = _complete(client, prompt, max_tokens=24).choices[0].text
+                    if text != whole[prompt]:
+                        failures.append(("json", prompt, text))
+                else:
+                    case = i % len(KILL_CASES)
+                    got = _answer(_stream(cluster, *KILL_CASES[case]))
+                    if got != expected[case]:
+                        failures.append(("stream", case, got))
+            except Exception as exc:  # noqa: BLE001 - any error a client sees is a failure
+                failures.append(("error", repr(exc)))
+            done.append(i)
+            i += 6
+
+    workers = [threading.Thread(target=load, args=(w,)) for w in range(6)]
+    for w in workers:
+        w.start()
+    try:
+        for _ in range(2):
+            _until(lambda: _ready(cluster) == 2, "both replicas ready")
+            count = len(done)
+            _until(lambda: len(done) > count, "load under way")
+            victim = random.choice(_stats(cluster)["replicas"]["live"])
+            ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve"),
+                     no_restart=True)
+        _until(lambda: _ready(cluster) == 2, "both replicas ready")
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(240)
+    own = _stats(cluster)["ingress"]
+    resumed = own.get("verispec_resumed_streams_total", 0) - before.get("verispec_resumed_streams_total", 0)
+    print(f"chaos: {len(done)} requests, 2 kills, {resumed} streams resumed, {len(failures)} failures")
+    assert not failures, failures[:3]
+    assert len(done) >= 12
 
 
 def test_health_counts_ready_replicas(cluster):

@@ -4,7 +4,7 @@
   `replicas x max_num_seqs + max_queued_requests` generations are in flight), then again inside the replica.
 - Every other route is forwarded whole to a replica (`Replica.http`), with a routing key for prefix affinity.
   A JSON answer is read to its end before it is sent, so a replica that dies meanwhile costs the client nothing:
-  the request is sent again (`ATTEMPTS` in all; Serve routes it to a live one): the same answer for greedy and
+  the request is sent again (`ATTEMPTS` in all, `RESUME_ATTEMPTS` with failover; Serve routes it to a live one): the same answer for greedy and
   seeded requests, a fresh sample of the same distribution otherwise. Out of attempts: 503 with Retry-After.
 - A stream of one choice is relayed as it comes, and its failover kept (`Failover`, with `ScaleConfig.failover`):
   the replica reports each event's tokens (server/resume.py; the reports never reach the client); when it dies,
@@ -158,8 +158,9 @@ class Ingress:
         generation = call.path in _GENERATIONS
         self.generations += int(generation)
         relayed = False  # a stream's relay took the request over: it gives the place back
+        attempts = RESUME_ATTEMPTS if self.scale.failover else ATTEMPTS
         try:
-            for attempt in range(ATTEMPTS):
+            for attempt in range(attempts):
                 if attempt:
                     self.metrics.retries.inc()
                 stream = self.replicas.options(stream=True).http.remote(call, key=key)
@@ -183,7 +184,7 @@ class Ingress:
                 except BaseException:
                     stream.cancel()
                     raise
-            raise replica_unavailable(f"{ATTEMPTS} replicas in a row went away while answering")  # counted there
+            raise replica_unavailable(f"{attempts} replicas in a row went away while answering")  # counted there
         finally:
             if not relayed:
                 self._done(generation)
