@@ -274,10 +274,10 @@ def _answer(stream: dict) -> dict:
             "error": stream["error"], "done": stream["done"], "leaked": stream["leaked"]}
 
 
-def _kill_mid_stream(url: str) -> tuple[list[dict], list[dict], int]:
+def _kill_mid_stream(url: str) -> tuple[list[dict], list[dict], int, str]:
     """The eight KILL_CASES streams with no kill, then again with every replica parked once each of its streams has
     sent tokens, one replica killed there and the other let go. -> (answers without the kill, answers with it,
-    streams the dead replica had started)."""
+    streams the dead replica had started, its id)."""
     expected = [_answer(_stream(url, path, fields)) for path, fields in KILL_CASES]
     replicas = _stats(url)["replicas"]["live"]
     for replica in replicas:
@@ -305,7 +305,7 @@ def _kill_mid_stream(url: str) -> tuple[list[dict], list[dict], int]:
         for replica in survivors:
             _hold(replica, False)
     _until(lambda: len(_stats(url)["replicas"]["live"]) == 2, "the killed replica replaced")
-    return expected, answers, cut
+    return expected, answers, cut, victim
 
 
 def test_a_replica_killed_mid_stream_is_not_noticed(cluster):
@@ -313,18 +313,25 @@ def test_a_replica_killed_mid_stream_is_not_noticed(cluster):
     Failover): it completes with exactly the answer it gets without the kill (greedy, seeded sampling with
     penalties, logprobs bit for bit, logit_bias, a JSON schema, stop strings with min_tokens), one id, the same
     finish reason and usage, and no progress report reaches the client."""
-    before = _stats(cluster)["ingress"]
-    expected, answers, cut = _kill_mid_stream(cluster)
+    stats = _stats(cluster)
+    before = stats["ingress"]
+    expected, answers, cut, victim = _kill_mid_stream(cluster)
     assert cut >= 1
     print(f"streams on the killed replica: {cut} of {len(answers)}")
     for i, (want, got) in enumerate(zip(expected, answers)):
         assert want["error"] is None and want["done"] and want["ids"] == 1 and not want["leaked"], (i, want)
         assert got == want, (i, KILL_CASES[i], got, want)
     assert expected[5]["text"].startswith('{"city":')  # the schema's output (cut by max_tokens)
-    own = _stats(cluster)["ingress"]
+    after = _stats(cluster)
+    own = after["ingress"]
     resumed = own.get("verispec_resumed_streams_total", 0) - before.get("verispec_resumed_streams_total", 0)
     assert resumed == cut, (resumed, cut)
     assert own.get("verispec_cut_streams_total", 0) == before.get("verispec_cut_streams_total", 0)
+    assert victim in after["replicas"]["retired"]  # replaced; its counters stay
+    for series, value in stats["totals"].items():
+        if series.endswith("_total"):
+            assert after["totals"].get(series, 0.0) >= value, series
+    assert _complete(_client(cluster), "the cat").choices[0].text  # and it serves again
 
 
 def test_without_failover_the_kill_is_seen(cluster):
@@ -333,7 +340,7 @@ def test_without_failover_the_kill_is_seen(cluster):
     app = serve.get_app_handle(APP_NAME)
     app.set_failover.remote(False).result(timeout_s=60)
     try:
-        expected, answers, cut = _kill_mid_stream(cluster)
+        expected, answers, cut, _ = _kill_mid_stream(cluster)
     finally:
         app.set_failover.remote(True).result(timeout_s=60)
     broken = [i for i, (want, got) in enumerate(zip(expected, answers)) if got != want]
