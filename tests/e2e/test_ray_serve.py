@@ -440,12 +440,14 @@ class _FakeReplicas:
 
     def __init__(self) -> None:
         self.streams: list[_FakeStream] = []
+        self.calls = []
         self.http = self
 
     def options(self, **_):
         return self
 
-    def remote(self, call, key=None):
+    def remote(self, call, key=None, avoid=()):
+        self.calls.append(call)
         self.streams.append(_FakeStream())
         return self.streams[-1]
 
@@ -454,7 +456,8 @@ class _FakeReplicas:
 def test_a_client_gone_before_its_stream_starts_frees_its_place(model_dirs, leaves):
     """The ingress's count of generations in flight (its 429 bound) comes back to 0 however a stream ends, also
     when the client left before the first chunk (the body's generator then never starts), and a stream not read
-    to its end is cancelled at the replica. The ASGI app is driven by hand, no Ray: every step is the test's."""
+    to its end is cancelled at the replica. The ASGI app is driven by hand, no Ray: every step is the test's. The
+    failover's private headers are the ingress's own: a client's are dropped, and the stream asks for progress."""
     from verispec.server.scale.ingress import Ingress, build_app
 
     replicas = _FakeReplicas()
@@ -478,10 +481,12 @@ def test_a_client_gone_before_its_stream_starts_frees_its_place(model_dirs, leav
 
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
              "method": "POST", "scheme": "http", "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
-             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json"),
+                                                               (b"x-verispec-resume", b'{"tokens": [1]}')],
              "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
     asyncio.run(asyncio.wait_for(app(scope, receive, send), 60))
     assert len(replicas.streams) == 1 and ingress.generations == 0
+    assert dict(replicas.calls[0].headers) == {b"content-type": b"application/json", b"x-verispec-progress": b"1"}
     bodies = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     if leaves == "after_it_ended":
         assert bodies == b"data: {}\n\n" and not replicas.streams[0].cancelled

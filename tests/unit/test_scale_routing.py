@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import machine_reason
 from verispec.server.scale import aggregate
 from verispec.server.scale.config import ScaleConfig
-from verispec.server.scale.routing import preference, rank, routing_key
+from verispec.server.resume import FINISHED_LINE, parse_resume, progress_line, read_progress, resume_header
+from verispec.server.scale.routing import preference, rank, resumable, routing_key
 
 CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
 
@@ -163,3 +164,28 @@ def test_tree_cpu_counts_living_descendants():
         child.stdin.close()
         child.wait(30)
     assert tree_cpu_s(2**22 + 7) is None  # no such process
+
+
+def test_which_requests_a_failover_can_resume():
+    """A stream of one choice: one prompt (text, token ids, or a list of one), n 1."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    assert resumable(chat) and resumable({**chat, "n": 1}) and resumable({"prompt": [1, 2], "stream": True})
+    assert resumable({"prompt": ["one"], "stream": True}) and resumable({"prompt": "one", "stream": True})
+    for data in (None, {**chat, "stream": False}, {**chat, "n": 2}, {"prompt": ["a", "b"], "stream": True},
+                 {"prompt": "x"}):
+        assert not resumable(data), data
+
+
+def test_progress_reports_come_off_the_events():
+    """A replica's progress comment (server/resume.py) is read off its event; the rest is what the client gets."""
+    event = b'data: {"id":"x"}\n\n'
+    assert read_progress(progress_line([3, 4], 7).encode() + event) == ({"t": [3, 4], "s": 7}, event)
+    assert read_progress((progress_line([5], 9) + "\n").encode()) == ({"t": [5], "s": 9}, b"")  # the report alone
+    assert read_progress(FINISHED_LINE.encode() + event) == ({"t": [], "f": 1}, event)
+    assert read_progress(event) == (None, event)
+    resume = parse_resume(resume_header("cmpl-1", 5, [1, 2], 3).decode())
+    assert (resume.id, resume.created, resume.continuation.token_ids, resume.continuation.shown) == \
+        ("cmpl-1", 5, (1, 2), 3)
+    for bad in ("{", '{"id": "a"}', '{"id": "a", "created": 1, "tokens": ["x"], "shown": 0}'):
+        with pytest.raises(Exception, match="not a stream to resume"):
+            parse_resume(bad)
