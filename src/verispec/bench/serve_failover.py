@@ -7,7 +7,10 @@ on, exactly --max-new-tokens tokens each):
 
 1. **no failure**: the same load on each, alternating on, off, on, off ... (`repeats` each): tokens/s side by side,
    the cost of the replicas' progress reports and the ingress's bookkeeping;
-2. **chaos**: the load on each while a replica process is killed (SIGKILL) every S seconds, each time once all R
+2. **one kill**: eight streams through the official client (six greedy, two seeded sampling, `KILL_TOKENS` tokens
+   each), run once without a kill, then again with the busiest replica process killed (SIGKILL) once every stream
+   has its first chunk: the streams that completed equal to their no-kill answer;
+3. **chaos**: the load on each while a replica process is killed (SIGKILL) every S seconds, each time once all R
    replicas are ready again: the requests that failed (a client saw an error), the outputs equal to the no-failure
    run's, tokens/s over the whole run (the recoveries included) and the kills.
 
@@ -34,6 +37,8 @@ from .machine import describe_machine, machine_line
 from .prompts import BenchPrompt
 from .serve_load import ServerProcess, drive, summarize
 
+KILL_STREAMS = 8  # streams of the one-kill run: six greedy, two seeded sampling
+KILL_TOKENS = 96
 REPLICA_TITLE = b"ServeReplica:verispec:Replica"  # a replica process's title (Ray sets it as its command line)
 READY_BOUND_S = 300.0  # bound on waiting for the replicas to be ready again
 
@@ -83,6 +88,60 @@ def replica_pids(root: int) -> list[int]:
     return found
 
 
+def busiest(pids: list[int], window_s: float = 0.5) -> int:
+    """The process that used the most CPU over `window_s` seconds."""
+    def used(pid: int) -> int:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0
+        return int(fields[11]) + int(fields[12])
+
+    before = {pid: used(pid) for pid in pids}
+    time.sleep(window_s)
+    return max(pids, key=lambda pid: used(pid) - before[pid])
+
+
+async def _kill_once_streams(server: ServerProcess, prompts: list[BenchPrompt], kill: bool) -> list[tuple]:
+    """KILL_STREAMS streams at once; with `kill`, the busiest replica SIGKILLed once each has its first chunk.
+    -> per stream (text, finish reason, error or None)."""
+    import openai
+
+    firsts = asyncio.Event()
+    started = 0
+
+    async def one(client, i: int) -> tuple:
+        nonlocal started
+        sampled = i >= KILL_STREAMS - 2
+        text, finish, first = [], None, True
+        try:
+            stream = await client.chat.completions.create(
+                model=server.model_id, messages=[{"role": "user", "content": prompts[i % len(prompts)].text}],
+                max_tokens=KILL_TOKENS, stream=True, temperature=0.8 if sampled else 0,
+                seed=100 + i if sampled else None, extra_body={"ignore_eos": True})
+            async for chunk in stream:
+                if first:
+                    first, started = False, started + 1
+                    if started == KILL_STREAMS:
+                        firsts.set()
+                if chunk.choices:
+                    text.append(chunk.choices[0].delta.content or "")
+                    finish = chunk.choices[0].finish_reason or finish
+        except openai.APIError as exc:
+            return "".join(text), finish, repr(exc)
+        return "".join(text), finish, None
+
+    async def killer() -> None:
+        await firsts.wait()
+        pids = replica_pids(server.proc.pid)
+        os.kill(await asyncio.to_thread(busiest, pids), signal.SIGKILL)
+
+    async with openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0,
+                                  timeout=1800) as client:
+        tasks = [one(client, i) for i in range(KILL_STREAMS)] + ([killer()] if kill else [])
+        return (await asyncio.gather(*tasks))[:KILL_STREAMS]
+
+
 def ready_replicas(url: str) -> int:
     try:
         return httpx.get(f"{url}/health", timeout=30).json()["replicas"]["ready"]
@@ -130,7 +189,7 @@ def run_failover_bench(config: FailoverBenchConfig, log=print) -> dict:
         "replicas": config.replicas, "concurrency": config.concurrency, "requests": config.requests,
         "max_new_tokens": config.max_new_tokens, "kill_every_s": config.kill_every_s, "repeats": config.repeats,
         "threads_per_replica": config.threads, "model": config.model, "draft_model": config.draft,
-        "dtype": config.dtype}, "no_failure": [], "chaos": []}
+        "dtype": config.dtype}, "no_failure": [], "one_kill": [], "chaos": []}
 
     def load(server: ServerProcess) -> tuple[list, float]:
         return asyncio.run(drive(server.url, server.model_id, config.prompts, config.concurrency, config.requests,
@@ -151,6 +210,17 @@ def run_failover_bench(config: FailoverBenchConfig, log=print) -> dict:
                 report["no_failure"].append(row)
                 log(f"[bench --serve --kill-every] no failure, failover {mode}: {row['tokens_per_s']:.1f} tok/s, "
                     f"{row['failed']} failed")
+        for mode, server in servers.items():
+            alone = asyncio.run(_kill_once_streams(server, config.prompts, kill=False))
+            killed = asyncio.run(_kill_once_streams(server, config.prompts, kill=True))
+            row = {"failover": mode, "streams": KILL_STREAMS, "tokens": KILL_TOKENS,
+                   "completed_equal": sum(k == a and k[2] is None for k, a in zip(killed, alone)),
+                   "errors": sum(k[2] is not None for k in killed), "first_error": next((k[2] for k in killed if k[2]),
+                                                                                         None)}
+            report["one_kill"].append(row)
+            log(f"[bench --serve --kill-every] one kill, failover {mode}: {row['completed_equal']}/{KILL_STREAMS} "
+                f"streams complete and equal to the no-kill run, {row['errors']} errors")
+            _wait_ready(server, config.replicas)
         for mode, server in servers.items():
             killer = Killer(server, config.replicas, config.kill_every_s)
             killer.start()
@@ -190,6 +260,9 @@ def markdown(report: dict) -> str:
              f"speculation on; {report['machine'].get('logical_cpus', '?')} CPU cores shared by all replicas.", "",
              f"No failure (alternating, {s['repeats']} runs each): failover on {m['tokens_per_s_on']:.1f} tok/s, "
              f"off {m['tokens_per_s_off']:.1f} tok/s (on / off = {m['on_over_off']}).", "",
+             "One kill (8 streams, 6 greedy and 2 seeded, 96 tokens; the busiest replica SIGKILLed once each has its "
+             "first chunk): " + ", ".join(f"failover {r['failover']}: {r['completed_equal']}/{r['streams']} complete "
+                                         f"and equal, {r['errors']} errors" for r in report["one_kill"]) + ".", "",
              f"Chaos (a replica killed every {s['kill_every_s']} s once all are ready):", "",
              "| failover | kills | requests | failed | = no-failure output | tokens/s |", "|---|---:|---:|---:|---:|---:|"]
     for r in report["chaos"]:
