@@ -264,7 +264,8 @@ def markdown(report: dict) -> str:
              "first chunk): " + ", ".join(f"failover {r['failover']}: {r['completed_equal']}/{r['streams']} complete "
                                          f"and equal, {r['errors']} errors" for r in report["one_kill"]) + ".", "",
              f"Chaos (a replica killed every {s['kill_every_s']} s once all are ready):", "",
-             "| failover | kills | requests | failed | = no-failure output | tokens/s |", "|---|---:|---:|---:|---:|---:|"]
+             "| failover | kills | requests | failed | = no-failure output | tokens/s |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in report["chaos"]:
         lines.append(f"| {r['failover']} | {r['kills']} | {r['requests']} | {r['failed']} | "
                      f"{r['identical_to_alone']}/{r['compared']} | {r['tokens_per_s']:.1f} |")

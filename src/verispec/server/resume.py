@@ -8,9 +8,10 @@ as if nothing happened. Two private headers, which only the ingress sends (it dr
   token ids (`t`), the characters of the text shown so far (`s`), and `f` on the choice's finish event. A round whose
   text is held back (a possible stop string, a split character) is reported by a comment alone.
 - `x-verispec-resume: {...}`: the stream to pick up: its `id` and `created` (an empty id: no event was sent yet,
-  the replica gives its own), the tokens already streamed and the characters of their text shown. The replica runs the same request from there (`engine.Continuation`: the
-  tokens count as output for penalties, min_tokens, the grammar and the coupled noise's positions), streams only
-  what follows under the same id, with no role chunk again, and counts the tokens in `usage`.
+  the replica gives its own), the tokens already streamed and the characters of their text shown. The replica
+  runs the same request from there (`engine.Continuation`: the tokens count as output for penalties, min_tokens,
+  the grammar and the coupled noise's positions), streams only what follows under the same id, with no role
+  chunk again, and counts the tokens in `usage`.
 
 A stream of one choice only (one prompt, n = 1) can be resumed.
 """

@@ -4,8 +4,9 @@
   `replicas x max_num_seqs + max_queued_requests` generations are in flight), then again inside the replica.
 - Every other route is forwarded whole to a replica (`Replica.http`), with a routing key for prefix affinity.
   A JSON answer is read to its end before it is sent, so a replica that dies meanwhile costs the client nothing:
-  the request is sent again (`ATTEMPTS` in all, `RESUME_ATTEMPTS` with failover; Serve routes it to a live one): the same answer for greedy and
-  seeded requests, a fresh sample of the same distribution otherwise. Out of attempts: 503 with Retry-After.
+  the request is sent again (`ATTEMPTS` in all, `RESUME_ATTEMPTS` with failover; Serve routes it to a live one):
+  the same answer for greedy and seeded requests, a fresh sample of the same distribution otherwise. Out of
+  attempts: 503 with Retry-After.
 - A stream of one choice is relayed as it comes, and its failover kept (`Failover`, with `ScaleConfig.failover`):
   the replica reports each event's tokens (server/resume.py; the reports never reach the client); when it dies,
   the stream goes on in another replica, which runs the same request after those tokens (`x-verispec-resume`)
