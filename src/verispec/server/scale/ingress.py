@@ -124,7 +124,11 @@ class Ingress:
         """-> replicas by state, from Serve's status (asked off the event loop): "RUNNING" ones are ready (Serve
         routes requests only to them), "STARTING" ones are loading their model."""
         def ask() -> dict[str, int]:
-            app = serve.status().applications.get(APP_NAME)
+            try:
+                app = serve.status().applications.get(APP_NAME)
+            except Exception as exc:  # noqa: BLE001 - Serve's controller unreachable: nothing known to be ready
+                logger.warning("Serve's status did not come (%r)", exc)
+                return {}
             deployment = None if app is None else app.deployments.get(REPLICA_DEPLOYMENT)
             states = {} if deployment is None else deployment.replica_states
             return {str(getattr(state, "value", state)): n for state, n in states.items()}
