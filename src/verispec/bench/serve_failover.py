@@ -1,11 +1,11 @@
 """`verispec bench --serve --replicas R --kill-every S`: what a replica's death costs the clients, and what failover
 costs when nothing fails.
 
-Two servers of R replicas run side by side, `verispec serve --replicas R` (failover on) and the same with
-`--no-failover`; one is driven at a time, with serve_load.py's closed-loop clients (C of them, greedy, speculation
-on, exactly --max-new-tokens tokens each):
+`verispec serve --replicas R` (failover on) and the same with `--no-failover`, one server at a time (started anew
+for each run: two side by side would double the memory), driven with serve_load.py's closed-loop clients (C of
+them, greedy, speculation on, exactly --max-new-tokens tokens each):
 
-1. **no failure**: the same load on each, alternating on, off, on, off ... (`repeats` each): tokens/s side by side,
+1. **no failure**: the same load on each, alternating on, off, off, on ... (`repeats` each): tokens/s side by side,
    the cost of the replicas' progress reports and the ingress's bookkeeping;
 2. **one kill**: eight streams through the official client (six greedy, two seeded sampling, `KILL_TOKENS` tokens
    each), run once without a kill, then again with the busiest replica process killed (SIGKILL) once every stream
@@ -27,7 +27,6 @@ import shlex
 import signal
 import threading
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,51 +194,58 @@ def run_failover_bench(config: FailoverBenchConfig, log=print) -> dict:
         return asyncio.run(drive(server.url, server.model_id, config.prompts, config.concurrency, config.requests,
                                  "on", config.max_new_tokens, 0.0))
 
-    with ExitStack() as stack:
-        servers = {mode: stack.enter_context(ServerProcess(args + extra, config.out / f"server_failover_{mode}.log"))
-                   for mode, extra in (("on", []), ("off", ["--no-failover"]))}
-        for mode, server in servers.items():
+    reference: dict[int, str] = {}
+    modes = {"on": [], "off": ["--no-failover"]}
+    # One server at a time (two would double the memory of a shared machine): started anew for every run, the
+    # modes alternating (on, off, off, on, ...); the last start of each mode also runs the kills.
+    order = [mode for repeat in range(config.repeats) for mode in (("on", "off") if repeat % 2 == 0 else ("off", "on"))]
+    for index, mode in enumerate(order):
+        with ServerProcess(args + modes[mode], config.out / f"server_failover_{mode}_{index}.log") as server:
             report["settings"][f"command_{mode}"] = shlex.join(["verispec", *server.command[3:]])
             asyncio.run(drive(server.url, server.model_id, config.prompts[:1], 1, 1, "on", 8, 0.0))  # warm-up
-        reference: dict[int, str] = {}
-        for repeat in range(config.repeats):
-            for mode in ("on", "off") if repeat % 2 == 0 else ("off", "on"):
-                records, seconds = load(servers[mode])
-                reference = reference or {r.prompt: r.text for r in records if r.error is None}
-                row = {"failover": mode, "repeat": repeat, **summarize(records, seconds, reference)}
-                report["no_failure"].append(row)
-                log(f"[bench --serve --kill-every] no failure, failover {mode}: {row['tokens_per_s']:.1f} tok/s, "
-                    f"{row['failed']} failed")
-        for mode, server in servers.items():
-            alone = asyncio.run(_kill_once_streams(server, config.prompts, kill=False))
-            killed = asyncio.run(_kill_once_streams(server, config.prompts, kill=True))
-            row = {"failover": mode, "streams": KILL_STREAMS, "tokens": KILL_TOKENS,
-                   "completed_equal": sum(k == a and k[2] is None for k, a in zip(killed, alone)),
-                   "errors": sum(k[2] is not None for k in killed), "first_error": next((k[2] for k in killed if k[2]),
-                                                                                         None)}
-            report["one_kill"].append(row)
-            log(f"[bench --serve --kill-every] one kill, failover {mode}: {row['completed_equal']}/{KILL_STREAMS} "
-                f"streams complete and equal to the no-kill run, {row['errors']} errors")
-            _wait_ready(server, config.replicas)
-        for mode, server in servers.items():
-            killer = Killer(server, config.replicas, config.kill_every_s)
-            killer.start()
-            try:
-                records, seconds = load(server)
-            finally:
-                killer.stop.set()
-                killer.join()
-            row = {"failover": mode, "kills": killer.kills, **summarize(records, seconds, reference)}
-            report["chaos"].append(row)
-            log(f"[bench --serve --kill-every] chaos, failover {mode}: {killer.kills} kills, {row['failed']} of "
-                f"{len(records)} failed, {row['identical_to_alone']}/{row['compared']} equal the no-failure "
-                f"outputs, {row['tokens_per_s']:.1f} tok/s")
-            _wait_ready(server, config.replicas)
+            records, seconds = load(server)
+            reference = reference or {r.prompt: r.text for r in records if r.error is None}
+            row = {"failover": mode, "repeat": index // 2, **summarize(records, seconds, reference)}
+            report["no_failure"].append(row)
+            log(f"[bench --serve --kill-every] no failure, failover {mode}: {row['tokens_per_s']:.1f} tok/s, "
+                f"{row['failed']} failed")
+            if mode not in order[index + 1:]:
+                report["one_kill"].append(_one_kill(server, config, mode, log))
+                report["chaos"].append(_chaos(server, config, mode, reference, load, log))
     report["summary"] = summary(report)
     config.out.mkdir(parents=True, exist_ok=True)
     (config.out / "failover.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
     (config.out / "failover.md").write_text(markdown(report), encoding="utf-8")
     return report
+
+
+def _one_kill(server: ServerProcess, config: FailoverBenchConfig, mode: str, log) -> dict:
+    alone = asyncio.run(_kill_once_streams(server, config.prompts, kill=False))
+    killed = asyncio.run(_kill_once_streams(server, config.prompts, kill=True))
+    errors = [k[2] for k in killed if k[2] is not None]
+    row = {"failover": mode, "streams": KILL_STREAMS, "tokens": KILL_TOKENS,
+           "completed_equal": sum(k == a and k[2] is None for k, a in zip(killed, alone)),
+           "errors": len(errors), "first_error": errors[0] if errors else None}
+    log(f"[bench --serve --kill-every] one kill, failover {mode}: {row['completed_equal']}/{KILL_STREAMS} streams "
+        f"complete and equal to the no-kill run, {row['errors']} errors")
+    _wait_ready(server, config.replicas)
+    return row
+
+
+def _chaos(server: ServerProcess, config: FailoverBenchConfig, mode: str, reference: dict, load, log) -> dict:
+    killer = Killer(server, config.replicas, config.kill_every_s)
+    killer.start()
+    try:
+        records, seconds = load(server)
+    finally:
+        killer.stop.set()
+        killer.join()
+    row = {"failover": mode, "kills": killer.kills, **summarize(records, seconds, reference)}
+    log(f"[bench --serve --kill-every] chaos, failover {mode}: {killer.kills} kills, {row['failed']} of "
+        f"{len(records)} failed, {row['identical_to_alone']}/{row['compared']} equal the no-failure outputs, "
+        f"{row['tokens_per_s']:.1f} tok/s")
+    _wait_ready(server, config.replicas)
+    return row
 
 
 def summary(report: dict) -> dict:
