@@ -53,7 +53,8 @@ class FailoverBenchConfig:
     kill_every_s: float  # seconds between kills in the chaos runs
     replicas: int = 2
     concurrency: int = 16
-    requests: int = 64  # per run
+    requests: int = 64  # per no-failure run
+    chaos_requests: int = 256  # per chaos run: long enough for several kills
     device: str = "cpu"
     threads: int = 1  # per replica
     repeats: int = 3  # alternating no-failure runs per server
@@ -187,6 +188,7 @@ def run_failover_bench(config: FailoverBenchConfig, log=print) -> dict:
     report = {"machine": machine, "settings": {
         "replicas": config.replicas, "concurrency": config.concurrency, "requests": config.requests,
         "max_new_tokens": config.max_new_tokens, "kill_every_s": config.kill_every_s, "repeats": config.repeats,
+        "chaos_requests": config.chaos_requests,
         "threads_per_replica": config.threads, "model": config.model, "draft_model": config.draft,
         "dtype": config.dtype}, "no_failure": [], "one_kill": [], "chaos": []}
 
@@ -211,7 +213,7 @@ def run_failover_bench(config: FailoverBenchConfig, log=print) -> dict:
                 f"{row['failed']} failed")
             if mode not in order[index + 1:]:
                 report["one_kill"].append(_one_kill(server, config, mode, log))
-                report["chaos"].append(_chaos(server, config, mode, reference, load, log))
+                report["chaos"].append(_chaos(server, config, mode, reference, log))
     report["summary"] = summary(report)
     config.out.mkdir(parents=True, exist_ok=True)
     (config.out / "failover.json").write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -232,11 +234,12 @@ def _one_kill(server: ServerProcess, config: FailoverBenchConfig, mode: str, log
     return row
 
 
-def _chaos(server: ServerProcess, config: FailoverBenchConfig, mode: str, reference: dict, load, log) -> dict:
+def _chaos(server: ServerProcess, config: FailoverBenchConfig, mode: str, reference: dict, log) -> dict:
     killer = Killer(server, config.replicas, config.kill_every_s)
     killer.start()
     try:
-        records, seconds = load(server)
+        records, seconds = asyncio.run(drive(server.url, server.model_id, config.prompts, config.concurrency,
+                                             config.chaos_requests, "on", config.max_new_tokens, 0.0))
     finally:
         killer.stop.set()
         killer.join()
@@ -269,7 +272,8 @@ def markdown(report: dict) -> str:
              "One kill (8 streams, 6 greedy and 2 seeded, 96 tokens; the busiest replica SIGKILLed once each has its "
              "first chunk): " + ", ".join(f"failover {r['failover']}: {r['completed_equal']}/{r['streams']} complete "
                                          f"and equal, {r['errors']} errors" for r in report["one_kill"]) + ".", "",
-             f"Chaos (a replica killed every {s['kill_every_s']} s once all are ready):", "",
+             f"Chaos ({s['chaos_requests']} requests; a replica killed every {s['kill_every_s']} s once all are "
+             "ready):", "",
              "| failover | kills | requests | failed | = no-failure output | tokens/s |",
              "|---|---:|---:|---:|---:|---:|"]
     for r in report["chaos"]:

@@ -104,7 +104,8 @@ def failover_config(args):
             model=sweep.model, draft=sweep.draft, dtype=sweep.dtype, prompts=sweep.prompts,
             max_new_tokens=sweep.max_new_tokens, out=sweep.out, kill_every_s=args.kill_every,
             replicas=max(sweep.replicas), concurrency=max(sweep.concurrency),
-            requests=max(len(sweep.prompts), 2 * max(sweep.concurrency)), device=sweep.device,
+            requests=max(len(sweep.prompts), 2 * max(sweep.concurrency)),
+            chaos_requests=max(len(sweep.prompts), 8 * max(sweep.concurrency)), device=sweep.device,
             threads=sweep.threads, repeats=max(2, sweep.repeats), serve_args=sweep.serve_args)
     except ValueError as exc:
         raise CliError(str(exc)) from None
