@@ -374,7 +374,7 @@ def test_chaos_replicas_killed_under_load(cluster, no_kill):
     client = _client(cluster)
     whole = {p: _complete(client, p, max_tokens=24).choices[0].text for p in PROMPTS}
     before = _stats(cluster)["ingress"]
-    stop, failures, done = threading.Event(), [], []
+    stop, failures, done, served_by = threading.Event(), [], [], {}
 
     def load(worker: int) -> None:
         i = worker
@@ -387,7 +387,7 @@ def test_chaos_replicas_killed_under_load(cluster, no_kill):
                         failures.append(("json", prompt, text))
                 else:
                     case = i % len(KILL_CASES)
-                    got = _answer(_stream(cluster, *KILL_CASES[case]))
+                    got = _answer(_stream(cluster, *KILL_CASES[case], served_by, i))
                     if got != expected[case]:
                         failures.append(("stream", case, got))
             except Exception as exc:  # noqa: BLE001 - any error a client sees is a failure
@@ -401,9 +401,9 @@ def test_chaos_replicas_killed_under_load(cluster, no_kill):
     try:
         for _ in range(2):
             _until(lambda: _ready(cluster) == 2, "both replicas ready")
-            count = len(done)
-            _until(lambda: len(done) > count, "load under way")
-            victim = random.choice(_stats(cluster)["replicas"]["live"])
+            served_by.clear()
+            # A replica that started a stream after both were ready is alive (its actor name may outlive it).
+            victim = random.choice(list(_until(lambda: dict(served_by), "load under way").values()))
             ray.kill(ray.get_actor(f"SERVE_REPLICA::{APP_NAME}#{REPLICA_DEPLOYMENT}#{victim}", namespace="serve"),
                      no_restart=True)
         _until(lambda: _ready(cluster) >= 1, "a replica ready")
