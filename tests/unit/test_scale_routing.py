@@ -149,6 +149,22 @@ def test_bench_replicas_resolves_auto_for_its_device():
     assert config("--device", "cpu", "--dtype", "float16").dtype == "float16"
 
 
+def test_bench_kill_every_flags():
+    """`bench --serve --replicas R --kill-every S` (bench/serve_failover.py): R and the clients from the sweep's flags;
+    one replica (none would survive a kill) or a period <= 0 is a CLI error."""
+    from verispec.cli import CliError, build_parser
+    from verispec.cli.bench_serve import failover_config
+
+    def config(*flags):
+        return failover_config(build_parser().parse_args(["bench", "--serve", *flags]))
+
+    made = config("--replicas", "2", "--kill-every", "5", "--concurrency", "8")
+    assert (made.replicas, made.concurrency, made.kill_every_s) == (2, 8, 5.0) and made.chaos_requests >= 64
+    for flags in (["--replicas", "1", "--kill-every", "5"], ["--replicas", "2", "--kill-every", "0"]):
+        with pytest.raises(CliError, match="--kill-every"):
+            config(*flags)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason=machine_reason("no /proc (the test reads it)"))
 def test_tree_cpu_counts_living_descendants():
     from verispec.bench.serve_replicas import tree_cpu_s
