@@ -86,18 +86,23 @@ def test_a_resumed_request_hands_out_exactly_the_rest(engine, tokenizer, case):
     assert cuts >= 2
 
 
-def test_a_continuation_that_cannot_follow_is_refused(engine, tokenizer):
+def test_a_continuation_past_the_end_is_refused_and_one_to_the_end_finishes(engine, tokenizer):
     prompt = tokenizer("the cat")["input_ids"]
     eos = min(engine.eos_token_ids)
-    with pytest.raises(ValueError, match="nothing of max_new_tokens"):
-        engine.add_request(prompt, SamplingParams(max_new_tokens=3), resume=Continuation((5, 6, 7)))
-    with pytest.raises(ValueError, match="already ends"):
-        engine.add_request(prompt, SamplingParams(max_new_tokens=8), resume=Continuation((5, eos)))
+    with pytest.raises(ValueError, match="more than max_new_tokens"):
+        engine.add_request(prompt, SamplingParams(max_new_tokens=3), resume=Continuation((5, 6, 7, 8)))
+    with pytest.raises(ValueError, match="past the request's end"):
+        engine.add_request(prompt, SamplingParams(max_new_tokens=8), resume=Continuation((5, eos, 6)))
     with pytest.raises(ValueError, match="structured output"):
         regex = StructuredOutput("regex", spec="ab+")
         engine.add_request(prompt, SamplingParams(max_new_tokens=8, structured=regex),
                            resume=Continuation(tuple(tokenizer("ba")["input_ids"])))
     assert not engine.has_unfinished
+    # The last tokens streamed ended it (its replica died before saying so): finished at once, queued nowhere.
+    for tokens, params, reason in [((5, 6, 7), SamplingParams(max_new_tokens=3), "length"),
+                                   ((5, eos), SamplingParams(max_new_tokens=8), "stop")]:
+        seq = engine.add_request(prompt, params, resume=Continuation(tokens))
+        assert seq.finish_reason == reason and not engine.has_unfinished
 
 
 # -- level (b): unseeded sampling continues from the conditional distribution ----------------------------------------

@@ -41,7 +41,7 @@ from .prefill import Prefill
 from .proposer import Proposer
 from .requests import acceptance_label, model_eos_ids, new_sequence
 from .scheduler import Scheduler, SchedulerConfig
-from .sequence import Continuation, GenerationChunk, GenerationResult, Sequence
+from .sequence import Continuation, GenerationChunk, GenerationResult, Sequence, SequenceStatus
 from .verifier import Verifier
 
 if TYPE_CHECKING:  # (a type only: importing Hugging Face modeling costs ~1.5 s of start-up)
@@ -179,8 +179,9 @@ class SpeculativeEngine:
         by default it is compiled here. `scope`: whose earlier requests a drafter that learns across requests may
         draft from (the server: a hash of the API key; None: the default scope). `resume`: output the request already
         generated and handed out (a failover, server/scale/ingress.py): it goes on after it as one uninterrupted
-        request, handing out only what follows (requests.resume_output); ValueError where that output is not one
-        this request could have generated."""
+        request, handing out only what follows (requests.resume_output; output that ends the request leaves it
+        finished at once, queued nowhere); ValueError where that output is not one this request could have
+        generated."""
         spec = spec or self.spec
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # [n]
         self.check_request(prompt.numel(), params)
@@ -201,6 +202,9 @@ class SpeculativeEngine:
         seq = new_sequence(prompt, params, spec, drafter, self.tokenizer, self.target.vocab_size, self.target.device,
                            self.eos_token_ids, CACHE_SLACK, grammar, resume)
         seq.scope = scope
+        if seq.finished:  # resumed after its last token: nothing to run (its status said so by the scheduler's rule)
+            seq.status = SequenceStatus.FINISHED
+            return seq
         # A draft head needs the prompt's hidden states, which a cached prefix lacks: such a request computes it.
         self.scheduler.enqueue(seq, seq.committed.tolist(), cacheable=not wants_features(drafter))
         return seq

@@ -73,17 +73,18 @@ def resume_output(seq: Sequence, resume: Continuation) -> None:
     """Replay output generated before into a waiting sequence, as its own rounds would have committed it: the stop
     checker (text, stop strings), the sampling state (penalty counts, min_tokens, the grammar, the coupled noise's
     next output position) and the buffer; the prefill then covers prompt + that output. Nothing of it is handed
-    out again: the text shown continues at `resume.shown`. Raises ValueError for output that already ended the
-    request or that its grammar refuses."""
+    out again: the text shown continues at `resume.shown`. Output that ends the request (its stop token or string,
+    or its length: the last tokens an earlier replica streamed before it could say so) leaves the sequence
+    finished. Raises ValueError for output that goes on past its end or that its grammar refuses."""
     ids = [int(t) for t in resume.token_ids]
     if not ids:
         return
-    if len(ids) >= seq.params.max_new_tokens:
-        raise ValueError(f"the continuation's {len(ids)} tokens leave nothing of max_new_tokens "
-                         f"({seq.params.max_new_tokens}) to generate")
-    for token in ids:
-        if seq.stopper.push(token) is not None:
-            raise ValueError("the continuation already ends the request (a stop token or string, or its length)")
+    if len(ids) > seq.params.max_new_tokens:
+        raise ValueError(f"the continuation's {len(ids)} tokens are more than max_new_tokens "
+                         f"({seq.params.max_new_tokens})")
+    for i, token in enumerate(ids):
+        if seq.stopper.push(token) is not None and i < len(ids) - 1:
+            raise ValueError("the continuation goes on past the request's end (a stop token or string)")
     seq.append(ids)
     seq.new_token_ids = []
     if seq.sampling.grammar is not None and seq.sampling.grammar.broken:

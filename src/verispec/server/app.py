@@ -271,14 +271,22 @@ class Server:
                 total.merge(event.stats)
                 cached += reply.cached_tokens(event)
                 finish = event.finish_reason
+                end = ""  # the choice's last events
                 if streams is not None:
                     stream = streams[event.index]
                     content, calls = stream.finish()
                     if content or calls:
-                        yield builder.tool_chunk(event.index, content, calls)
+                        end = builder.tool_chunk(event.index, content, calls)
                     finish = finish_reason(finish, bool(stream.ids))
-                report = FINISHED_LINE if reply.progress else ""
-                yield report + builder.finish_chunk(event.index, finish, reply.metrics(event.stats))
+                end += builder.finish_chunk(event.index, finish, reply.metrics(event.stats))
+                if reply.progress:  # one choice: its end, the usage and [DONE] in one piece, which a failover
+                    outcome.status = 200  # never splits (server/resume.py)
+                    if include_usage:
+                        end += builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens +
+                                                         reply.resumed_tokens, cached), reply.metrics(total))
+                    yield FINISHED_LINE + end + DONE
+                    return
+                yield end
             elif isinstance(event, JobFailed):
                 outcome.status = event.error.status
                 yield sse(event.error.body())

@@ -207,6 +207,16 @@ class EngineWorker:
         self._active.append(active)
         for choice in active.choices.values():
             self._by_seq[choice.seq.seq_id] = (active, choice)
+        for choice in [c for c in active.choices.values() if c.seq.finished]:  # resumed after its last token
+            text = choice.seq.take()[1]  # what the finish lets out of the text held back, if not shown yet
+            if text:
+                job.handle.put(TextDelta(choice.index, text, shown=choice.seq.stopper.emitted))
+            job.handle.put(ChoiceDone(choice.index, choice.seq.finish_reason, choice.seq.stats))
+            del active.choices[choice.seq.seq_id]
+            self._by_seq.pop(choice.seq.seq_id)
+            if not active.choices:
+                job.handle.put(JobDone())
+                self._end(active)
 
     def _queue_choices(self, prepared: PreparedJob) -> tuple[list[Sequence], bool]:
         """Resolve the job's drafter (a 400, 404 or 503 when it cannot be used) and add its prepared sequences."""
