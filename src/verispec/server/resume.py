@@ -5,7 +5,8 @@ as if nothing happened. Two private headers, which only the ingress sends (it dr
 
 - `x-verispec-progress: 1`: the replica reports, in front of each streamed event that carries tokens, an SSE
   comment line (`: vs {...}`; an SSE client ignores comments, and the ingress strips them) with the event's
-  token ids (`t`), the characters of the text shown so far (`s`), and `f` on the choice's finish event. A round whose
+  token ids (`t`), the characters of the text shown so far (`s`), and `f` on the choice's finish event, which
+  comes in one piece with the usage event and `[DONE]` (a death never splits them). A round whose
   text is held back (a possible stop string, a split character) is reported by a comment alone.
 - `x-verispec-resume: {...}`: the stream to pick up: its `id` and `created` (an empty id: no event was sent yet,
   the replica gives its own), the tokens already streamed and the characters of their text shown. The replica

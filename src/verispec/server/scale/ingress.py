@@ -260,7 +260,7 @@ class Failover(Relay):
         self.ingress, self.call, self.key, self.replica = ingress, call, key, replica
         self.tokens: list[int] = []  # streamed, in order
         self.shown = 0  # characters of their text shown
-        self.ended = False  # the choice's finish event came: only the usage event and [DONE] were left
+        self.ended = False  # the choice's finish event came (with the usage event and [DONE], in one piece)
         self.identified = False  # the first event came: it has the stream's id and created
         self.id: str | None = None
         self.created = 0
