@@ -110,7 +110,7 @@ def test_a_continuation_past_the_end_is_refused_and_one_to_the_end_finishes(engi
 FIRST = 2  # the token generated before the failover
 SAMPLED = dict(max_new_tokens=3, temperature=0.8, top_k=3, presence_penalty=1.5, frequency_penalty=1.0,
                logit_bias={1: 0.5})
-SAMPLES = 3000
+SAMPLES = 2000
 
 
 def _conditional(target, params) -> dict[tuple, float]:
