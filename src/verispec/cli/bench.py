@@ -111,8 +111,8 @@ def add_parser(sub) -> None:
                         "clients: --concurrency, default 16; bench/serve_replicas.py)")
     g.add_argument("--kill-every", type=float, default=None, metavar="SECONDS",
                    help="with --serve --replicas R (R >= 2): failover measured instead: servers with failover on "
-                        "and off side by side, without failures (alternating) and with a replica killed every "
-                        "SECONDS (errors, outputs equal, tokens/s); bench/serve_failover.py")
+                        "and off (one at a time, alternating) without failures, with one kill mid-stream, and with "
+                        "a replica killed every SECONDS (errors, outputs equal, tokens/s); bench/serve_failover.py")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
