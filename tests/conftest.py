@@ -288,6 +288,20 @@ def model_dirs(tmp_path_factory, tokenizer, trained_pair):
     return paths
 
 
+@pytest.fixture(scope="session")
+def json_dirs(tmp_path_factory):
+    """A target and a draft whose vocabulary spells JSON, trained briefly on the usual corpus (saved as folders)."""
+    tokenizer = make_tokenizer(JSON_CHARS)
+    vocab = len(tokenizer)
+    models = {"target": train_on_corpus(tiny_llama(20, hidden=64, vocab=vocab), tokenizer, steps=150),
+              "draft": train_on_corpus(tiny_llama(21, hidden=32, layers=1, vocab=vocab), tokenizer, steps=60)}
+    root = tmp_path_factory.mktemp("json_models")
+    for name, model in models.items():
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return {name: root / name for name in models}
+
+
 def draft_batch(token_lists, ks, params=None, vocab: int = VOCAB, thresholds=None, seed: int = 0):
     """A DraftBatch of rows (slot i = row i) continuing `token_lists`, asking ks[i] draft tokens of each."""
     from verispec.config import SamplingParams

@@ -18,7 +18,7 @@ import re
 import openai
 import pytest
 
-from conftest import JSON_CHARS, machine_reason, make_tokenizer, tiny_llama, train_on_corpus
+from conftest import machine_reason
 from test_server import ServerThread
 
 import dataclasses
@@ -62,20 +62,6 @@ CASES = {
     "max-tokens": ({"logprobs": True}, 3),
     "n": ({"n": 2, "logprobs": True, "top_logprobs": 1}, 16),
 }
-
-
-@pytest.fixture(scope="module")
-def json_dirs(tmp_path_factory):
-    """A target and a draft whose vocabulary spells JSON, trained briefly on the usual corpus."""
-    tokenizer = make_tokenizer(JSON_CHARS)
-    vocab = len(tokenizer)
-    models = {"target": train_on_corpus(tiny_llama(20, hidden=64, vocab=vocab), tokenizer, steps=150),
-              "draft": train_on_corpus(tiny_llama(21, hidden=32, layers=1, vocab=vocab), tokenizer, steps=60)}
-    root = tmp_path_factory.mktemp("json_models")
-    for name, model in models.items():
-        model.save_pretrained(root / name)
-        tokenizer.save_pretrained(root / name)
-    return {name: root / name for name in models}
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import machine_reason
 from verispec.server.scale import aggregate
 from verispec.server.scale.config import ScaleConfig
-from verispec.server.scale.routing import preference, rank, routing_key
+from verispec.server.resume import FINISHED_LINE, parse_resume, progress_line, read_progress, resume_header
+from verispec.server.scale.routing import preference, rank, resumable, routing_key
 
 CHAT, COMPLETION = "/v1/chat/completions", "/v1/completions"
 
@@ -148,6 +149,22 @@ def test_bench_replicas_resolves_auto_for_its_device():
     assert config("--device", "cpu", "--dtype", "float16").dtype == "float16"
 
 
+def test_bench_kill_every_flags():
+    """`bench --serve --replicas R --kill-every S` (bench/serve_failover.py): R and the clients from the sweep's flags;
+    one replica (none would survive a kill) or a period <= 0 is a CLI error."""
+    from verispec.cli import CliError, build_parser
+    from verispec.cli.bench_serve import failover_config
+
+    def config(*flags):
+        return failover_config(build_parser().parse_args(["bench", "--serve", *flags]))
+
+    made = config("--replicas", "2", "--kill-every", "5", "--concurrency", "8")
+    assert (made.replicas, made.concurrency, made.kill_every_s) == (2, 8, 5.0) and made.chaos_requests >= 64
+    for flags in (["--replicas", "1", "--kill-every", "5"], ["--replicas", "2", "--kill-every", "0"]):
+        with pytest.raises(CliError, match="--kill-every"):
+            config(*flags)
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason=machine_reason("no /proc (the test reads it)"))
 def test_tree_cpu_counts_living_descendants():
     from verispec.bench.serve_replicas import tree_cpu_s
@@ -163,3 +180,28 @@ def test_tree_cpu_counts_living_descendants():
         child.stdin.close()
         child.wait(30)
     assert tree_cpu_s(2**22 + 7) is None  # no such process
+
+
+def test_which_requests_a_failover_can_resume():
+    """A stream of one choice: one prompt (text, token ids, or a list of one), n 1."""
+    chat = {"messages": [{"role": "user", "content": "hi"}], "stream": True}
+    assert resumable(chat) and resumable({**chat, "n": 1}) and resumable({"prompt": [1, 2], "stream": True})
+    assert resumable({"prompt": ["one"], "stream": True}) and resumable({"prompt": "one", "stream": True})
+    for data in (None, {**chat, "stream": False}, {**chat, "n": 2}, {"prompt": ["a", "b"], "stream": True},
+                 {"prompt": "x"}):
+        assert not resumable(data), data
+
+
+def test_progress_reports_come_off_the_events():
+    """A replica's progress comment (server/resume.py) is read off its event; the rest is what the client gets."""
+    event = b'data: {"id":"x"}\n\n'
+    assert read_progress(progress_line([3, 4], 7).encode() + event) == ({"t": [3, 4], "s": 7}, event)
+    assert read_progress((progress_line([5], 9) + "\n").encode()) == ({"t": [5], "s": 9}, b"")  # the report alone
+    assert read_progress(FINISHED_LINE.encode() + event) == ({"t": [], "f": 1}, event)
+    assert read_progress(event) == (None, event)
+    resume = parse_resume(resume_header("cmpl-1", 5, [1, 2], 3).decode())
+    assert (resume.id, resume.created, resume.continuation.token_ids, resume.continuation.shown) == \
+        ("cmpl-1", 5, (1, 2), 3)
+    for bad in ("{", '{"id": "a"}', '{"id": "a", "created": 1, "tokens": ["x"], "shown": 0}'):
+        with pytest.raises(Exception, match="not a stream to resume"):
+            parse_resume(bad)

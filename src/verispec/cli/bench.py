@@ -112,6 +112,10 @@ def add_parser(sub) -> None:
     g.add_argument("--replicas", default=None, metavar="LIST",
                    help="with --serve: replica counts on Ray Serve to compare, e.g. 1,2 (each --threads threads; "
                         "clients: --concurrency, default 16; bench/serve_replicas.py)")
+    g.add_argument("--kill-every", type=float, default=None, metavar="SECONDS",
+                   help="with --serve --replicas R (R >= 2): failover measured instead: servers with failover on "
+                        "and off (one at a time, alternating) without failures, with one kill mid-stream, and with "
+                        "a replica killed every SECONDS (errors, outputs equal, tokens/s); bench/serve_failover.py")
     g = p.add_argument_group("output")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="output folder (default bench-out)")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -217,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     if args.busy and (args.replicas or args.serve or args.concurrency):
         raise CliError("--busy runs with the suite or --batch-sizes, not --serve / --replicas")
     if args.replicas:
-        return bench_serve.run_replicas(args)
+        return bench_serve.run_failover(args) if args.kill_every else bench_serve.run_replicas(args)
     if args.serve or args.concurrency:
         return bench_serve.run_prefix(args) if getattr(args, "prefix_cache", False) else bench_serve.run_serve(args)
     from ..bench import run_benchmark

@@ -94,6 +94,33 @@ def replica_sweep_config(args):
     )
 
 
+def failover_config(args):
+    """`verispec bench --serve --replicas R --kill-every S`'s flags as a FailoverBenchConfig; CliError on bad ones."""
+    from ..bench.serve_failover import FailoverBenchConfig
+
+    sweep = replica_sweep_config(args)
+    try:
+        return FailoverBenchConfig(
+            model=sweep.model, draft=sweep.draft, dtype=sweep.dtype, prompts=sweep.prompts,
+            max_new_tokens=sweep.max_new_tokens, out=sweep.out, kill_every_s=args.kill_every,
+            replicas=max(sweep.replicas), concurrency=max(sweep.concurrency),
+            requests=max(len(sweep.prompts), 2 * max(sweep.concurrency)),
+            chaos_requests=max(len(sweep.prompts), 8 * max(sweep.concurrency)), device=sweep.device,
+            threads=sweep.threads, repeats=max(2, sweep.repeats), serve_args=sweep.serve_args)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run_failover(args) -> int:
+    """`verispec bench --serve --replicas R --kill-every S`: failover's cost without failures, and chaos."""
+    from ..bench.serve_failover import markdown, run_failover_bench
+
+    report = run_failover_bench(failover_config(args))
+    print(f"[bench --serve --kill-every] wrote {args.out / 'failover.md'} and failover.json")
+    print(markdown(report))
+    return 0
+
+
 def run_serve(args) -> int:
     """`verispec bench --serve`: clients against a real server, speculation on and off."""
     from ..bench.serve_load import run_serve_load

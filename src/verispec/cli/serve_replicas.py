@@ -29,6 +29,9 @@ def add_scale_args(p: argparse.ArgumentParser) -> None:
                    help="Ray CPUs reserved per replica (default: --threads, else 1)")
     r.add_argument("--replica-gpus", type=float, default=0.0, metavar="GPUS",
                    help="Ray GPUs reserved per replica (default 0)")
+    r.add_argument("--no-failover", dest="failover", action="store_false",
+                   help="a stream whose replica dies ends with a retryable error event instead of going on in "
+                        "another replica from where it was (default: failover on)")
     r.add_argument("--ray-dashboard", action="store_true",
                    help="with a local Ray, start its dashboard too (off by default: it costs ~ 300 MB)")
 
@@ -47,7 +50,7 @@ def run_replicas(args: argparse.Namespace, config) -> int:
             replicas=args.replicas or args.min_replicas or 1, min_replicas=args.min_replicas,
             max_replicas=args.max_replicas, ray_address=args.ray_address,
             replica_cpus=args.replica_cpus or float(args.threads or 1), replica_gpus=args.replica_gpus,
-            threads=args.threads, dashboard=args.ray_dashboard,
+            threads=args.threads, dashboard=args.ray_dashboard, failover=args.failover,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -2,8 +2,8 @@
 
 from .policy import FixedK
 from .engine import CACHE_SLACK, SpeculativeEngine, model_eos_ids
-from .sequence import GenerationChunk, GenerationResult, Sequence, TokenLogprob, TokenOrigin
+from .sequence import Continuation, GenerationChunk, GenerationResult, Sequence, TokenLogprob, TokenOrigin
 from ..runtime.runners.select import HFRunner, RunnerOutput
 
-__all__ = ["CACHE_SLACK", "FixedK", "GenerationChunk", "GenerationResult", "HFRunner", "RunnerOutput",
-           "Sequence", "SpeculativeEngine", "TokenLogprob", "TokenOrigin", "model_eos_ids"]
+__all__ = ["CACHE_SLACK", "Continuation", "FixedK", "GenerationChunk", "GenerationResult", "HFRunner",
+           "RunnerOutput", "Sequence", "SpeculativeEngine", "TokenLogprob", "TokenOrigin", "model_eos_ids"]

@@ -41,7 +41,7 @@ from .prefill import Prefill
 from .proposer import Proposer
 from .requests import acceptance_label, model_eos_ids, new_sequence
 from .scheduler import Scheduler, SchedulerConfig
-from .sequence import GenerationChunk, GenerationResult, Sequence
+from .sequence import Continuation, GenerationChunk, GenerationResult, Sequence, SequenceStatus
 from .verifier import Verifier
 
 if TYPE_CHECKING:  # (a type only: importing Hugging Face modeling costs ~1.5 s of start-up)
@@ -169,6 +169,7 @@ class SpeculativeEngine:
         drafter: Drafter | None = None,
         grammar: Grammar | None = None,
         scope: str | None = None,
+        resume: Continuation | None = None,
     ) -> Sequence:
         """Queue a request; it starts at the next step with a free slot. prompt_ids is copied, never written to.
 
@@ -176,7 +177,11 @@ class SpeculativeEngine:
         `use_drafter=False` runs the target alone through the same step. `grammar`: the request's own grammar
         state from `new_grammar(params)`, compiled beforehand (the server compiles off the engine thread);
         by default it is compiled here. `scope`: whose earlier requests a drafter that learns across requests may
-        draft from (the server: a hash of the API key; None: the default scope)."""
+        draft from (the server: a hash of the API key; None: the default scope). `resume`: output the request already
+        generated and handed out (a failover, server/scale/ingress.py): it goes on after it as one uninterrupted
+        request, handing out only what follows (requests.resume_output; output that ends the request leaves it
+        finished at once, queued nowhere); ValueError where that output is not one this request could have
+        generated."""
         spec = spec or self.spec
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # [n]
         self.check_request(prompt.numel(), params)
@@ -195,10 +200,13 @@ class SpeculativeEngine:
             grammar = self.new_grammar(params)
         assert grammar is None or grammar.structured == params.structured, "a grammar compiled for other params"
         seq = new_sequence(prompt, params, spec, drafter, self.tokenizer, self.target.vocab_size, self.target.device,
-                           self.eos_token_ids, CACHE_SLACK, grammar)
+                           self.eos_token_ids, CACHE_SLACK, grammar, resume)
         seq.scope = scope
+        if seq.finished:  # resumed after its last token: nothing to run (its status said so by the scheduler's rule)
+            seq.status = SequenceStatus.FINISHED
+            return seq
         # A draft head needs the prompt's hidden states, which a cached prefix lacks: such a request computes it.
-        self.scheduler.enqueue(seq, prompt.tolist(), cacheable=not wants_features(drafter))
+        self.scheduler.enqueue(seq, seq.committed.tolist(), cacheable=not wants_features(drafter))
         return seq
 
     def _share_prefix_cache(self, drafter: Drafter) -> None:
@@ -250,11 +258,13 @@ class SpeculativeEngine:
         spec: SpeculativeConfig | None = None,
         use_drafter: bool = True,
         drafter: Drafter | None = None,
+        resume: Continuation | None = None,
     ) -> Iterator[GenerationChunk]:
         """One request through the step loop: a chunk per round; the last chunk carries the request's stats.
+        `resume`: output it already generated (`add_request`): the chunks hand out only what follows.
 
         Closing the iterator early (a client went away) aborts the request; its figures still count."""
-        seq = self.add_request(prompt_ids, params, spec, use_drafter, drafter)
+        seq = self.add_request(prompt_ids, params, spec, use_drafter, drafter, resume=resume)
         try:
             while not seq.finished:
                 if seq in self.step():

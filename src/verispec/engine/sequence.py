@@ -59,6 +59,17 @@ def round_origins(stage: str | None, round: int, drafted: int, accepted: int, bo
     return origins[:kept]
 
 
+@dataclass(frozen=True)
+class Continuation:
+    """Output a request already generated and handed out elsewhere (a replica that died mid-stream), after which it
+    goes on as one uninterrupted request: these tokens count as generated, not as prompt (penalties, min and max
+    tokens, the coupled noise's output positions, the stop checker, the grammar), and only what follows them is
+    handed out."""
+
+    token_ids: tuple[int, ...]  # generated tokens already handed out, in order
+    shown: int | None = None  # characters of their text already shown (None: as far as the stop checker allows)
+
+
 @dataclass(eq=False)  # a request is itself: compared (and found in queues) by identity, never by its tensors
 class Sequence:
     """One request. Invariant: tokens[:length] are the committed tokens (prompt, then generated)."""

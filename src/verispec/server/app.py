@@ -43,6 +43,7 @@ from .responses import DONE, ResponseBuilder, TokenText, finish_reason, speculat
 from .chat import chat_prompt
 from .served import Prompt, ServedModel
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .resume import FINISHED_LINE, PROGRESS_HEADER, RESUME_HEADER, parse_resume, progress_line
 from .tools import ToolCalling, ToolStream, read
 from .worker import EngineWorker
 
@@ -149,13 +150,18 @@ class Server:
         if annotate and not body.stream:
             raise invalid("speculative.annotate adds a field to each streamed chunk: set stream to true.",
                           param="speculative.annotate")
+        resume = parse_resume(request.headers.get(RESUME_HEADER))
+        progress = PROGRESS_HEADER in request.headers and body.stream and len(prompts) * body.n == 1
+        if resume is not None and not progress:
+            raise invalid("Only a stream of one choice can be resumed.")
         if not self.worker.alive:
             raise APIError(503, "The model worker is not running; restart the server.", type="server_error")
         handle = JobHandle(asyncio.get_running_loop())
         self.worker.submit(Job(
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
             speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
-            arrival=arrival, scope=self.scope(request), tools=tools,
+            arrival=arrival, scope=self.scope(request), tools=tools, progress=progress,
+            resume=None if resume is None else resume.continuation,
         ))
         try:
             first = await self._next(handle, request)
@@ -166,10 +172,16 @@ class Server:
             raise first.error
         assert isinstance(first, Started), first
         drafter = drafter if first.speculative else None
+        builder = ResponseBuilder(chat, self.model_id)
+        if resume is not None:  # the same stream, picked up: its text offsets where it was left, its id and created
+            builder.offsets[0] = first.logprob_chars
+            if resume.id:
+                builder.id, builder.created = resume.id, resume.created
         reply = _Reply(
-            handle=handle, builder=ResponseBuilder(chat, self.model_id), count=len(prompts) * body.n,
-            prompt_tokens=first.prompt_tokens, drafter=drafter, spec=spec, logprobs=params.logprobs is not None,
-            n=body.n, tools=tools,
+            handle=handle, builder=builder, count=len(prompts) * body.n, prompt_tokens=first.prompt_tokens,
+            drafter=drafter, spec=spec, logprobs=params.logprobs is not None, n=body.n, tools=tools,
+            progress=progress, resumed=None if resume is None else first,
+            role_sent=resume is not None and bool(resume.id),
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -230,33 +242,51 @@ class Server:
         """SSE: role chunks (chat), a chunk per round that produced text, a finish chunk per choice, the usage
         chunk when asked for, `[DONE]`."""
         builder = reply.builder
-        if builder.chat:
+        if builder.chat and not reply.role_sent:
             for index in range(reply.count):
                 yield builder.role_chunk(index, tools=reply.tools is not None)
         total = GenerationStats()
         cached = 0
         # With tools, each choice's text goes through its ToolStream: content, and calls as they are written.
         streams = [ToolStream(reply.tools.syntax) for _ in range(reply.count)] if reply.tools is not None else None
+        if streams is not None and reply.resumed is not None:
+            streams[0].feed(reply.resumed.shown)  # where the earlier replica's stream was: sent already
         while True:
             event = await reply.handle.next()
             if isinstance(event, TextDelta):
+                # A failover's report (server/resume.py), in front of the event or alone.
+                report = progress_line(event.token_ids, event.shown) if reply.progress else ""
                 if streams is None:
-                    yield builder.text_chunk(event.index, event.text, event.logprobs, event.annotation)
+                    if event.text or event.logprobs or event.annotation is not None:
+                        yield report + builder.text_chunk(event.index, event.text, event.logprobs, event.annotation)
+                    else:  # tokens whose text is held back: the report alone
+                        yield report + "\n"
                     continue
                 content, calls = streams[event.index].feed(event.text)
                 if content or calls or event.logprobs is not None or event.annotation is not None:
-                    yield builder.tool_chunk(event.index, content, calls, event.logprobs, event.annotation)
+                    yield report + builder.tool_chunk(event.index, content, calls, event.logprobs, event.annotation)
+                elif report:
+                    yield report + "\n"
             elif isinstance(event, ChoiceDone):
                 total.merge(event.stats)
                 cached += reply.cached_tokens(event)
                 finish = event.finish_reason
+                end = ""  # the choice's last events
                 if streams is not None:
                     stream = streams[event.index]
                     content, calls = stream.finish()
                     if content or calls:
-                        yield builder.tool_chunk(event.index, content, calls)
+                        end = builder.tool_chunk(event.index, content, calls)
                     finish = finish_reason(finish, bool(stream.ids))
-                yield builder.finish_chunk(event.index, finish, reply.metrics(event.stats))
+                end += builder.finish_chunk(event.index, finish, reply.metrics(event.stats))
+                if reply.progress:  # one choice: its end, the usage and [DONE] in one piece, which a failover
+                    outcome.status = 200  # never splits (server/resume.py)
+                    if include_usage:
+                        end += builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens +
+                                                         reply.resumed_tokens, cached), reply.metrics(total))
+                    yield FINISHED_LINE + end + DONE
+                    return
+                yield end
             elif isinstance(event, JobFailed):
                 outcome.status = event.error.status
                 yield sse(event.error.body())
@@ -264,8 +294,8 @@ class Server:
             elif isinstance(event, JobDone):
                 outcome.status = 200
                 if include_usage:
-                    yield builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens, cached),
-                                              reply.metrics(total))
+                    yield builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens + reply.resumed_tokens,
+                                                    cached), reply.metrics(total))
                 break
         yield DONE
 
@@ -286,6 +316,14 @@ class _Reply:
     logprobs: bool  # the request asked for logprobs
     n: int = 1  # choices per prompt
     tools: ToolCalling | None = None  # the answer may be tool calls: its text is read by the format's syntax
+    progress: bool = False  # the stream reports its tokens for a failover (server/resume.py)
+    resumed: Started | None = None  # a stream picked up from an earlier replica: what it had shown
+    role_sent: bool = False  # ... and its chat role chunk was sent there
+
+    @property
+    def resumed_tokens(self) -> int:
+        """Tokens the earlier replica streamed: usage counts them as this request's."""
+        return 0 if self.resumed is None else self.resumed.resumed
 
     def cached_tokens(self, done: ChoiceDone) -> int:
         """A finished choice's share of usage's cached_tokens: each prompt counts once, by its first choice (the

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..config import SamplingParams, SpeculativeConfig
+from ..engine import Continuation
 from ..stats import GenerationStats
 from .errors import APIError, timed_out
 from .responses import TokenText
@@ -29,6 +30,9 @@ class Started:
 
     prompt_tokens: int  # all prompts of the request, each counted once
     speculative: bool  # a drafter was found for the request (a named drafter may also resolve to none)
+    resumed: int = 0  # a resumed stream (server/resume.py): the tokens its earlier replica streamed
+    shown: str = ""  # ... the text it showed
+    logprob_chars: int = 0  # ... and the characters of its tokens' logprob texts (completions' text_offset)
 
 
 @dataclass
@@ -37,6 +41,8 @@ class TextDelta:
     text: str  # newly committed text (one engine round)
     logprobs: list[TokenText] | None = None  # of the round's tokens, when the request asked for logprobs
     annotation: list[dict] | None = None  # how each of the round's tokens was decided, when the request asked
+    token_ids: list[int] = field(default_factory=list)  # the round's tokens (reported with `Job.progress`)
+    shown: int = 0  # characters of the choice's text shown so far, this round's included
 
 
 @dataclass
@@ -111,5 +117,7 @@ class Job:
     annotate: bool = False  # the stream carries each token's origin (`speculative.annotate`)
     scope: str | None = None  # whose earlier requests a suffix drafter may draft from (a hash of the API key)
     tools: ToolCalling | None = None  # the answer may be tool calls (their grammar is params.structured)
+    progress: bool = False  # the stream reports its tokens for a failover (server/resume.py)
+    resume: Continuation | None = None  # output an earlier replica streamed: this job goes on after it
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from ..config import SamplingParams
+from ..engine import Continuation
 from ..sampling.grammar import Grammar
 from .constraints import constraint_param
 from .errors import APIError, invalid
@@ -41,6 +42,7 @@ class PreparedChoice:
     prompt_ids: list[int]
     params: SamplingParams  # max_new_tokens filled in (max_tokens or the rest of the context); seed + choice
     grammar: Grammar | None  # this sequence's own grammar state, compiled (None without a constraint)
+    resume: Continuation | None = None  # output an earlier replica streamed (the job's, for its one choice)
 
 
 @dataclass
@@ -66,7 +68,7 @@ def prepare(served: ServedModel, job: Job) -> PreparedJob:
         except ValueError as exc:
             raise invalid(str(exc), param="min_tokens") from exc
         served.check_request(len(ids), params, job.prompt_param)
-        choices.append(PreparedChoice(ids, params, None))
+        choices.append(PreparedChoice(ids, params, None, job.resume))
     for choice in choices:  # after the length checks: a request refused for its length compiles nothing
         try:
             choice.grammar = served.engine.new_grammar(choice.params)

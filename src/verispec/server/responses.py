@@ -172,7 +172,7 @@ class ResponseBuilder:
     def __init__(self, chat: bool, model: str) -> None:
         self.chat = chat
         self.model = model
-        self._offsets: dict[int, int] = {}  # choice -> characters of its tokens streamed (completions text_offset)
+        self.offsets: dict[int, int] = {}  # choice -> characters of its tokens streamed (completions text_offset)
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -208,8 +208,8 @@ class ResponseBuilder:
     def _completion_logprobs(self, index: int, logprobs: list[TokenText] | None) -> CompletionLogprobs | None:
         if logprobs is None:
             return None
-        out = completion_logprobs(logprobs, self._offsets.get(index, 0))
-        self._offsets[index] = self._offsets.get(index, 0) + sum(len(t.token) for t in logprobs)
+        out = completion_logprobs(logprobs, self.offsets.get(index, 0))
+        self.offsets[index] = self.offsets.get(index, 0) + sum(len(t.token) for t in logprobs)
         return out
 
     def finish_chunk(self, index: int, finish_reason: str, metrics: SpeculativeMetrics) -> str:

@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 
 from ..engine import Sequence, SpeculativeEngine
-from .errors import APIError, queue_full
+from .errors import APIError, invalid, queue_full
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .metrics import ServerMetrics
 from .prepare import FrontEnd, PreparedJob, internal_error
@@ -207,6 +207,16 @@ class EngineWorker:
         self._active.append(active)
         for choice in active.choices.values():
             self._by_seq[choice.seq.seq_id] = (active, choice)
+        for choice in [c for c in active.choices.values() if c.seq.finished]:  # resumed after its last token
+            text = choice.seq.take()[1]  # what the finish lets out of the text held back, if not shown yet
+            if text:
+                job.handle.put(TextDelta(choice.index, text, shown=choice.seq.stopper.emitted))
+            job.handle.put(ChoiceDone(choice.index, choice.seq.finish_reason, choice.seq.stats))
+            del active.choices[choice.seq.seq_id]
+            self._by_seq.pop(choice.seq.seq_id)
+            if not active.choices:
+                job.handle.put(JobDone())
+                self._end(active)
 
     def _queue_choices(self, prepared: PreparedJob) -> tuple[list[Sequence], bool]:
         """Resolve the job's drafter (a 400, 404 or 503 when it cannot be used) and add its prepared sequences."""
@@ -217,12 +227,20 @@ class EngineWorker:
             for choice in prepared.choices:
                 seqs.append(self.engine.add_request(choice.prompt_ids, choice.params, spec=job.spec,
                                                     use_drafter=drafter is not None, drafter=drafter,
-                                                    grammar=choice.grammar, scope=job.scope))
-        except BaseException:
+                                                    grammar=choice.grammar, scope=job.scope, resume=choice.resume))
+        except BaseException as exc:
             for seq in seqs:
                 self.engine.abort(seq)
+            if job.resume is not None and isinstance(exc, ValueError):  # output this request cannot have made
+                raise invalid(f"The stream cannot be resumed: {exc}.") from exc
             raise
-        job.handle.put(Started(prepared.prompt_tokens, drafter is not None))
+        started = Started(prepared.prompt_tokens, drafter is not None)
+        if job.resume is not None:
+            seq, tokenizer = seqs[0], self.served.tokenizer
+            started.resumed = len(job.resume.token_ids)
+            started.shown = seq.stopper.text[: seq.stopper.emitted]
+            started.logprob_chars = sum(len(tokenizer.decode([t])) for t in job.resume.token_ids)
+        job.handle.put(started)
         return seqs, drafter is not None
 
     def _drop_cancelled(self) -> None:
@@ -256,10 +274,10 @@ class EngineWorker:
                 choice.tokens += len(token_ids)
             logprobs = seq.take_logprobs()
             origins = seq.take_origins()
-            if text or logprobs or (job.annotate and token_ids):
+            if text or logprobs or ((job.annotate or job.progress) and token_ids):
                 tokens = None if logprobs is None else decode_logprobs(logprobs, self.served.tokenizer)
                 annotation = annotate(token_ids, origins, self.served.tokenizer) if job.annotate else None
-                job.handle.put(TextDelta(choice.index, text, tokens, annotation))
+                job.handle.put(TextDelta(choice.index, text, tokens, annotation, token_ids, seq.stopper.emitted))
             if seq.finished:
                 self.metrics.observe_generation(seq.stats, active.speculative, "ok")
                 if choice.tokens > 1:

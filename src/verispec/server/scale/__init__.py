@@ -5,7 +5,8 @@ Ray Serve replica (`replica.py`, through `bridge.py`). One ingress deployment (`
 request, applies the same guard (API key, body limit, queue bound, drain), picks a replica through Serve's
 request-router extension point (`router.py`: prefix affinity by rendezvous hashing of the prompt's start, else
 least loaded; the choice itself is `routing.py`, pure), retries a request whose replica died before it answered
-and turns a stream cut by a dead replica into a retryable 503 error event. `/metrics` and `GET /v1/stats` sum
+and carries a stream whose replica died on in another replica from its tokens so far (failover, server/resume.py;
+with `--no-failover`, a retryable 503 error event ends it). `/metrics` and `GET /v1/stats` sum
 every replica's counters and histograms (`aggregate.py`). `launch.py` starts (or joins) Ray and Serve.
 
 Only `config.py`, `routing.py`, `aggregate.py` and `bridge.py` import without Ray; the rest needs the `ray`

@@ -32,6 +32,9 @@ class ScaleConfig:
     """Leading prompt characters the prefix-affinity key hashes."""
     imbalance: int = IMBALANCE
     """Ongoing-request gap at which prefix affinity yields to the least loaded replica."""
+    failover: bool = True
+    """A stream whose replica dies goes on in another replica from where it was (--no-failover: it ends with a
+    retryable error event instead; server/scale/ingress.py)."""
     step_gate: bool = False
     """Tests only: each replica's engine can be parked mid-request on demand (`Replica.hold`, gate.py)."""
 

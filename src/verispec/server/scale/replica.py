@@ -35,9 +35,10 @@ class Replica:
         self.id = serve.get_replica_context().replica_id.unique_id
         logger.info("replica %s serving %s", self.id, config.model_id)
 
-    async def http(self, call: HttpCall, key: str | None = None) -> AsyncIterator[dict | bytes]:
-        """The app's answer to `call`: its head (with this replica's id added), then body chunks. `key` is
-        for the router (prefix affinity)."""
+    async def http(self, call: HttpCall, key: str | None = None,
+                   avoid: tuple[str, ...] = ()) -> AsyncIterator[dict | bytes]:
+        """The app's answer to `call`: its head (with this replica's id added), then body chunks. `key` and
+        `avoid` are for the router (prefix affinity, replicas seen dead)."""
         async for item in answer(self.app, call):
             if isinstance(item, dict):
                 item = {**item, "replica": self.id}
@@ -47,13 +48,14 @@ class Replica:
         """-> (this replica's id, its Prometheus text). `replica` pins the call to one replica (router.py)."""
         return self.id, self.server.metrics.render().decode()
 
-    async def hold(self, park: bool, replica: str | None = None) -> bool:
-        """Tests only (`ScaleConfig.step_gate`): park (True) the engine at its next step with a sequence decoding,
-        or let it run (False). -> whether it is parked now. `replica` pins the call, as for `metrics`."""
+    async def hold(self, park: bool, replica: str | None = None, min_tokens: int = 0) -> int:
+        """Tests only (`ScaleConfig.step_gate`): park (True) the engine at its next step with a sequence decoding
+        (`min_tokens`: gate.py), or let it run (False). -> the decoding sequences while parked now (0: not parked).
+        `replica` pins the call, as for `metrics`."""
         if self.gate is None:
             raise RuntimeError("this replica has no step gate (ScaleConfig.step_gate is for tests)")
         if park:
-            self.gate.hold()
+            self.gate.hold(min_tokens)
         else:
             self.gate.release()
         return self.gate.parked

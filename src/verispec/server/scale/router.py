@@ -1,7 +1,8 @@
 """`PrefixAffinityRouter`: Ray Serve's request-router extension point (`ray.serve.request_router`) with
 routing.py's choice: a request's `key` keyword picks its replica by rendezvous hashing, unless that replica is
 much busier than the least loaded; a request's `replica` keyword pins it to one replica (the ingress asks each
-replica for its metrics that way; the caller bounds the wait for one this router does not know yet). Serve then
+replica for its metrics that way; the caller bounds the wait for one this router does not know yet); its `avoid`
+keyword names replicas the ingress saw die (a failover), which Serve may not have noticed yet: never chosen. Serve then
 takes the least loaded replica with room within the first rank offered (its queue lengths: the router's cache,
 probed when stale).
 
@@ -23,10 +24,10 @@ class PrefixAffinityRouter(RequestRouter):
 
     async def choose_replicas(self, candidate_replicas: list[RunningReplica],
                               pending_request: PendingRequest | None = None) -> list[list[RunningReplica]]:
-        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
-        kwargs = {}
+        kwargs = {} if pending_request is None else pending_request.kwargs
+        gone = kwargs.get("avoid") or ()
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas if r.replica_id.unique_id not in gone}
         if pending_request is not None:
-            kwargs = pending_request.kwargs
             # No staged tries here (same node first, ...): when no rank has room, Serve backs off before asking
             # again, instead of spinning on the event loop.
             pending_request.routing_context.should_backoff = True

@@ -16,15 +16,31 @@ import json
 _GENERATIONS = ("/v1/chat/completions", "/v1/completions")
 
 
-def routing_key(path: str, body: bytes, chars: int) -> str | None:
-    """The affinity key of a request: its prompt's first `chars` characters; None when it has no prompt."""
+def generation_body(path: str, body: bytes) -> dict | None:
+    """A generation request's JSON body; None for another path or a body that is not a JSON object."""
     if path not in _GENERATIONS:
         return None
     try:
         data = json.loads(body)
     except ValueError:
         return None
-    if not isinstance(data, dict):
+    return data if isinstance(data, dict) else None
+
+
+def resumable(data: dict | None) -> bool:
+    """Whether a generation request (its `generation_body`) is a stream of one choice: one prompt, n = 1, which a
+    failover can pick up on another replica (server/resume.py)."""
+    if data is None or data.get("stream") is not True or data.get("n", 1) not in (1, None):
+        return False
+    prompt = data.get("prompt")
+    return not isinstance(prompt, list) or not prompt or isinstance(prompt[0], int) or len(prompt) == 1
+
+
+def routing_key(path: str, body: bytes, chars: int, data: dict | None = None) -> str | None:
+    """The affinity key of a request: its prompt's first `chars` characters; None when it has no prompt. `data`:
+    the body already parsed (`generation_body`)."""
+    data = generation_body(path, body) if data is None else data
+    if data is None:
         return None
     if path == _GENERATIONS[0]:
         messages = data.get("messages")
