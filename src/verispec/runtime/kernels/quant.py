@@ -31,8 +31,12 @@ import torch.nn.functional as F
 
 from .ext import build
 
-# GGML type ids (gguf.GGMLQuantizationType) -> (bytes per block of 32, kernel id); INT8 is verispec's own.
-GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q8_0": (34, 8)}
+# GGML types with blocks of 32 weights -> (bytes per block, kernel id = the GGML type id); INT8 is verispec's own.
+GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q5_0": (22, 6), "Q5_1": (24, 7), "Q8_0": (34, 8)}
+# K-quants: super-blocks of 256 weights (quant_k.h) -> (bytes per super-block, kernel id = the GGML type id)
+K_BLOCKS = {"Q4_K": (144, 12), "Q5_K": (176, 13), "Q6_K": (210, 14)}
+SUPER_BLOCK = 256
+NATIVE_TYPES = tuple(GGML_BLOCKS) + tuple(K_BLOCKS)  # the GGUF block types the kernel runs
 INT8 = ("INT8", 100)
 REPACKED = {"Q4_0": 102, "Q4_1": 103}  # block type -> the kernel id of its repacked layout (`pack_q4`)
 GROUP = 4  # output channels per row of a repacked weight
@@ -76,8 +80,9 @@ class QuantWeight:
                  activations: str = "fp32"):
         """data: [out, row_bytes] uint8 as the file has it (int8: the values). activations: "fp32", or "q8" (a GGUF
         block type's integer activations: needs the kernel)."""
-        if in_features % BLOCK:
-            raise ValueError(f"a quantized weight's input size must be a multiple of {BLOCK}, got {in_features}")
+        if in_features % (SUPER_BLOCK if qtype in K_BLOCKS else BLOCK):
+            raise ValueError(f"a {qtype} weight's input size must be a multiple of "
+                             f"{SUPER_BLOCK if qtype in K_BLOCKS else BLOCK}, got {in_features}")
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations={activations!r}: choose from {', '.join(ACTIVATIONS)}")
         if activations == "q8" and qtype not in V_LAYOUTS:
@@ -91,7 +96,7 @@ class QuantWeight:
             self.packed, self.kernel_id = pack_q4(data, qtype), REPACKED[qtype]
         else:
             self.packed = data.contiguous()
-            self.kernel_id = INT8[1] if qtype == INT8[0] else GGML_BLOCKS[qtype][1]
+            self.kernel_id = INT8[1] if qtype == INT8[0] else kernel_id(qtype)
 
     @classmethod
     def repacked(cls, qtype: str, packed: torch.Tensor, out: int, in_features: int) -> QuantWeight:
@@ -245,16 +250,34 @@ def unpack_v(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     return torch.from_numpy(blocks.reshape(groups * V_GROUP, -1)[:out].copy())
 
 
+def kernel_id(qtype: str) -> int:
+    """The kernel's id of a GGUF block type in the file's layout (its GGML type id)."""
+    return K_BLOCKS[qtype][1] if qtype in K_BLOCKS else GGML_BLOCKS[qtype][1]
+
+
+def row_bytes(qtype: str, in_features: int) -> int:
+    """Bytes of one row of `in_features` weights of a GGUF block type as the file stores it."""
+    if qtype in K_BLOCKS:
+        return in_features // SUPER_BLOCK * K_BLOCKS[qtype][0]
+    return in_features // BLOCK * GGML_BLOCKS[qtype][0]
+
+
 def _or_empty(scales: torch.Tensor | None) -> torch.Tensor:
     return torch.empty(0) if scales is None else scales
 
 
 def dequantize_reference(qtype: str, data: torch.Tensor, in_features: int,
                          scales: torch.Tensor | None = None) -> torch.Tensor:
-    """[n, row_bytes] uint8 -> [n, in] float32 in torch ops, the same formulas as gguf-py's (and the kernel's)."""
+    """[n, row_bytes] uint8 -> [n, in] float32 in torch ops, the same formulas as gguf-py's (and the kernel's); the
+    5-bit and K-quant types through gguf-py's own dequantization (the kernel's values are tested equal to it)."""
     n = data.shape[0]
     if qtype == INT8[0]:
         return scales[:, None] * data.view(torch.int8).float()
+    if qtype in ("Q5_0", "Q5_1") or qtype in K_BLOCKS:
+        import gguf
+
+        values = gguf.quants.dequantize(data.contiguous().numpy(), gguf.GGMLQuantizationType[qtype])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(n, in_features)
     size = GGML_BLOCKS[qtype][0]
     blocks = data.reshape(n, -1, size)  # [n, blocks, bytes]
     d = blocks[..., :2].contiguous().view(torch.float16).float()  # [n, blocks, 1]

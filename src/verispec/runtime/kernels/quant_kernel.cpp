@@ -37,6 +37,10 @@ namespace {
 template <int64_t T>
 inline void dequant_block(const Args& a, int64_t o, int64_t b, float* w) {
   constexpr int64_t F = file_type(T);
+  if constexpr (kq_family(T)) {
+    kq_dequant_scalar<T>(a.w + o * a.row_bytes + kq_block_offset(T, b), b & 7, w);
+    return;
+  }
   uint8_t buf[20];
   const uint8_t* blk = file_block<T>(a, o, b, buf);
   const float scale = a.scale ? a.scale[o] : 0.0f;
@@ -231,6 +235,10 @@ inline __m128i q4r_bytes(const uint8_t* nib, int64_t c) {
 template <int64_t T>
 inline void dequant256(const Args& a, int64_t o, int64_t b, __m256* v) {
   constexpr int64_t F = file_type(T);
+  if constexpr (kq_family(T)) {
+    kq_dequant256<T>(a.w + o * a.row_bytes + kq_block_offset(T, b), b & 7, v);
+    return;
+  }
   const uint8_t* blk = a.w + o * a.row_bytes + b * block_bytes(T);
   if (F == Q4_0 || F == Q4_1) {
     const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP;
@@ -347,6 +355,11 @@ GroupFn panel_group_for(int64_t qtype, int64_t path) {  // null: this path has n
     case Q4_0R: return panel_for_type<Q4_0R>(path);
     case Q4_1R: return panel_for_type<Q4_1R>(path);
     case Q8_0: return panel_for_type<Q8_0>(path);
+    case Q5_0: return panel_for_type<Q5_0>(path);
+    case Q5_1: return panel_for_type<Q5_1>(path);
+    case Q4_K: return panel_for_type<Q4_K>(path);
+    case Q5_K: return panel_for_type<Q5_K>(path);
+    case Q6_K: return panel_for_type<Q6_K>(path);
     default: return panel_for_type<INT8>(path);
   }
 }
@@ -423,6 +436,11 @@ const Tiles& tiles(int64_t qtype, int64_t path) {
     case Q4_0R: return tiles_for<Q4_0R>(path);
     case Q4_1R: return tiles_for<Q4_1R>(path);
     case Q8_0: return tiles_for<Q8_0>(path);
+    case Q5_0: return tiles_for<Q5_0>(path);
+    case Q5_1: return tiles_for<Q5_1>(path);
+    case Q4_K: return tiles_for<Q4_K>(path);
+    case Q5_K: return tiles_for<Q5_K>(path);
+    case Q6_K: return tiles_for<Q6_K>(path);
     default: return tiles_for<INT8>(path);
   }
 }
@@ -463,12 +481,14 @@ int64_t resolve_path(int64_t path) {
 void check_data(const torch::Tensor& data, const torch::Tensor& scales, int64_t qtype, int64_t in, int64_t out) {
   TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous() && data.dim() == 2, "data must be contiguous uint8 2-d");
   TORCH_CHECK(in % QK == 0, "in must be a multiple of 32");
-  TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype) || v_layout(qtype),
-              "unknown qtype");
+  TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype) || v_layout(qtype) ||
+              kq_family(qtype), "unknown qtype");
+  TORCH_CHECK(!k_quant(qtype) || in % QK_K == 0, "a K-quant weight's input size must be a multiple of 256");
   const int64_t per_row = repacked(qtype) ? CHANNELS_PER_GROUP : v_layout(qtype) ? VCH : 1;
   const int64_t bytes = v_layout(qtype) ? v_block_bytes(qtype) : block_bytes(qtype);
   TORCH_CHECK(data.size(0) == (out + per_row - 1) / per_row, "data has ", data.size(0), " rows for ", out, " channels");
-  TORCH_CHECK(data.size(1) == per_row * (in / QK) * bytes, "data's row size does not match the type and in");
+  TORCH_CHECK(data.size(1) == (kq_family(qtype) ? file_row_bytes(qtype, in) : per_row * (in / QK) * bytes),
+              "data's row size does not match the type and in");
   TORCH_CHECK(qtype != INT8 || (scales.numel() == out && scales.dtype() == torch::kFloat32 && scales.is_contiguous()),
               "INT8 needs scales [out]");
 }
@@ -551,6 +571,11 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
     case Q4_0R: run(dequant_block<Q4_0R>); break;
     case Q4_1R: run(dequant_block<Q4_1R>); break;
     case Q8_0: run(dequant_block<Q8_0>); break;
+    case Q5_0: run(dequant_block<Q5_0>); break;
+    case Q5_1: run(dequant_block<Q5_1>); break;
+    case Q4_K: run(dequant_block<Q4_K>); break;
+    case Q5_K: run(dequant_block<Q5_K>); break;
+    case Q6_K: run(dequant_block<Q6_K>); break;
     case Q4_0V: run(v_dequant_block<Q4_0V>); break;
     case Q4_1V: run(v_dequant_block<Q4_1V>); break;
     case Q8_0V: run(v_dequant_block<Q8_0V>); break;
