@@ -113,6 +113,8 @@ class QuantWeight:
     @property
     def data(self) -> torch.Tensor:
         """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked)."""
+        if self.kernel_id == STACK:
+            raise TypeError("a stack of weights of different types has no one row layout: see its .parts")
         if self.kernel_id in V_LAYOUTS.values():
             return unpack_v(self.packed, self.qtype, self.shape[0])
         return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.kernel_id in REPACKED.values() else self.packed
@@ -123,6 +125,9 @@ class QuantWeight:
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[out, in] float32 (or the chosen rows' [n, in]): exactly gguf-py's values."""
+        if self.kernel_id == STACK:
+            values = torch.cat([p.dequantize() for p in self.parts])  # [out, in]
+            return values if rows is None else values[rows.reshape(-1)]
         ext = kernel()
         if ext is not None:
             ids = torch.empty(0, dtype=torch.int64) if rows is None else rows.reshape(-1)
@@ -140,7 +145,7 @@ class QuantWeight:
         rows = x if flat else x.reshape(-1, self.shape[1])  # [rows, in]
         if rows.dtype != torch.float32:
             rows = rows.float()
-        if ext is None and self.activations == "q8":
+        if ext is None and self.activations in ("q8", "mixed"):
             raise RuntimeError("integer activations need the quant kernel, which is not built here")
         if ext is not None:
             y = ext.quant_linear(rows, self.packed, self._scales_arg, self.kernel_id, self.shape[1], self.shape[0],
@@ -169,19 +174,58 @@ class QuantWeight:
 
 
 def cat(weights: list[QuantWeight]) -> QuantWeight:
-    """Weights of one type and input size stacked along the output dimension (fused q/k/v, gate/up). Repacked
-    weights whose sizes are whole groups stack as they are (`pack_q4` keeps each group of 4 channels in one row:
-    the same bytes as repacking the stack); others are stacked as the file's blocks and repacked."""
+    """Weights of one input size stacked along the output dimension (fused q/k/v, gate/up). Of one type and
+    activations: repacked weights whose sizes are whole groups stack as they are (`pack_q4` keeps each group of 4
+    channels in one row: the same bytes as repacking the stack); others are stacked as the file's blocks and
+    repacked. Of several (a K-quant file's q/k/v can mix Q5_0 and Q8_0): a `stack` of them."""
     first = weights[0]
-    if any(w.qtype != first.qtype or w.shape[1] != first.shape[1] or w.activations != first.activations
-           for w in weights):
-        raise ValueError("only quantized weights of one type, input size and activations fuse")
+    if any(w.shape[1] != first.shape[1] for w in weights):
+        raise ValueError("only quantized weights of one input size fuse")
+    if any(w.qtype != first.qtype or w.activations != first.activations for w in weights):
+        return stack(weights)
     if first.kernel_id in REPACKED.values() and all(w.kernel_id == first.kernel_id and w.shape[0] % GROUP == 0
                                                     for w in weights):
         return QuantWeight.repacked(first.qtype, torch.cat([w.packed for w in weights]),
                                     sum(w.shape[0] for w in weights), first.shape[1])
     scales = None if first.scales is None else torch.cat([w.scales for w in weights])
     return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales, first.activations)
+
+
+STACK = 300  # the kernel id of a stack of weights of different types (quant_kernel.cpp stack_linear)
+
+
+def stack(weights: list[QuantWeight]) -> QuantWeight:
+    """Weights of different block types (or activations) stacked along the output dimension, each part kept in its
+    own layout and run as itself (its outputs are the part's alone, bit for bit): one uint8 [1, bytes] tensor of an
+    int64 header (parts; per part kernel id, out, data rows, data row bytes, byte offset) and the parts' data, each
+    at a 64-byte boundary; the parts become views into it (no second copy)."""
+    parts = [p for w in weights for p in (w.parts if w.kernel_id == STACK else [w])]
+    if any(p.scales is not None for p in parts):
+        raise ValueError("int8 weights (per-channel scales) do not stack with others")
+    offset = -(-8 * (1 + 5 * len(parts)) // 64) * 64
+    header, offsets = [len(parts)], []
+    for p in parts:
+        offsets.append(offset)
+        header += [p.kernel_id, p.shape[0], p.packed.shape[0], p.packed.shape[1], offset]
+        offset += -(-p.packed.numel() // 64) * 64
+    blob = torch.zeros(1, offset, dtype=torch.uint8)
+    blob[0, : 8 * len(header)] = torch.tensor(header, dtype=torch.int64).view(torch.uint8)
+    views = []
+    for p, at in zip(parts, offsets):
+        view = blob[0, at : at + p.packed.numel()].view(p.packed.shape)
+        view.copy_(p.packed)
+        part = QuantWeight.__new__(QuantWeight)
+        part.__dict__.update(p.__dict__)
+        part.packed = view
+        views.append(part)
+    weight = QuantWeight.__new__(QuantWeight)
+    acts = {p.activations for p in parts}
+    weight.qtype = "+".join(dict.fromkeys(p.qtype for p in parts))
+    weight.scales, weight._scales_arg = None, _or_empty(None)
+    weight.activations = acts.pop() if len(acts) == 1 else "mixed"
+    weight.shape = torch.Size((sum(p.shape[0] for p in parts), parts[0].shape[1]))
+    weight.packed, weight.kernel_id, weight.parts = blob, STACK, views
+    return weight
 
 
 def pack_q4(data: torch.Tensor, qtype: str) -> torch.Tensor:

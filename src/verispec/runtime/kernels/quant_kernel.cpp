@@ -493,11 +493,39 @@ void check_data(const torch::Tensor& data, const torch::Tensor& scales, int64_t 
               "INT8 needs scales [out]");
 }
 
-// x [rows, in] float32, data [out, row_bytes] uint8 (repacked: [ceil(out / 4), 4 * row_bytes]), scales [out]
-// float32 (INT8 only, else empty) -> [rows, out]
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in,
+                           int64_t out, int64_t path);
+
+// A stack of weights of different block types along the output dimension (a fused q/k/v or gate/up whose parts
+// the file stores in different types: quant.py `stack`), one uint8 [1, bytes] tensor: int64 [parts], then per part
+// (kernel id, out, data rows, data row bytes, byte offset of its data), each part's data at its 64-byte-aligned
+// offset. Each part runs as a weight of its own (its own bits: a part's outputs are those of the part alone).
+constexpr int64_t STACK = 300;
+torch::Tensor stack_linear(const torch::Tensor& x, const torch::Tensor& data, int64_t in, int64_t out, int64_t path) {
+  TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous() && data.dim() == 2 && data.size(0) == 1 &&
+              data.size(1) >= 8, "a stack is one contiguous uint8 row");
+  const auto* head = reinterpret_cast<const int64_t*>(data.data_ptr<uint8_t>());
+  const int64_t parts = head[0];
+  TORCH_CHECK(parts >= 1 && data.size(1) >= 8 * (1 + 5 * parts), "a stack's header is cut short");
+  auto y = torch::empty({x.size(0), out}, x.options());
+  int64_t o0 = 0;
+  for (int64_t i = 0; i < parts; ++i) {
+    const int64_t* p = head + 1 + 5 * i;  // kernel id, out, rows, row bytes, offset
+    TORCH_CHECK(p[4] >= 0 && p[4] + p[2] * p[3] <= data.size(1) && o0 + p[1] <= out, "a stack's part lies outside it");
+    const torch::Tensor part = data.narrow(1, p[4], p[2] * p[3]).view({p[2], p[3]});
+    y.narrow(1, o0, p[1]).copy_(quant_linear(x, part, torch::empty({0}), p[0], in, p[1], path));
+    o0 += p[1];
+  }
+  TORCH_CHECK(o0 == out, "a stack's parts have ", o0, " channels, not ", out);
+  return y;
+}
+
+// x [rows, in] float32, data [out, row_bytes] uint8 (repacked: [ceil(out / 4), 4 * row_bytes]; STACK: stack_linear's),
+// scales [out] float32 (INT8 only, else empty) -> [rows, out]
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in,
                            int64_t out, int64_t path) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == in, "x must be float32 [rows, in]");
+  if (qtype == STACK) return stack_linear(x.contiguous(), data, in, out, path);
   check_data(data, scales, qtype, in, out);
   x = x.contiguous();
   const int64_t rows = x.size(0);
