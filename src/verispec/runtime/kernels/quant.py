@@ -38,7 +38,7 @@ K_BLOCKS = {"Q4_K": (144, 12), "Q5_K": (176, 13), "Q6_K": (210, 14)}
 SUPER_BLOCK = 256
 NATIVE_TYPES = tuple(GGML_BLOCKS) + tuple(K_BLOCKS)  # the GGUF block types the kernel runs
 INT8 = ("INT8", 100)
-REPACKED = {"Q4_0": 102, "Q4_1": 103}  # block type -> the kernel id of its repacked layout (`pack_q4`)
+REPACKED = {"Q4_0": 102, "Q4_1": 103, "Q5_0": 106, "Q5_1": 107}  # block type -> its repacked layout's id (`pack_q4`)
 GROUP = 4  # output channels per row of a repacked weight
 REPACK = True  # False: Q4 weights made from now on keep the file's layout (recipes compare the two side by side)
 V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q8_0": 208}  # block type -> the kernel id of its integer-activation layout
@@ -228,33 +228,38 @@ def stack(weights: list[QuantWeight]) -> QuantWeight:
     return weight
 
 
+# The fields of a block a repacked group stores after its nibbles, in order: (first byte in the file's block, bytes).
+_GROUP_FIELDS = {"Q4_0": [(0, 2)], "Q4_1": [(0, 2), (2, 2)], "Q5_0": [(2, 4), (0, 2)], "Q5_1": [(4, 4), (0, 2), (2, 2)]}
+
+
 def pack_q4(data: torch.Tensor, qtype: str) -> torch.Tensor:
-    """[out, row_bytes] Q4_0 / Q4_1 blocks -> [ceil(out / 4), 4 * row_bytes], the kernel's layout: per group of 4
-    channels, for every block its 64 nibble bytes (byte 4 * j + c = byte j of channel c's 16), then every block's 4
-    fp16 d, then (Q4_1) every block's 4 fp16 m. The same bytes; a last group short of 4 channels is padded with
-    zeros (d = m = 0), which the kernel computes but never returns. (Moved in numpy: its strided byte copies are
-    ~50x faster than torch's on these shapes.)"""
+    """[out, row_bytes] Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks -> [ceil(out / 4), 4 * row_bytes], the kernel's layout: per
+    group of 4 channels, for every block its 64 nibble bytes (byte 4 * j + c = byte j of channel c's 16), then (Q5)
+    every block's 4 u32 qh (the fifth bits), then every block's 4 fp16 d, then (Q4_1, Q5_1) every block's 4 fp16 m.
+    The same bytes; a last group short of 4 channels is padded with zeros (d = m = 0), which the kernel computes but
+    never returns. (Moved in numpy: its strided byte copies are ~50x faster than torch's on these shapes.)"""
     out, size = data.shape[0], GGML_BLOCKS[qtype][0]
-    head = size - 16  # d (and m): 2 bytes each
     groups = -(-out // GROUP)
     raw = data.contiguous().numpy()
     if groups * GROUP != out:
         raw = np.concatenate([raw, np.zeros((groups * GROUP - out, raw.shape[1]), dtype=np.uint8)])
     blocks = raw.reshape(groups, GROUP, -1, size)  # [groups, 4, blocks, size]
-    parts = [blocks[..., head:].transpose(0, 2, 3, 1)]  # nibbles [groups, blocks, 16, 4]
-    parts += [blocks[..., s : s + 2].transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m [groups, blocks, 4, 2]
+    parts = [blocks[..., size - 16 :].transpose(0, 2, 3, 1)]  # nibbles [groups, blocks, 16, 4]
+    parts += [blocks[..., s : s + w].transpose(0, 2, 1, 3) for s, w in _GROUP_FIELDS[qtype]]  # [g, blocks, 4, w]
     return torch.from_numpy(np.concatenate([p.reshape(groups, -1) for p in parts], axis=1))
 
 
 def unpack_q4(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     """`pack_q4`'s inverse: [ceil(out / 4), 4 * row_bytes] -> [out, row_bytes], the file's bytes."""
     groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
-    head, n = size - 16, packed.shape[1] // (GROUP * size)  # n: blocks per channel
+    n = packed.shape[1] // (GROUP * size)  # blocks per channel
     raw = packed.contiguous().numpy()
-    nibbles = raw[:, : n * 64].reshape(groups, n, 16, GROUP).transpose(0, 3, 1, 2)  # [groups, 4, blocks, 16]
-    scales = [raw[:, n * (64 + 4 * s) : n * (64 + 4 * s) + n * 8].reshape(groups, n, GROUP, 2).transpose(0, 2, 1, 3)
-              for s in range(0, head, 2)]  # d, m: [groups, 4, blocks, 2]
-    blocks = np.concatenate(scales + [nibbles], axis=-1)  # [groups, 4, blocks, size]
+    blocks = np.empty((groups, GROUP, n, size), dtype=np.uint8)
+    blocks[..., size - 16 :] = raw[:, : n * 64].reshape(groups, n, 16, GROUP).transpose(0, 3, 1, 2)
+    at = n * 64
+    for s, w in _GROUP_FIELDS[qtype]:
+        blocks[..., s : s + w] = raw[:, at : at + n * GROUP * w].reshape(groups, n, GROUP, w).transpose(0, 2, 1, 3)
+        at += n * GROUP * w
     return torch.from_numpy(blocks.reshape(groups * GROUP, -1)[:out].copy())
 
 

@@ -157,6 +157,8 @@ GemmFn gemm512_for(int64_t qtype) {
     case Q4_K: return gemm512<Q4_K>;
     case Q5_K: return gemm512<Q5_K>;
     case Q6_K: return gemm512<Q6_K>;
+    case Q5_0R: return gemm512<Q5_0R>;
+    case Q5_1R: return gemm512<Q5_1R>;
     default: return gemm512<INT8>;
   }
 }

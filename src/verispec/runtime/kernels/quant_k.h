@@ -37,10 +37,14 @@ constexpr int64_t kq_bytes(int64_t t) {
 // Where unit b (32 inputs) of a row starts: its (super-)block, and its index inside it.
 constexpr int64_t kq_block_offset(int64_t t, int64_t b) { return k_quant(t) ? (b >> 3) * kq_bytes(t) : b * kq_bytes(t); }
 
-inline float kq_half(const uint8_t* p) {
+inline float kq_half(const uint8_t* p) {  // fp16 -> fp32 is exact
   uint16_t bits;
   std::memcpy(&bits, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(bits);  // one instruction (c10::Half's conversion is a dozen)
+#else
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+#endif
 }
 
 // Q4_K / Q5_K: unit s's 6-bit scale and min from the 12 packed bytes (bytes 0-3: scales 0-3 low 6 bits, their top 2
@@ -125,44 +129,55 @@ inline void kq_dequant_scalar(const uint8_t* blk, int64_t s, float* w) {
 }
 
 #if defined(__AVX512F__)
-// 16 quants (elements 16i .. 16i + 15 of unit s) as int32 lanes.
+// Unit s's weights: lo = elements 0..15, hi = 16..31 (kq_dequant_scalar's values). The 4- and 5-bit types look their
+// values up: a unit's 16 (32) possible values are made once (one multiply-add each, the same rounding as the
+// formula's) and picked by a lane permute, which reads only an index's low 4 (5) bits; a fifth bit is or-ed in under
+// a mask made from the bit field. Q6_K's 64 levels are computed (an exact product).
 template <int64_t T>
-inline __m512i kq_quants512(const uint8_t* blk, int64_t s, int i) {
-  const __m512i low4 = _mm512_set1_epi32(0x0F);
+inline void kq_dequant512(const uint8_t* blk, int64_t s, __m512& lo, __m512& hi) {
+  const KUnit u = kq_unit<T>(blk, s);
+  const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i low4 = _mm512_set1_epi32(0x0F), bit4 = _mm512_set1_epi32(16);
   auto bytes = [](const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
   if constexpr (T == Q5_0 || T == Q5_1) {
     const int64_t at = T == Q5_0 ? 2 : 4;
     uint32_t qh;
     std::memcpy(&qh, blk + at, 4);
-    const __m512i nib = _mm512_and_si512(_mm512_srli_epi32(bytes(blk + at + 4), 4 * i), low4);
-    const __m512i iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    const __m512i hi = _mm512_and_si512(_mm512_srlv_epi32(_mm512_set1_epi32(static_cast<int>(qh >> (16 * i))), iota),
-                                        _mm512_set1_epi32(1));
-    return _mm512_or_si512(nib, _mm512_slli_epi32(hi, 4));
+    const __m512i b = bytes(blk + at + 4);
+    const __m512 a = _mm512_set1_ps(u.a[0]);
+    const __m512 t0 = T == Q5_0 ? _mm512_mul_ps(a, _mm512_sub_ps(k, _mm512_set1_ps(16.0f)))
+                                : _mm512_fmadd_ps(a, k, _mm512_set1_ps(u.c));
+    const __m512 t1 = T == Q5_0 ? _mm512_mul_ps(a, k) : _mm512_fmadd_ps(a, _mm512_add_ps(k, _mm512_set1_ps(16.0f)),
+                                                                       _mm512_set1_ps(u.c));
+    const __m512i i0 = _mm512_and_si512(b, low4), i1 = _mm512_srli_epi32(b, 4);
+    lo = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(i0, static_cast<__mmask16>(qh), i0, bit4), t1);
+    hi = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(i1, static_cast<__mmask16>(qh >> 16), i1, bit4), t1);
   } else if constexpr (T == Q4_K || T == Q5_K) {
-    const uint8_t* qs = blk + (T == Q4_K ? 16 : 48) + 32 * (s / 2) + 16 * i;
-    __m512i q = _mm512_and_si512(_mm512_srli_epi32(bytes(qs), 4 * (s % 2)), low4);
-    if (T == Q5_K)
-      q = _mm512_or_si512(q, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(bytes(blk + 16 + 16 * i), s),
-                                                                _mm512_set1_epi32(1)), 4));
-    return q;
+    const uint8_t* qs = blk + (T == Q4_K ? 16 : 48) + 32 * (s / 2);
+    const int shift = 4 * static_cast<int>(s % 2);
+    const __m512 a = _mm512_set1_ps(u.a[0]), c = _mm512_set1_ps(u.c);
+    const __m512 t0 = _mm512_fmadd_ps(a, k, c);
+    __m512i q0 = _mm512_srli_epi32(bytes(qs), shift), q1 = _mm512_srli_epi32(bytes(qs + 16), shift);
+    if constexpr (T == Q4_K) {
+      lo = _mm512_permutexvar_ps(q0, t0);
+      hi = _mm512_permutexvar_ps(q1, t0);
+    } else {
+      const __m512 t1 = _mm512_fmadd_ps(a, _mm512_add_ps(k, _mm512_set1_ps(16.0f)), c);
+      const __m512i bit = _mm512_set1_epi32(1 << s);
+      q0 = _mm512_and_si512(q0, low4);
+      q1 = _mm512_and_si512(q1, low4);
+      lo = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(q0, _mm512_test_epi32_mask(bytes(blk + 16), bit), q0, bit4), t1);
+      hi = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(q1, _mm512_test_epi32_mask(bytes(blk + 32), bit), q1, bit4), t1);
+    }
   } else {
-    const int64_t h = s / 4, k = s % 4;
-    const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(bytes(blk + 64 * h + 32 * (k % 2) + 16 * i), 4 * (k / 2)), low4);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(bytes(blk + 128 + 32 * h + 16 * i), 2 * k), _mm512_set1_epi32(3));
-    return _mm512_or_si512(lo, _mm512_slli_epi32(hi, 4));
-  }
-}
-
-// Unit s's weights: lo = elements 0..15, hi = 16..31 (kq_dequant_scalar's values).
-template <int64_t T>
-inline void kq_dequant512(const uint8_t* blk, int64_t s, __m512& lo, __m512& hi) {
-  const KUnit u = kq_unit<T>(blk, s);
-  __m512* out[2] = {&lo, &hi};
-  for (int i = 0; i < 2; ++i) {
-    const __m512 q = _mm512_cvtepi32_ps(_mm512_sub_epi32(kq_quants512<T>(blk, s, i), _mm512_set1_epi32(u.offset)));
-    *out[i] = (T == Q5_1 || T == Q4_K || T == Q5_K) ? _mm512_fmadd_ps(_mm512_set1_ps(u.a[i]), q, _mm512_set1_ps(u.c))
-                                                   : _mm512_mul_ps(_mm512_set1_ps(u.a[i]), q);
+    const int64_t h = s / 4, kk = s % 4;
+    __m512* out[2] = {&lo, &hi};
+    for (int i = 0; i < 2; ++i) {
+      const __m512i l = _mm512_and_si512(_mm512_srli_epi32(bytes(blk + 64 * h + 32 * (kk % 2) + 16 * i), 4 * (kk / 2)), low4);
+      const __m512i m = _mm512_and_si512(_mm512_srli_epi32(bytes(blk + 128 + 32 * h + 16 * i), 2 * kk), _mm512_set1_epi32(3));
+      const __m512i q = _mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(m, 4)), _mm512_set1_epi32(32));
+      *out[i] = _mm512_mul_ps(_mm512_set1_ps(u.a[i]), _mm512_cvtepi32_ps(q));  // exact
+    }
   }
 }
 #endif
