@@ -134,8 +134,7 @@ inline void kq_dequant_scalar(const uint8_t* blk, int64_t s, float* w) {
 // formula's) and picked by a lane permute, which reads only an index's low 4 (5) bits; a fifth bit is or-ed in under
 // a mask made from the bit field. Q6_K's 64 levels are computed (an exact product).
 template <int64_t T>
-inline void kq_dequant512(const uint8_t* blk, int64_t s, __m512& lo, __m512& hi) {
-  const KUnit u = kq_unit<T>(blk, s);
+inline void kq_dequant512(const uint8_t* blk, int64_t s, const KUnit& u, __m512& lo, __m512& hi) {
   const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i low4 = _mm512_set1_epi32(0x0F), bit4 = _mm512_set1_epi32(16);
   auto bytes = [](const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
@@ -178,6 +177,31 @@ inline void kq_dequant512(const uint8_t* blk, int64_t s, __m512& lo, __m512& hi)
       const __m512i q = _mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(m, 4)), _mm512_set1_epi32(32));
       *out[i] = _mm512_mul_ps(_mm512_set1_ps(u.a[i]), _mm512_cvtepi32_ps(q));  // exact
     }
+  }
+}
+
+template <int64_t T>
+inline void kq_dequant512(const uint8_t* blk, int64_t s, __m512& lo, __m512& hi) {
+  kq_dequant512<T>(blk, s, kq_unit<T>(blk, s), lo, hi);
+}
+
+// A K-quant super-block's 8 units' affine forms at once (kq_unit's values: the same exact products), for tiles that
+// take a super-block of a channel at a time.
+template <int64_t T>
+inline void kq_units(const uint8_t* blk, KUnit* u) {
+  if constexpr (T == Q6_K) {
+    alignas(32) float a[16];
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
+    _mm512_store_ps(a, _mm512_mul_ps(_mm512_set1_ps(kq_half(blk + 208)), sc));  // exact
+    for (int s = 0; s < 8; ++s) u[s] = KUnit{{a[2 * s], a[2 * s + 1]}, 0.0f, 32};
+  } else {
+    alignas(32) int sc[8], mn[8];
+    for (int s = 0; s < 8; ++s) k4_scale_min(blk + 4, s, sc[s], mn[s]);
+    alignas(32) float a[8], c[8];
+    _mm256_store_ps(a, _mm256_mul_ps(_mm256_set1_ps(kq_half(blk)), _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc)))));
+    _mm256_store_ps(c, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(kq_half(blk + 2)),
+                                                                      _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mn))))));
+    for (int s = 0; s < 8; ++s) u[s] = KUnit{{a[s], a[s]}, c[s], 0};
   }
 }
 #endif

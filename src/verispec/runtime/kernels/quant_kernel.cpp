@@ -234,6 +234,37 @@ void tile512_q5r(const Args& a, int64_t o0, int64_t r0) {
       for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
 }
 
+// K-quants: NC channels x NR rows, a super-block of a channel at a time: its 8 units' scales decoded once
+// (kq_units), then each unit's values (kq_dequant512's) multiplied in. Per accumulator the order is tile512's (unit by
+// unit, lo then hi; _mm512_reduce_add_ps), so the same bits as tile512 and the GEMM's panels.
+template <int64_t T, int NC, int NR>
+void tile512_k(const Args& a, int64_t o0, int64_t r0) {
+  __m512 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
+  const float* x0 = a.x + r0 * a.in;
+  KUnit u[8];
+  for (int64_t sb = 0; sb < a.blocks / 8; ++sb) {
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t* blk = a.w + (o0 + c) * a.row_bytes + sb * kq_bytes(T);
+      const uint8_t* ahead = a.w + (o0 + c + std::max(NC, 16)) * a.row_bytes + sb * kq_bytes(T);
+      for (int64_t i = 0; i < kq_bytes(T); i += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + i), _MM_HINT_T0);
+      kq_units<T>(blk, u);
+      for (int s = 0; s < 8; ++s) {
+        __m512 lo, hi;
+        kq_dequant512<T>(blk, s, u[s], lo, hi);
+        for (int r = 0; r < NR; ++r) {
+          const float* xr = x0 + r * a.in + (sb * 8 + s) * QK;
+          acc[c][r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[c][r]);
+          acc[c][r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[c][r]);
+        }
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
+}
+
 // Repacked Q4, one group (4 channels) x NR <= 5 rows: tile512_q4r's values and sums (per accumulator: lo, then hi,
 // block by block), with a block's 8 vectors of values made first, so each row's input is loaded once per half and
 // kept in a register for 4 multiply-adds (4 x 5 accumulators + 8 values + 1 input + the nibbles: 30 registers).
@@ -496,6 +527,9 @@ const Tiles& tiles_for(int64_t path) {
 #if defined(VERISPEC_AVX512)
   if constexpr (q5_repacked(T)) {
     static const Tiles avx512 = VERISPEC_TILES4_Q5R(T);
+    if (path == AVX512) return avx512;
+  } else if constexpr (k_quant(T)) {
+    static const Tiles avx512 = VERISPEC_TILES(tile512_k, nc512, T);
     if (path == AVX512) return avx512;
   } else if constexpr (repacked(T)) {
     static const Tiles avx512 = VERISPEC_TILES5_Q4R(T);
