@@ -25,6 +25,8 @@
 
 namespace {
 
+#define VERISPEC_KQ_INLINE inline __attribute__((always_inline))  // tiles call these per unit: no call, no spills
+
 // GGML type ids (the kernel ids quant.py passes for these types' file layout).
 enum KQType : int64_t { Q5_0 = 6, Q5_1 = 7, Q4_K = 12, Q5_K = 13, Q6_K = 14 };
 constexpr int64_t QK_K = 256;  // weights of a K-quant super-block
@@ -37,7 +39,7 @@ constexpr int64_t kq_bytes(int64_t t) {
 // Where unit b (32 inputs) of a row starts: its (super-)block, and its index inside it.
 constexpr int64_t kq_block_offset(int64_t t, int64_t b) { return k_quant(t) ? (b >> 3) * kq_bytes(t) : b * kq_bytes(t); }
 
-inline float kq_half(const uint8_t* p) {  // fp16 -> fp32 is exact
+VERISPEC_KQ_INLINE float kq_half(const uint8_t* p) {  // fp16 -> fp32 is exact
   uint16_t bits;
   std::memcpy(&bits, p, 2);
 #if defined(__F16C__)
@@ -49,7 +51,7 @@ inline float kq_half(const uint8_t* p) {  // fp16 -> fp32 is exact
 
 // Q4_K / Q5_K: unit s's 6-bit scale and min from the 12 packed bytes (bytes 0-3: scales 0-3 low 6 bits, their top 2
 // bits the high bits of scales 4-7; bytes 4-7 the same for the mins; bytes 8-11: scales 4-7 low 4 bits, mins' high 4).
-inline void k4_scale_min(const uint8_t* p, int64_t s, int& sc, int& mn) {
+VERISPEC_KQ_INLINE void k4_scale_min(const uint8_t* p, int64_t s, int& sc, int& mn) {
   if (s < 4) {
     sc = p[s] & 63;
     mn = p[s + 4] & 63;
@@ -67,7 +69,7 @@ struct KUnit {
 };
 
 template <int64_t T>
-inline KUnit kq_unit(const uint8_t* blk, int64_t s) {
+VERISPEC_KQ_INLINE KUnit kq_unit(const uint8_t* blk, int64_t s) {
   KUnit u{};
   if constexpr (T == Q5_0) {
     u.a[0] = u.a[1] = kq_half(blk);
@@ -134,7 +136,7 @@ inline void kq_dequant_scalar(const uint8_t* blk, int64_t s, float* w) {
 // formula's) and picked by a lane permute, which reads only an index's low 4 (5) bits; a fifth bit is or-ed in under
 // a mask made from the bit field. Q6_K's 64 levels are computed (an exact product).
 template <int64_t T>
-inline void kq_dequant512(const uint8_t* blk, int64_t s, const KUnit& u, __m512& lo, __m512& hi) {
+VERISPEC_KQ_INLINE void kq_dequant512(const uint8_t* blk, int64_t s, const KUnit& u, __m512& lo, __m512& hi) {
   const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i low4 = _mm512_set1_epi32(0x0F), bit4 = _mm512_set1_epi32(16);
   auto bytes = [](const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); };
@@ -170,13 +172,14 @@ inline void kq_dequant512(const uint8_t* blk, int64_t s, const KUnit& u, __m512&
     }
   } else {
     const int64_t h = s / 4, kk = s % 4;
-    __m512* out[2] = {&lo, &hi};
-    for (int i = 0; i < 2; ++i) {
+    auto half = [&](int i) {
       const __m512i l = _mm512_and_si512(_mm512_srli_epi32(bytes(blk + 64 * h + 32 * (kk % 2) + 16 * i), 4 * (kk / 2)), low4);
       const __m512i m = _mm512_and_si512(_mm512_srli_epi32(bytes(blk + 128 + 32 * h + 16 * i), 2 * kk), _mm512_set1_epi32(3));
       const __m512i q = _mm512_sub_epi32(_mm512_or_si512(l, _mm512_slli_epi32(m, 4)), _mm512_set1_epi32(32));
-      *out[i] = _mm512_mul_ps(_mm512_set1_ps(u.a[i]), _mm512_cvtepi32_ps(q));  // exact
-    }
+      return _mm512_mul_ps(_mm512_set1_ps(u.a[i]), _mm512_cvtepi32_ps(q));  // exact
+    };
+    lo = half(0);
+    hi = half(1);
   }
 }
 
@@ -188,20 +191,21 @@ inline void kq_dequant512(const uint8_t* blk, int64_t s, __m512& lo, __m512& hi)
 // A K-quant super-block's 8 units' affine forms at once (kq_unit's values: the same exact products), for tiles that
 // take a super-block of a channel at a time.
 template <int64_t T>
-inline void kq_units(const uint8_t* blk, KUnit* u) {
+VERISPEC_KQ_INLINE void kq_units(const uint8_t* blk, KUnit* u) {
   if constexpr (T == Q6_K) {
     alignas(32) float a[16];
     const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192))));
     _mm512_store_ps(a, _mm512_mul_ps(_mm512_set1_ps(kq_half(blk + 208)), sc));  // exact
     for (int s = 0; s < 8; ++s) u[s] = KUnit{{a[2 * s], a[2 * s + 1]}, 0.0f, 32};
   } else {
-    alignas(32) int sc[8], mn[8];
-    for (int s = 0; s < 8; ++s) k4_scale_min(blk + 4, s, sc[s], mn[s]);
-    alignas(32) float a[8], c[8];
-    _mm256_store_ps(a, _mm256_mul_ps(_mm256_set1_ps(kq_half(blk)), _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(sc)))));
-    _mm256_store_ps(c, _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(_mm256_set1_ps(kq_half(blk + 2)),
-                                                                      _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(mn))))));
-    for (int s = 0; s < 8; ++s) u[s] = KUnit{{a[s], a[s]}, c[s], 0};
+    // scalar: packing the 6-bit fields into a vector cost store-forwarding stalls (narrow stores, one wide load)
+    const float d = kq_half(blk), dmin = kq_half(blk + 2);
+    for (int s = 0; s < 8; ++s) {
+      int sc, mn;
+      k4_scale_min(blk + 4, s, sc, mn);
+      const float a = d * static_cast<float>(sc);  // exact
+      u[s] = KUnit{{a, a}, -(dmin * static_cast<float>(mn)), 0};
+    }
   }
 }
 #endif

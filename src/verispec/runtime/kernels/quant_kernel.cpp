@@ -250,7 +250,8 @@ void tile512_k(const Args& a, int64_t o0, int64_t r0) {
       const uint8_t* ahead = a.w + (o0 + c + std::max(NC, 16)) * a.row_bytes + sb * kq_bytes(T);
       for (int64_t i = 0; i < kq_bytes(T); i += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + i), _MM_HINT_T0);
       kq_units<T>(blk, u);
-      for (int s = 0; s < 8; ++s) {
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {  // unrolled: each unit's shifts and offsets are constants
         __m512 lo, hi;
         kq_dequant512<T>(blk, s, u[s], lo, hi);
         for (int r = 0; r < NR; ++r) {
