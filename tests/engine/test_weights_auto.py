@@ -62,7 +62,7 @@ def test_a_k_quant_file_runs_natively_and_says_which_types_keep_fp32_activations
     monkeypatch.setattr(gguf_weights, "unsupported_types", lambda path: (["Q4_K", "Q5_0", "Q6_K", "Q8_0"], []))
     weights, why = resolve_weights("auto", DEFAULT_TARGET)
     assert weights == "gguf" and "(Q4_K, Q5_0, Q6_K, Q8_0 blocks, every one run natively)" in why
-    assert "integer activations (q8) run its Q8_0 blocks, its Q4_K, Q5_0, Q6_K blocks keep fp32 activations" in why
+    assert "integer activations (q8) run its Q5_0, Q8_0 blocks, its Q4_K, Q6_K blocks keep fp32 activations" in why
     assert gguf_weights.tensor_activations("Q6_K", "q8") == "fp32"
     assert gguf_weights.tensor_activations("Q8_0", "q8") == "q8"
 

@@ -41,7 +41,7 @@ INT8 = ("INT8", 100)
 REPACKED = {"Q4_0": 102, "Q4_1": 103, "Q5_0": 106, "Q5_1": 107}  # block type -> its repacked layout's id (`pack_q4`)
 GROUP = 4  # output channels per row of a repacked weight
 REPACK = True  # False: Q4 weights made from now on keep the file's layout (recipes compare the two side by side)
-V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q8_0": 208}  # block type -> the kernel id of its integer-activation layout
+V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q5_0": 206, "Q5_1": 207, "Q8_0": 208}  # block type -> the kernel id of its integer-activation layout
 V_GROUP = 16  # output channels per row of a V layout
 ACTIVATIONS = ("fp32", "q8")  # fp32: the dequantized weights times the fp32 activations; q8: integer activations
 BLOCK = 32
@@ -263,39 +263,72 @@ def unpack_q4(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     return torch.from_numpy(blocks.reshape(groups * GROUP, -1)[:out].copy())
 
 
-def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
-    """[out, row_bytes] Q4_0 / Q4_1 / Q8_0 blocks -> [ceil(out / 16), 16 * row_bytes], the integer-activation
-    kernel's layout (quant_q8.h): per group of 16 channels, for every block its quants as [chunks][16 channels][4
-    bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel), then every block's 16 fp16 d, then (Q4_1)
-    every block's 16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never
-    returned)."""
-    import numpy as np
+# Q5's fifth bits in a V layout: bit j of the file's qh (element j) goes to bit V_Q5_BITS[j] (quant_q8.h v_q5_bit)
+V_Q5_BITS = [8 * (j % 4) + j // 4 if j < 16 else 8 * ((j - 16) % 4) + 4 + (j - 16) // 4 for j in range(32)]
 
+
+def _v_fields(qtype: str) -> tuple[int, int, list[int]]:
+    """(first quant byte, quant bytes, the fp16 fields' first bytes in storage order) of a block in the file."""
+    size = GGML_BLOCKS[qtype][0]
+    if qtype == "Q8_0":
+        return 2, 32, [0]
+    scales = [0, 2] if qtype in ("Q4_1", "Q5_1") else [0]
+    return size - 16, 16, scales
+
+
+def _spread_qh(qh: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """[...] uint32 qh words with their bits moved to V_Q5_BITS' places (inverse: back)."""
+    out = np.zeros_like(qh)
+    for j, to in enumerate(V_Q5_BITS):
+        src, dst = (to, j) if inverse else (j, to)
+        out |= ((qh >> np.uint32(src)) & np.uint32(1)) << np.uint32(dst)
+    return out
+
+
+def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
+    """[out, row_bytes] Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks -> [ceil(out / 16), 16 * row_bytes], the
+    integer-activation kernel's layout (quant_q8.h): per group of 16 channels, for every block its quants as
+    [chunks][16 channels][4 bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel) and (Q5) its
+    [16 channels] u32 fifth bits (V_Q5_BITS' order), then every block's 16 fp16 d, then (Q4_1, Q5_1) every block's
+    16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never returned)."""
     out, size = data.shape[0], GGML_BLOCKS[qtype][0]
-    head = size - (32 if qtype == "Q8_0" else 16)  # d (and m): 2 bytes each
+    first, count, scales = _v_fields(qtype)
     groups = -(-out // V_GROUP)
     raw = data.contiguous().numpy()
     if groups * V_GROUP != out:
         raw = np.concatenate([raw, np.zeros((groups * V_GROUP - out, raw.shape[1]), dtype=np.uint8)])
     blocks = raw.reshape(groups, V_GROUP, -1, size)  # [groups, 16, blocks, size]
-    quants = blocks[..., head:].reshape(*blocks.shape[:3], -1, 4).transpose(0, 2, 3, 1, 4)  # [g, blocks, chunks, 16, 4]
-    parts = [quants] + [blocks[..., s : s + 2].transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m [g, b, 16, 2]
+    n = blocks.shape[2]
+    quants = blocks[..., first : first + count].reshape(groups, V_GROUP, n, -1, 4).transpose(0, 2, 3, 1, 4)
+    quants = quants.reshape(groups, n, -1)  # [g, blocks, chunks * 16 * 4]
+    if qtype in ("Q5_0", "Q5_1"):
+        qh = np.ascontiguousarray(blocks[..., first - 4 : first]).view(np.uint32)[..., 0]  # [g, 16, blocks]
+        spread = _spread_qh(qh).transpose(0, 2, 1)  # [g, blocks, 16]
+        quants = np.concatenate([quants, np.ascontiguousarray(spread).view(np.uint8).reshape(groups, n, -1)], axis=2)
+    parts = [quants] + [blocks[..., s : s + 2].transpose(0, 2, 1, 3) for s in scales]  # d, m [g, blocks, 16, 2]
     return torch.from_numpy(np.concatenate([part.reshape(groups, -1) for part in parts], axis=1))
 
 
 def unpack_v(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     """`pack_v`'s inverse: [ceil(out / 16), 16 * row_bytes] -> [out, row_bytes], the file's bytes."""
-    import numpy as np
-
     groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
-    quant = 32 if qtype == "Q8_0" else 16
-    head, n = size - quant, packed.shape[1] // (V_GROUP * size)  # n: blocks per channel
+    first, count, scales = _v_fields(qtype)
+    q5 = qtype in ("Q5_0", "Q5_1")
+    n = packed.shape[1] // (V_GROUP * size)  # blocks per channel
+    per_block = V_GROUP * (count + 4 * q5)
     raw = packed.contiguous().numpy()
-    quants = raw[:, : n * V_GROUP * quant].reshape(groups, n, quant // 4, V_GROUP, 4).transpose(0, 3, 1, 2, 4)
-    start = n * V_GROUP * quant
-    scales = [raw[:, start + n * V_GROUP * s : start + n * V_GROUP * (s + 2)].reshape(groups, n, V_GROUP, 2)
-              .transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m: [groups, 16, blocks, 2]
-    blocks = np.concatenate(scales + [quants.reshape(groups, V_GROUP, n, quant)], axis=-1)  # [g, 16, blocks, size]
+    blocks = np.zeros((groups, V_GROUP, n, size), dtype=np.uint8)
+    body = raw[:, : n * per_block].reshape(groups, n, per_block)
+    quants = body[..., : V_GROUP * count].reshape(groups, n, count // 4, V_GROUP, 4).transpose(0, 3, 1, 2, 4)
+    blocks[..., first : first + count] = quants.reshape(groups, V_GROUP, n, count)
+    if q5:
+        spread = np.ascontiguousarray(body[..., V_GROUP * count :]).view(np.uint32)  # [g, blocks, 16]
+        qh = _spread_qh(spread, inverse=True).transpose(0, 2, 1)  # [g, 16, blocks]
+        blocks[..., first - 4 : first] = np.ascontiguousarray(qh)[..., None].view(np.uint8)
+    start = n * per_block
+    for i, s in enumerate(scales):
+        at = start + n * V_GROUP * 2 * i
+        blocks[..., s : s + 2] = raw[:, at : at + n * V_GROUP * 2].reshape(groups, n, V_GROUP, 2).transpose(0, 2, 1, 3)
     return torch.from_numpy(blocks.reshape(groups * V_GROUP, -1)[:out].copy())
 
 

@@ -730,6 +730,8 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
     case Q4_0V: run(v_dequant_block<Q4_0V>); break;
     case Q4_1V: run(v_dequant_block<Q4_1V>); break;
     case Q8_0V: run(v_dequant_block<Q8_0V>); break;
+    case Q5_0V: run(v_dequant_block<Q5_0V>); break;
+    case Q5_1V: run(v_dequant_block<Q5_1V>); break;
     default: run(dequant_block<INT8>); break;
   }
   return w;
