@@ -1,24 +1,29 @@
-"""Weight-only quantized linears: GGUF blocks as they are in the file (Q4_0, Q4_1, Q8_0) and per-channel int8.
+"""Weight-only quantized linears: GGUF blocks as they are in the file (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants
+Q4_K, Q5_K, Q6_K: `NATIVE_TYPES`, decoded by quant_k.h) and per-channel int8.
 
 A `QuantWeight` stands where a `[out, in]` weight tensor stands in `llama.py` (`Linear`, the embedding, the tied LM
 head): it answers `F.linear`, `F.embedding` and `torch.cat` along the output dimension through the
 `__torch_function__` protocol, so the model code is the same for every weight format.
 The values are exactly those gguf-py dequantizes (the fp32 conversion's), one float32 rounding per operation:
-Q4_0 `d * (q - 8)`, Q4_1 `d * q + m`, Q8_0 `d * q`, fp16 `d`, `m` per 32 weights; int8 `scale[o] * q`.
+Q4_0 `d * (q - 8)`, Q4_1 `d * q + m`, Q8_0 `d * q`, fp16 `d`, `m` per 32 weights; int8 `scale[o] * q`; the 5-bit and
+K-quant formulas in quant_k.h (one rounding at most, as gguf-py's). A fused weight whose parts differ in type is a
+`stack` (each part run as itself).
 `F.linear` runs `quant_kernel.cpp` (built once per torch version and CPU flags under ~/.cache/verispec/ext), which
 dequantizes a block once in registers and multiplies it into a tile of rows; without a compiler it falls back to
 dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion's up to summation order.
 The kernel has an AVX-512, an AVX2 (+FMA, F16C) and a scalar path, each with its own fixed summation order; the best
 one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar; read at start-up) names.
-Q4_0 and Q4_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes reordered, so
-channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous; only the last
-group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the file's bytes back.
+Q4_0, Q4_1, Q5_0 and Q5_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes
+reordered, so channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous;
+only the last group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the
+file's bytes back. K-quants keep the file's layout (their fp32-activation tiles decode a super-block's scales once).
 
 Integer activations (`activations="q8"`, quant_q8.h): the GGUF block types as llama.cpp computes them, activations
 quantized per row in blocks of 32 to int8 (one fp32 scale a block), exact integer dot products per block, the blocks
 combined in fp32 in one fixed order: another model than the fp32 conversion (as bf16 is), with the same bits on
 every kernel path and in any batch. Its weights are repacked into the "V" layouts (`pack_v`: channels in groups of
 16, each 32-bit lane 4 consecutive weights of one channel, what vpdpbusd multiplies); it needs the kernel built.
+The K-quants have no V layout yet: under "q8" they keep fp32 activations (weights/gguf.py `tensor_activations`).
 """
 
 from __future__ import annotations
