@@ -46,9 +46,11 @@ def reference(x: torch.Tensor, w: QuantWeight, rounding=torch.round) -> torch.Te
     else:
         q = b[..., size - 16 :]
         k = np.concatenate([q & 0x0F, q >> 4], axis=-1).astype(np.int64)
-        if w.qtype == "Q4_0":
-            k = k - 8
-    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if w.qtype == "Q4_1" else None
+        if w.qtype in ("Q5_0", "Q5_1"):  # the fifth bits: qh bit j is element j's
+            qh = b[..., size - 20 : size - 16].copy().view(np.uint32)  # [out, nb, 1]
+            k = k + (((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.int64) << 4)
+        k = k - {"Q4_0": 8, "Q5_0": 16}.get(w.qtype, 0)
+    m = b[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) if w.qtype in ("Q4_1", "Q5_1") else None
     xb = x.view(x.shape[0], nb, 32)
     dx = (xb.abs().amax(-1) / 127).float()  # [rows, nb]
     inv = torch.where(dx != 0, 1 / dx, torch.zeros_like(dx))

@@ -18,7 +18,7 @@ def random_blocks(qtype: str, out: int, width: int, seed: int = 0) -> np.ndarray
     rng = np.random.default_rng(seed)
     size = GGML_BLOCKS[qtype][0]
     raw = rng.integers(0, 256, size=(out, width // 32, size), dtype=np.uint8)
-    halves = 2 if qtype == "Q4_1" else 1
+    halves = 2 if qtype in ("Q4_1", "Q5_1") else 1
     scales = (rng.standard_normal((out, width // 32, halves)) * 0.05).astype(np.float16)
     raw[..., : 2 * halves] = scales.view(np.uint8).reshape(out, width // 32, 2 * halves)
     return raw.reshape(out, -1)

@@ -1,24 +1,29 @@
-"""Weight-only quantized linears: GGUF blocks as they are in the file (Q4_0, Q4_1, Q8_0) and per-channel int8.
+"""Weight-only quantized linears: GGUF blocks as they are in the file (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and the K-quants
+Q4_K, Q5_K, Q6_K: `NATIVE_TYPES`, decoded by quant_k.h) and per-channel int8.
 
 A `QuantWeight` stands where a `[out, in]` weight tensor stands in `llama.py` (`Linear`, the embedding, the tied LM
 head): it answers `F.linear`, `F.embedding` and `torch.cat` along the output dimension through the
 `__torch_function__` protocol, so the model code is the same for every weight format.
 The values are exactly those gguf-py dequantizes (the fp32 conversion's), one float32 rounding per operation:
-Q4_0 `d * (q - 8)`, Q4_1 `d * q + m`, Q8_0 `d * q`, fp16 `d`, `m` per 32 weights; int8 `scale[o] * q`.
+Q4_0 `d * (q - 8)`, Q4_1 `d * q + m`, Q8_0 `d * q`, fp16 `d`, `m` per 32 weights; int8 `scale[o] * q`; the 5-bit and
+K-quant formulas in quant_k.h (one rounding at most, as gguf-py's). A fused weight whose parts differ in type is a
+`stack` (each part run as itself).
 `F.linear` runs `quant_kernel.cpp` (built once per torch version and CPU flags under ~/.cache/verispec/ext), which
 dequantizes a block once in registers and multiplies it into a tile of rows; without a compiler it falls back to
 dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion's up to summation order.
 The kernel has an AVX-512, an AVX2 (+FMA, F16C) and a scalar path, each with its own fixed summation order; the best
 one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar; read at start-up) names.
-Q4_0 and Q4_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes reordered, so
-channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous; only the last
-group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the file's bytes back.
+Q4_0, Q4_1, Q5_0 and Q5_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes
+reordered, so channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous;
+only the last group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the
+file's bytes back. K-quants keep the file's layout (their fp32-activation tiles decode a super-block's scales once).
 
 Integer activations (`activations="q8"`, quant_q8.h): the GGUF block types as llama.cpp computes them, activations
 quantized per row in blocks of 32 to int8 (one fp32 scale a block), exact integer dot products per block, the blocks
 combined in fp32 in one fixed order: another model than the fp32 conversion (as bf16 is), with the same bits on
 every kernel path and in any batch. Its weights are repacked into the "V" layouts (`pack_v`: channels in groups of
 16, each 32-bit lane 4 consecutive weights of one channel, what vpdpbusd multiplies); it needs the kernel built.
+The K-quants have no V layout yet: under "q8" they keep fp32 activations (weights/gguf.py `tensor_activations`).
 """
 
 from __future__ import annotations
@@ -31,13 +36,17 @@ import torch.nn.functional as F
 
 from .ext import build
 
-# GGML type ids (gguf.GGMLQuantizationType) -> (bytes per block of 32, kernel id); INT8 is verispec's own.
-GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q8_0": (34, 8)}
+# GGML types with blocks of 32 weights -> (bytes per block, kernel id = the GGML type id); INT8 is verispec's own.
+GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q5_0": (22, 6), "Q5_1": (24, 7), "Q8_0": (34, 8)}
+# K-quants: super-blocks of 256 weights (quant_k.h) -> (bytes per super-block, kernel id = the GGML type id)
+K_BLOCKS = {"Q4_K": (144, 12), "Q5_K": (176, 13), "Q6_K": (210, 14)}
+SUPER_BLOCK = 256
+NATIVE_TYPES = tuple(GGML_BLOCKS) + tuple(K_BLOCKS)  # the GGUF block types the kernel runs
 INT8 = ("INT8", 100)
-REPACKED = {"Q4_0": 102, "Q4_1": 103}  # block type -> the kernel id of its repacked layout (`pack_q4`)
+REPACKED = {"Q4_0": 102, "Q4_1": 103, "Q5_0": 106, "Q5_1": 107}  # block type -> its repacked layout's id (`pack_q4`)
 GROUP = 4  # output channels per row of a repacked weight
 REPACK = True  # False: Q4 weights made from now on keep the file's layout (recipes compare the two side by side)
-V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q8_0": 208}  # block type -> the kernel id of its integer-activation layout
+V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q5_0": 206, "Q5_1": 207, "Q8_0": 208}  # block type -> the kernel id of its integer-activation layout
 V_GROUP = 16  # output channels per row of a V layout
 ACTIVATIONS = ("fp32", "q8")  # fp32: the dequantized weights times the fp32 activations; q8: integer activations
 BLOCK = 32
@@ -76,8 +85,9 @@ class QuantWeight:
                  activations: str = "fp32"):
         """data: [out, row_bytes] uint8 as the file has it (int8: the values). activations: "fp32", or "q8" (a GGUF
         block type's integer activations: needs the kernel)."""
-        if in_features % BLOCK:
-            raise ValueError(f"a quantized weight's input size must be a multiple of {BLOCK}, got {in_features}")
+        if in_features % (SUPER_BLOCK if qtype in K_BLOCKS else BLOCK):
+            raise ValueError(f"a {qtype} weight's input size must be a multiple of "
+                             f"{SUPER_BLOCK if qtype in K_BLOCKS else BLOCK}, got {in_features}")
         if activations not in ACTIVATIONS:
             raise ValueError(f"activations={activations!r}: choose from {', '.join(ACTIVATIONS)}")
         if activations == "q8" and qtype not in V_LAYOUTS:
@@ -91,7 +101,7 @@ class QuantWeight:
             self.packed, self.kernel_id = pack_q4(data, qtype), REPACKED[qtype]
         else:
             self.packed = data.contiguous()
-            self.kernel_id = INT8[1] if qtype == INT8[0] else GGML_BLOCKS[qtype][1]
+            self.kernel_id = INT8[1] if qtype == INT8[0] else kernel_id(qtype)
 
     @classmethod
     def repacked(cls, qtype: str, packed: torch.Tensor, out: int, in_features: int) -> QuantWeight:
@@ -108,6 +118,8 @@ class QuantWeight:
     @property
     def data(self) -> torch.Tensor:
         """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked)."""
+        if self.kernel_id == STACK:
+            raise TypeError("a stack of weights of different types has no one row layout: see its .parts")
         if self.kernel_id in V_LAYOUTS.values():
             return unpack_v(self.packed, self.qtype, self.shape[0])
         return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.kernel_id in REPACKED.values() else self.packed
@@ -118,6 +130,9 @@ class QuantWeight:
 
     def dequantize(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[out, in] float32 (or the chosen rows' [n, in]): exactly gguf-py's values."""
+        if self.kernel_id == STACK:
+            values = torch.cat([p.dequantize() for p in self.parts])  # [out, in]
+            return values if rows is None else values[rows.reshape(-1)]
         ext = kernel()
         if ext is not None:
             ids = torch.empty(0, dtype=torch.int64) if rows is None else rows.reshape(-1)
@@ -135,7 +150,7 @@ class QuantWeight:
         rows = x if flat else x.reshape(-1, self.shape[1])  # [rows, in]
         if rows.dtype != torch.float32:
             rows = rows.float()
-        if ext is None and self.activations == "q8":
+        if ext is None and self.activations in ("q8", "mixed"):
             raise RuntimeError("integer activations need the quant kernel, which is not built here")
         if ext is not None:
             y = ext.quant_linear(rows, self.packed, self._scales_arg, self.kernel_id, self.shape[1], self.shape[0],
@@ -164,13 +179,15 @@ class QuantWeight:
 
 
 def cat(weights: list[QuantWeight]) -> QuantWeight:
-    """Weights of one type and input size stacked along the output dimension (fused q/k/v, gate/up). Repacked
-    weights whose sizes are whole groups stack as they are (`pack_q4` keeps each group of 4 channels in one row:
-    the same bytes as repacking the stack); others are stacked as the file's blocks and repacked."""
+    """Weights of one input size stacked along the output dimension (fused q/k/v, gate/up). Of one type and
+    activations: repacked weights whose sizes are whole groups stack as they are (`pack_q4` keeps each group of 4
+    channels in one row: the same bytes as repacking the stack); others are stacked as the file's blocks and
+    repacked. Of several (a K-quant file's q/k/v can mix Q5_0 and Q8_0): a `stack` of them."""
     first = weights[0]
-    if any(w.qtype != first.qtype or w.shape[1] != first.shape[1] or w.activations != first.activations
-           for w in weights):
-        raise ValueError("only quantized weights of one type, input size and activations fuse")
+    if any(w.shape[1] != first.shape[1] for w in weights):
+        raise ValueError("only quantized weights of one input size fuse")
+    if any(w.qtype != first.qtype or w.activations != first.activations for w in weights):
+        return stack(weights)
     if first.kernel_id in REPACKED.values() and all(w.kernel_id == first.kernel_id and w.shape[0] % GROUP == 0
                                                     for w in weights):
         return QuantWeight.repacked(first.qtype, torch.cat([w.packed for w in weights]),
@@ -179,70 +196,157 @@ def cat(weights: list[QuantWeight]) -> QuantWeight:
     return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales, first.activations)
 
 
+STACK = 300  # the kernel id of a stack of weights of different types (quant_kernel.cpp stack_linear)
+
+
+def stack(weights: list[QuantWeight]) -> QuantWeight:
+    """Weights of different block types (or activations) stacked along the output dimension, each part kept in its
+    own layout and run as itself (its outputs are the part's alone, bit for bit): one uint8 [1, bytes] tensor of an
+    int64 header (parts; per part kernel id, out, data rows, data row bytes, byte offset) and the parts' data, each
+    at a 64-byte boundary; the parts become views into it (no second copy)."""
+    parts = [p for w in weights for p in (w.parts if w.kernel_id == STACK else [w])]
+    if any(p.scales is not None for p in parts):
+        raise ValueError("int8 weights (per-channel scales) do not stack with others")
+    offset = -(-8 * (1 + 5 * len(parts)) // 64) * 64
+    header, offsets = [len(parts)], []
+    for p in parts:
+        offsets.append(offset)
+        header += [p.kernel_id, p.shape[0], p.packed.shape[0], p.packed.shape[1], offset]
+        offset += -(-p.packed.numel() // 64) * 64
+    blob = torch.zeros(1, offset, dtype=torch.uint8)
+    blob[0, : 8 * len(header)] = torch.tensor(header, dtype=torch.int64).view(torch.uint8)
+    views = []
+    for p, at in zip(parts, offsets):
+        view = blob[0, at : at + p.packed.numel()].view(p.packed.shape)
+        view.copy_(p.packed)
+        part = QuantWeight.__new__(QuantWeight)
+        part.__dict__.update(p.__dict__)
+        part.packed = view
+        views.append(part)
+    weight = QuantWeight.__new__(QuantWeight)
+    acts = {p.activations for p in parts}
+    weight.qtype = "+".join(dict.fromkeys(p.qtype for p in parts))
+    weight.scales, weight._scales_arg = None, _or_empty(None)
+    weight.activations = acts.pop() if len(acts) == 1 else "mixed"
+    weight.shape = torch.Size((sum(p.shape[0] for p in parts), parts[0].shape[1]))
+    weight.packed, weight.kernel_id, weight.parts = blob, STACK, views
+    return weight
+
+
+# The fields of a block a repacked group stores after its nibbles, in order: (first byte in the file's block, bytes).
+_GROUP_FIELDS = {"Q4_0": [(0, 2)], "Q4_1": [(0, 2), (2, 2)], "Q5_0": [(2, 4), (0, 2)], "Q5_1": [(4, 4), (0, 2), (2, 2)]}
+
+
 def pack_q4(data: torch.Tensor, qtype: str) -> torch.Tensor:
-    """[out, row_bytes] Q4_0 / Q4_1 blocks -> [ceil(out / 4), 4 * row_bytes], the kernel's layout: per group of 4
-    channels, for every block its 64 nibble bytes (byte 4 * j + c = byte j of channel c's 16), then every block's 4
-    fp16 d, then (Q4_1) every block's 4 fp16 m. The same bytes; a last group short of 4 channels is padded with
-    zeros (d = m = 0), which the kernel computes but never returns. (Moved in numpy: its strided byte copies are
-    ~50x faster than torch's on these shapes.)"""
+    """[out, row_bytes] Q4_0 / Q4_1 / Q5_0 / Q5_1 blocks -> [ceil(out / 4), 4 * row_bytes], the kernel's layout: per
+    group of 4 channels, for every block its 64 nibble bytes (byte 4 * j + c = byte j of channel c's 16), then (Q5)
+    every block's 4 u32 qh (the fifth bits), then every block's 4 fp16 d, then (Q4_1, Q5_1) every block's 4 fp16 m.
+    The same bytes; a last group short of 4 channels is padded with zeros (d = m = 0), which the kernel computes but
+    never returns. (Moved in numpy: its strided byte copies are ~50x faster than torch's on these shapes.)"""
     out, size = data.shape[0], GGML_BLOCKS[qtype][0]
-    head = size - 16  # d (and m): 2 bytes each
     groups = -(-out // GROUP)
     raw = data.contiguous().numpy()
     if groups * GROUP != out:
         raw = np.concatenate([raw, np.zeros((groups * GROUP - out, raw.shape[1]), dtype=np.uint8)])
     blocks = raw.reshape(groups, GROUP, -1, size)  # [groups, 4, blocks, size]
-    parts = [blocks[..., head:].transpose(0, 2, 3, 1)]  # nibbles [groups, blocks, 16, 4]
-    parts += [blocks[..., s : s + 2].transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m [groups, blocks, 4, 2]
+    parts = [blocks[..., size - 16 :].transpose(0, 2, 3, 1)]  # nibbles [groups, blocks, 16, 4]
+    parts += [blocks[..., s : s + w].transpose(0, 2, 1, 3) for s, w in _GROUP_FIELDS[qtype]]  # [g, blocks, 4, w]
     return torch.from_numpy(np.concatenate([p.reshape(groups, -1) for p in parts], axis=1))
 
 
 def unpack_q4(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     """`pack_q4`'s inverse: [ceil(out / 4), 4 * row_bytes] -> [out, row_bytes], the file's bytes."""
     groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
-    head, n = size - 16, packed.shape[1] // (GROUP * size)  # n: blocks per channel
+    n = packed.shape[1] // (GROUP * size)  # blocks per channel
     raw = packed.contiguous().numpy()
-    nibbles = raw[:, : n * 64].reshape(groups, n, 16, GROUP).transpose(0, 3, 1, 2)  # [groups, 4, blocks, 16]
-    scales = [raw[:, n * (64 + 4 * s) : n * (64 + 4 * s) + n * 8].reshape(groups, n, GROUP, 2).transpose(0, 2, 1, 3)
-              for s in range(0, head, 2)]  # d, m: [groups, 4, blocks, 2]
-    blocks = np.concatenate(scales + [nibbles], axis=-1)  # [groups, 4, blocks, size]
+    blocks = np.empty((groups, GROUP, n, size), dtype=np.uint8)
+    blocks[..., size - 16 :] = raw[:, : n * 64].reshape(groups, n, 16, GROUP).transpose(0, 3, 1, 2)
+    at = n * 64
+    for s, w in _GROUP_FIELDS[qtype]:
+        blocks[..., s : s + w] = raw[:, at : at + n * GROUP * w].reshape(groups, n, GROUP, w).transpose(0, 2, 1, 3)
+        at += n * GROUP * w
     return torch.from_numpy(blocks.reshape(groups * GROUP, -1)[:out].copy())
 
 
-def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
-    """[out, row_bytes] Q4_0 / Q4_1 / Q8_0 blocks -> [ceil(out / 16), 16 * row_bytes], the integer-activation
-    kernel's layout (quant_q8.h): per group of 16 channels, for every block its quants as [chunks][16 channels][4
-    bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel), then every block's 16 fp16 d, then (Q4_1)
-    every block's 16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never
-    returned)."""
-    import numpy as np
+# Q5's fifth bits in a V layout: bit j of the file's qh (element j) goes to bit V_Q5_BITS[j] (quant_q8.h v_q5_bit)
+V_Q5_BITS = [8 * (j % 4) + j // 4 if j < 16 else 8 * ((j - 16) % 4) + 4 + (j - 16) // 4 for j in range(32)]
 
+
+def _v_fields(qtype: str) -> tuple[int, int, list[int]]:
+    """(first quant byte, quant bytes, the fp16 fields' first bytes in storage order) of a block in the file."""
+    size = GGML_BLOCKS[qtype][0]
+    if qtype == "Q8_0":
+        return 2, 32, [0]
+    scales = [0, 2] if qtype in ("Q4_1", "Q5_1") else [0]
+    return size - 16, 16, scales
+
+
+def _spread_qh(qh: np.ndarray, inverse: bool = False) -> np.ndarray:
+    """[...] uint32 qh words with their bits moved to V_Q5_BITS' places (inverse: back)."""
+    out = np.zeros_like(qh)
+    for j, to in enumerate(V_Q5_BITS):
+        src, dst = (to, j) if inverse else (j, to)
+        out |= ((qh >> np.uint32(src)) & np.uint32(1)) << np.uint32(dst)
+    return out
+
+
+def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
+    """[out, row_bytes] Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks -> [ceil(out / 16), 16 * row_bytes], the
+    integer-activation kernel's layout (quant_q8.h): per group of 16 channels, for every block its quants as
+    [chunks][16 channels][4 bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel) and (Q5) its
+    [16 channels] u32 fifth bits (V_Q5_BITS' order), then every block's 16 fp16 d, then (Q4_1, Q5_1) every block's
+    16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never returned)."""
     out, size = data.shape[0], GGML_BLOCKS[qtype][0]
-    head = size - (32 if qtype == "Q8_0" else 16)  # d (and m): 2 bytes each
+    first, count, scales = _v_fields(qtype)
     groups = -(-out // V_GROUP)
     raw = data.contiguous().numpy()
     if groups * V_GROUP != out:
         raw = np.concatenate([raw, np.zeros((groups * V_GROUP - out, raw.shape[1]), dtype=np.uint8)])
     blocks = raw.reshape(groups, V_GROUP, -1, size)  # [groups, 16, blocks, size]
-    quants = blocks[..., head:].reshape(*blocks.shape[:3], -1, 4).transpose(0, 2, 3, 1, 4)  # [g, blocks, chunks, 16, 4]
-    parts = [quants] + [blocks[..., s : s + 2].transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m [g, b, 16, 2]
+    n = blocks.shape[2]
+    quants = blocks[..., first : first + count].reshape(groups, V_GROUP, n, -1, 4).transpose(0, 2, 3, 1, 4)
+    quants = quants.reshape(groups, n, -1)  # [g, blocks, chunks * 16 * 4]
+    if qtype in ("Q5_0", "Q5_1"):
+        qh = np.ascontiguousarray(blocks[..., first - 4 : first]).view(np.uint32)[..., 0]  # [g, 16, blocks]
+        spread = _spread_qh(qh).transpose(0, 2, 1)  # [g, blocks, 16]
+        quants = np.concatenate([quants, np.ascontiguousarray(spread).view(np.uint8).reshape(groups, n, -1)], axis=2)
+    parts = [quants] + [blocks[..., s : s + 2].transpose(0, 2, 1, 3) for s in scales]  # d, m [g, blocks, 16, 2]
     return torch.from_numpy(np.concatenate([part.reshape(groups, -1) for part in parts], axis=1))
 
 
 def unpack_v(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     """`pack_v`'s inverse: [ceil(out / 16), 16 * row_bytes] -> [out, row_bytes], the file's bytes."""
-    import numpy as np
-
     groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
-    quant = 32 if qtype == "Q8_0" else 16
-    head, n = size - quant, packed.shape[1] // (V_GROUP * size)  # n: blocks per channel
+    first, count, scales = _v_fields(qtype)
+    q5 = qtype in ("Q5_0", "Q5_1")
+    n = packed.shape[1] // (V_GROUP * size)  # blocks per channel
+    per_block = V_GROUP * (count + 4 * q5)
     raw = packed.contiguous().numpy()
-    quants = raw[:, : n * V_GROUP * quant].reshape(groups, n, quant // 4, V_GROUP, 4).transpose(0, 3, 1, 2, 4)
-    start = n * V_GROUP * quant
-    scales = [raw[:, start + n * V_GROUP * s : start + n * V_GROUP * (s + 2)].reshape(groups, n, V_GROUP, 2)
-              .transpose(0, 2, 1, 3) for s in range(0, head, 2)]  # d, m: [groups, 16, blocks, 2]
-    blocks = np.concatenate(scales + [quants.reshape(groups, V_GROUP, n, quant)], axis=-1)  # [g, 16, blocks, size]
+    blocks = np.zeros((groups, V_GROUP, n, size), dtype=np.uint8)
+    body = raw[:, : n * per_block].reshape(groups, n, per_block)
+    quants = body[..., : V_GROUP * count].reshape(groups, n, count // 4, V_GROUP, 4).transpose(0, 3, 1, 2, 4)
+    blocks[..., first : first + count] = quants.reshape(groups, V_GROUP, n, count)
+    if q5:
+        spread = np.ascontiguousarray(body[..., V_GROUP * count :]).view(np.uint32)  # [g, blocks, 16]
+        qh = _spread_qh(spread, inverse=True).transpose(0, 2, 1)  # [g, 16, blocks]
+        blocks[..., first - 4 : first] = np.ascontiguousarray(qh)[..., None].view(np.uint8)
+    start = n * per_block
+    for i, s in enumerate(scales):
+        at = start + n * V_GROUP * 2 * i
+        blocks[..., s : s + 2] = raw[:, at : at + n * V_GROUP * 2].reshape(groups, n, V_GROUP, 2).transpose(0, 2, 1, 3)
     return torch.from_numpy(blocks.reshape(groups * V_GROUP, -1)[:out].copy())
+
+
+def kernel_id(qtype: str) -> int:
+    """The kernel's id of a GGUF block type in the file's layout (its GGML type id)."""
+    return K_BLOCKS[qtype][1] if qtype in K_BLOCKS else GGML_BLOCKS[qtype][1]
+
+
+def row_bytes(qtype: str, in_features: int) -> int:
+    """Bytes of one row of `in_features` weights of a GGUF block type as the file stores it."""
+    if qtype in K_BLOCKS:
+        return in_features // SUPER_BLOCK * K_BLOCKS[qtype][0]
+    return in_features // BLOCK * GGML_BLOCKS[qtype][0]
 
 
 def _or_empty(scales: torch.Tensor | None) -> torch.Tensor:
@@ -251,10 +355,16 @@ def _or_empty(scales: torch.Tensor | None) -> torch.Tensor:
 
 def dequantize_reference(qtype: str, data: torch.Tensor, in_features: int,
                          scales: torch.Tensor | None = None) -> torch.Tensor:
-    """[n, row_bytes] uint8 -> [n, in] float32 in torch ops, the same formulas as gguf-py's (and the kernel's)."""
+    """[n, row_bytes] uint8 -> [n, in] float32 in torch ops, the same formulas as gguf-py's (and the kernel's); the
+    5-bit and K-quant types through gguf-py's own dequantization (the kernel's values are tested equal to it)."""
     n = data.shape[0]
     if qtype == INT8[0]:
         return scales[:, None] * data.view(torch.int8).float()
+    if qtype in ("Q5_0", "Q5_1") or qtype in K_BLOCKS:
+        import gguf
+
+        values = gguf.quants.dequantize(data.contiguous().numpy(), gguf.GGMLQuantizationType[qtype])
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(n, in_features)
     size = GGML_BLOCKS[qtype][0]
     blocks = data.reshape(n, -1, size)  # [n, blocks, bytes]
     d = blocks[..., :2].contiguous().view(torch.float16).float()  # [n, blocks, 1]

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 #include <vector>
+#include "quant_k.h"
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -20,6 +21,7 @@
 namespace {
 
 enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100, Q4_0R = 102, Q4_1R = 103 };  // R: repacked
+// (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: quant_k.h's KQType)
 enum Path : int64_t { AUTO = 0, SCALAR = 1, AVX2 = 2, AVX512 = 3 };
 constexpr int64_t QK = 32;      // elements per block (Q4_0, Q4_1, Q8_0; INT8 is cut the same way)
 constexpr int64_t GROUP = 8;    // output channels per unit of parallel work (a multiple of every tile's NC)
@@ -27,9 +29,13 @@ constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, AVX2 dequanti
 
 constexpr int64_t file_type(int64_t t) { return t == Q4_0R ? Q4_0 : t == Q4_1R ? Q4_1 : t; }
 constexpr bool repacked(int64_t t) { return t == Q4_0R || t == Q4_1R; }
+// Bytes of a block of 32 inputs (a K-quant's: its super-block's share, rounded down: only prefetch addresses use it).
 constexpr int64_t block_bytes(int64_t t) {
-  return file_type(t) == Q4_0 ? 18 : file_type(t) == Q4_1 ? 20 : t == Q8_0 ? 34 : QK;
+  return file_type(t) == Q4_0 ? 18 : file_type(t) == Q4_1 ? 20 : t == Q8_0 ? 34 : k_quant(t) ? kq_bytes(t) / 8
+       : kq_family(t) ? kq_bytes(t) : QK;
 }
+// Bytes of a row of `in` inputs as the file has it.
+constexpr int64_t file_row_bytes(int64_t t, int64_t in) { return k_quant(t) ? in / QK_K * kq_bytes(t) : in / QK * block_bytes(t); }
 constexpr int64_t CHANNELS_PER_GROUP = 4;  // repacked types
 
 struct Args {
@@ -70,6 +76,28 @@ inline void prefetch_scales(const Args& a, int64_t g) {
   for (int64_t i = 0; i < a.blocks * 8 * (file_type(T) == Q4_1 ? 2 : 1); i += 64) __builtin_prefetch(s + i, 0, 3);
 }
 
+// Repacked Q5_0 / Q5_1 (quant.py `pack_q5`): Q4R's groups of 4 channels with the fifth bits beside the nibbles, the
+// file's bytes reordered: [blocks][64] nibbles (byte 4j + c: channel c's byte j), [blocks][4 channels] u32 qh,
+// [blocks][4] fp16 d, then (Q5_1) [blocks][4] fp16 m.
+enum Q5Type : int64_t { Q5_0R = 106, Q5_1R = 107 };
+constexpr bool q5_repacked(int64_t t) { return t == Q5_0R || t == Q5_1R; }
+constexpr int64_t q5_file_type(int64_t t) { return t == Q5_0R ? Q5_0 : Q5_1; }
+inline const uint8_t* q5r_qh_at(const Args& a, int64_t g, int64_t b) { return a.w + g * a.row_bytes + a.blocks * 64 + b * 16; }
+inline const uint8_t* q5r_d_at(const Args& a, int64_t g, int64_t b) { return a.w + g * a.row_bytes + a.blocks * 80 + b * 8; }
+inline const uint8_t* q5r_m_at(const Args& a, int64_t g, int64_t b) { return q5r_d_at(a, g, b) + a.blocks * 8; }
+
+// Block b of channel o of a repacked Q5 weight, rebuilt as the file has it into buf[24].
+template <int64_t T>
+inline const uint8_t* q5r_file_block(const Args& a, int64_t o, int64_t b, uint8_t* buf) {
+  const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP, head = T == Q5_1R ? 4 : 2;
+  std::memcpy(buf, q5r_d_at(a, g, b) + 2 * c, 2);
+  if (T == Q5_1R) std::memcpy(buf + 2, q5r_m_at(a, g, b) + 2 * c, 2);
+  std::memcpy(buf + head, q5r_qh_at(a, g, b) + 4 * c, 4);
+  const uint8_t* nib = nibbles_at(a, g, b);
+  for (int j = 0; j < 16; ++j) buf[head + 4 + j] = nib[4 * j + c];
+  return buf;
+}
+
 // Block b of channel o as the file has it: a pointer into the weights, or (repacked types) rebuilt into buf.
 template <int64_t T>
 inline const uint8_t* file_block(const Args& a, int64_t o, int64_t b, uint8_t* buf) {
@@ -100,6 +128,14 @@ inline __m512 q4r_levels() {
 template <int64_t T>
 inline void dequant512(const Args& a, int64_t o, int64_t b, __m512& lo, __m512& hi) {
   constexpr int64_t F = file_type(T);
+  if constexpr (kq_family(T)) {
+    kq_dequant512<T>(a.w + o * a.row_bytes + kq_block_offset(T, b), b & 7, lo, hi);
+    return;
+  } else if constexpr (q5_repacked(T)) {  // (the GEMM's panels: tile512_q5r makes the same values)
+    uint8_t buf[24];
+    kq_dequant512<q5_file_type(T)>(q5r_file_block<T>(a, o, b, buf), 0, lo, hi);
+    return;
+  }
   const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   if (repacked(T)) {  // channel c's nibbles sit at bit 8c of every lane: shift, and let the permutes mask
     const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP;

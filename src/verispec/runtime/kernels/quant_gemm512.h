@@ -152,6 +152,13 @@ GemmFn gemm512_for(int64_t qtype) {
     case Q4_0R: return gemm512<Q4_0R>;
     case Q4_1R: return gemm512<Q4_1R>;
     case Q8_0: return gemm512<Q8_0>;
+    case Q5_0: return gemm512<Q5_0>;
+    case Q5_1: return gemm512<Q5_1>;
+    case Q4_K: return gemm512<Q4_K>;
+    case Q5_K: return gemm512<Q5_K>;
+    case Q6_K: return gemm512<Q6_K>;
+    case Q5_0R: return gemm512<Q5_0R>;
+    case Q5_1R: return gemm512<Q5_1R>;
     default: return gemm512<INT8>;
   }
 }

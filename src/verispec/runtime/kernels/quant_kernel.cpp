@@ -37,6 +37,14 @@ namespace {
 template <int64_t T>
 inline void dequant_block(const Args& a, int64_t o, int64_t b, float* w) {
   constexpr int64_t F = file_type(T);
+  if constexpr (kq_family(T)) {
+    kq_dequant_scalar<T>(a.w + o * a.row_bytes + kq_block_offset(T, b), b & 7, w);
+    return;
+  } else if constexpr (q5_repacked(T)) {
+    uint8_t buf[24];
+    kq_dequant_scalar<q5_file_type(T)>(q5r_file_block<T>(a, o, b, buf), 0, w);
+    return;
+  }
   uint8_t buf[20];
   const uint8_t* blk = file_block<T>(a, o, b, buf);
   const float scale = a.scale ? a.scale[o] : 0.0f;
@@ -167,6 +175,97 @@ void tile512_q4r(const Args& a, int64_t o0, int64_t r0) {
       for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
 }
 
+// Repacked Q5_0 / Q5_1: NC channels (whole groups of 4) x NR rows, kq_dequant512's values (a block's 32 possible
+// values made once per channel, picked by vpermt2ps from the nibble, with the fifth bit or-ed in under a mask of the
+// channel's qh) and tile512's sums in tile512's order (lo, then hi, block by block; _mm512_reduce_add_ps). The
+// scales of a run of blocks are converted 16 at a time, as tile512_q4r does.
+template <int64_t T, int NC, int NR>
+void tile512_q5r(const Args& a, int64_t o0, int64_t r0) {
+  static_assert(NC % CHANNELS_PER_GROUP == 0, "whole groups");
+  constexpr int NG = NC / CHANNELS_PER_GROUP;
+  constexpr int64_t RUN = 32;
+  __m512 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
+  const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 k16 = _mm512_add_ps(k, _mm512_set1_ps(16.0f));
+  const __m512 kneg = _mm512_sub_ps(k, _mm512_set1_ps(16.0f));
+  const __m512i low4 = _mm512_set1_epi32(0x0F), bit4 = _mm512_set1_epi32(16);
+  const int64_t g0 = o0 / CHANNELS_PER_GROUP;
+  const float* x0 = a.x + r0 * a.in;
+  alignas(64) float d[NG][RUN * CHANNELS_PER_GROUP], m[NG][T == Q5_1R ? RUN * CHANNELS_PER_GROUP : 1];
+  for (int64_t b0 = 0; b0 < a.blocks; b0 += RUN) {
+    const int64_t run = std::min(RUN, a.blocks - b0);
+    for (int g = 0; g < NG; ++g) {
+      halves_to_floats(q5r_d_at(a, g0 + g, b0), run * CHANNELS_PER_GROUP, d[g]);
+      if (T == Q5_1R) halves_to_floats(q5r_m_at(a, g0 + g, b0), run * CHANNELS_PER_GROUP, m[g]);
+    }
+    for (int64_t b = 0; b < run; ++b) {
+      const float* x = x0 + (b0 + b) * QK;
+      for (int g = 0; g < NG; ++g) {
+        const uint8_t* nib = nibbles_at(a, g0 + g, b0 + b);
+        _mm_prefetch(reinterpret_cast<const char*>(nib + PREFETCH_TILES * NG * a.row_bytes), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(q5r_qh_at(a, g0 + g, b0 + b) + PREFETCH_TILES * NG * a.row_bytes),
+                     _MM_HINT_T0);
+        const __m512i v = _mm512_loadu_si512(nib);
+        uint32_t qh[CHANNELS_PER_GROUP];
+        std::memcpy(qh, q5r_qh_at(a, g0 + g, b0 + b), sizeof(qh));
+        for (int c = 0; c < CHANNELS_PER_GROUP; ++c) {
+          const int64_t i = b * CHANNELS_PER_GROUP + c;
+          const __m512 dv = _mm512_set1_ps(d[g][i]);
+          // Q5_1: d * k + m (d * k exact: one rounding, as gguf-py); Q5_0: d * (q - 16), exact
+          const __m512 t0 = T == Q5_1R ? _mm512_fmadd_ps(dv, k, _mm512_set1_ps(m[g][i])) : _mm512_mul_ps(dv, kneg);
+          const __m512 t1 = T == Q5_1R ? _mm512_fmadd_ps(dv, k16, _mm512_set1_ps(m[g][i])) : _mm512_mul_ps(dv, k);
+          const __m512i i0 = _mm512_and_si512(c == 0 ? v : _mm512_srli_epi32(v, 8 * c), low4);
+          const __m512i i1 = _mm512_and_si512(_mm512_srli_epi32(v, 8 * c + 4), low4);
+          const __m512 lo = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(i0, static_cast<__mmask16>(qh[c]), i0, bit4), t1);
+          const __m512 hi = _mm512_permutex2var_ps(t0, _mm512_mask_or_epi32(i1, static_cast<__mmask16>(qh[c] >> 16), i1, bit4), t1);
+          __m512* out = acc[g * CHANNELS_PER_GROUP + c];
+          for (int r = 0; r < NR; ++r) {
+            out[r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x + r * a.in), out[r]);
+            out[r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x + r * a.in + 16), out[r]);
+          }
+        }
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c)
+    if (o0 + c < a.out)  // the last group's padding is never stored
+      for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
+}
+
+// K-quants: NC channels x NR rows, a super-block of a channel at a time: its 8 units' scales decoded once
+// (kq_units), then each unit's values (kq_dequant512's) multiplied in. Per accumulator the order is tile512's (unit by
+// unit, lo then hi; _mm512_reduce_add_ps), so the same bits as tile512 and the GEMM's panels.
+template <int64_t T, int NC, int NR>
+void tile512_k(const Args& a, int64_t o0, int64_t r0) {
+  __m512 acc[NC][NR];
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) acc[c][r] = _mm512_setzero_ps();
+  const float* x0 = a.x + r0 * a.in;
+  KUnit u[8];
+  for (int64_t sb = 0; sb < a.blocks / 8; ++sb) {
+    for (int c = 0; c < NC; ++c) {
+      const uint8_t* blk = a.w + (o0 + c) * a.row_bytes + sb * kq_bytes(T);
+      const uint8_t* ahead = a.w + (o0 + c + std::max(NC, 16)) * a.row_bytes + sb * kq_bytes(T);
+      for (int64_t i = 0; i < kq_bytes(T); i += 64) _mm_prefetch(reinterpret_cast<const char*>(ahead + i), _MM_HINT_T0);
+      kq_units<T>(blk, u);
+#pragma GCC unroll 8
+      for (int s = 0; s < 8; ++s) {  // unrolled: each unit's shifts and offsets are constants
+        __m512 lo, hi;
+        kq_dequant512<T>(blk, s, u[s], lo, hi);
+        for (int r = 0; r < NR; ++r) {
+          const float* xr = x0 + r * a.in + (sb * 8 + s) * QK;
+          acc[c][r] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[c][r]);
+          acc[c][r] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[c][r]);
+        }
+      }
+    }
+  }
+  for (int c = 0; c < NC; ++c)
+    for (int r = 0; r < NR; ++r) a.y[(r0 + r) * a.out + o0 + c] = _mm512_reduce_add_ps(acc[c][r]);
+}
+
 // Repacked Q4, one group (4 channels) x NR <= 5 rows: tile512_q4r's values and sums (per accumulator: lo, then hi,
 // block by block), with a block's 8 vectors of values made first, so each row's input is loaded once per half and
 // kept in a register for 4 multiply-adds (4 x 5 accumulators + 8 values + 1 input + the nibbles: 30 registers).
@@ -231,6 +330,14 @@ inline __m128i q4r_bytes(const uint8_t* nib, int64_t c) {
 template <int64_t T>
 inline void dequant256(const Args& a, int64_t o, int64_t b, __m256* v) {
   constexpr int64_t F = file_type(T);
+  if constexpr (kq_family(T)) {
+    kq_dequant256<T>(a.w + o * a.row_bytes + kq_block_offset(T, b), b & 7, v);
+    return;
+  } else if constexpr (q5_repacked(T)) {
+    uint8_t buf[24];
+    kq_dequant256<q5_file_type(T)>(q5r_file_block<T>(a, o, b, buf), 0, v);
+    return;
+  }
   const uint8_t* blk = a.w + o * a.row_bytes + b * block_bytes(T);
   if (F == Q4_0 || F == Q4_1) {
     const int64_t g = o / CHANNELS_PER_GROUP, c = o % CHANNELS_PER_GROUP;
@@ -347,6 +454,13 @@ GroupFn panel_group_for(int64_t qtype, int64_t path) {  // null: this path has n
     case Q4_0R: return panel_for_type<Q4_0R>(path);
     case Q4_1R: return panel_for_type<Q4_1R>(path);
     case Q8_0: return panel_for_type<Q8_0>(path);
+    case Q5_0: return panel_for_type<Q5_0>(path);
+    case Q5_1: return panel_for_type<Q5_1>(path);
+    case Q4_K: return panel_for_type<Q4_K>(path);
+    case Q5_K: return panel_for_type<Q5_K>(path);
+    case Q6_K: return panel_for_type<Q6_K>(path);
+    case Q5_0R: return panel_for_type<Q5_0R>(path);
+    case Q5_1R: return panel_for_type<Q5_1R>(path);
     default: return panel_for_type<INT8>(path);
   }
 }
@@ -397,11 +511,28 @@ constexpr int nc1(int) { return 1; }
         CHANNELS_PER_GROUP, true,                                                                                     \
   }
 
+// Repacked Q5 on AVX-512: up to 4 rows a tile, whole groups of 4 channels (8 at 1-2 rows).
+constexpr int nc512_q5r(int nr) { return nr <= 2 ? 8 : 4; }
+#define VERISPEC_TILES4_Q5R(T)                                                                                        \
+  Tiles {                                                                                                             \
+    4, {0, nc512_q5r(1), nc512_q5r(2), nc512_q5r(3), nc512_q5r(4)},                                                   \
+        {nullptr, tile512_q5r<T, nc512_q5r(1), 1>, tile512_q5r<T, nc512_q5r(2), 2>, tile512_q5r<T, nc512_q5r(3), 3>,  \
+         tile512_q5r<T, nc512_q5r(4), 4>},                                                                            \
+        {nullptr, tile512_q5r<T, 4, 1>, tile512_q5r<T, 4, 2>, tile512_q5r<T, 4, 3>, tile512_q5r<T, 4, 4>},            \
+        CHANNELS_PER_GROUP, true,                                                                                     \
+  }
+
 template <int64_t T>
 const Tiles& tiles_for(int64_t path) {
   static const Tiles scalar = VERISPEC_TILES(tile_scalar, nc1, T);
 #if defined(VERISPEC_AVX512)
-  if constexpr (repacked(T)) {
+  if constexpr (q5_repacked(T)) {
+    static const Tiles avx512 = VERISPEC_TILES4_Q5R(T);
+    if (path == AVX512) return avx512;
+  } else if constexpr (k_quant(T)) {
+    static const Tiles avx512 = VERISPEC_TILES(tile512_k, nc512, T);
+    if (path == AVX512) return avx512;
+  } else if constexpr (repacked(T)) {
     static const Tiles avx512 = VERISPEC_TILES5_Q4R(T);
     if (path == AVX512) return avx512;
   } else {
@@ -423,6 +554,13 @@ const Tiles& tiles(int64_t qtype, int64_t path) {
     case Q4_0R: return tiles_for<Q4_0R>(path);
     case Q4_1R: return tiles_for<Q4_1R>(path);
     case Q8_0: return tiles_for<Q8_0>(path);
+    case Q5_0: return tiles_for<Q5_0>(path);
+    case Q5_1: return tiles_for<Q5_1>(path);
+    case Q4_K: return tiles_for<Q4_K>(path);
+    case Q5_K: return tiles_for<Q5_K>(path);
+    case Q6_K: return tiles_for<Q6_K>(path);
+    case Q5_0R: return tiles_for<Q5_0R>(path);
+    case Q5_1R: return tiles_for<Q5_1R>(path);
     default: return tiles_for<INT8>(path);
   }
 }
@@ -463,21 +601,52 @@ int64_t resolve_path(int64_t path) {
 void check_data(const torch::Tensor& data, const torch::Tensor& scales, int64_t qtype, int64_t in, int64_t out) {
   TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous() && data.dim() == 2, "data must be contiguous uint8 2-d");
   TORCH_CHECK(in % QK == 0, "in must be a multiple of 32");
-  TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype) || v_layout(qtype),
-              "unknown qtype");
-  const int64_t per_row = repacked(qtype) ? CHANNELS_PER_GROUP : v_layout(qtype) ? VCH : 1;
-  const int64_t bytes = v_layout(qtype) ? v_block_bytes(qtype) : block_bytes(qtype);
+  TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype) || v_layout(qtype) ||
+              kq_family(qtype) || q5_repacked(qtype), "unknown qtype");
+  TORCH_CHECK(!k_quant(qtype) || in % QK_K == 0, "a K-quant weight's input size must be a multiple of 256");
+  const int64_t per_row = repacked(qtype) || q5_repacked(qtype) ? CHANNELS_PER_GROUP : v_layout(qtype) ? VCH : 1;
+  const int64_t bytes = v_layout(qtype) ? v_block_bytes(qtype) : q5_repacked(qtype) ? kq_bytes(q5_file_type(qtype))
+                                                                                     : block_bytes(qtype);
   TORCH_CHECK(data.size(0) == (out + per_row - 1) / per_row, "data has ", data.size(0), " rows for ", out, " channels");
-  TORCH_CHECK(data.size(1) == per_row * (in / QK) * bytes, "data's row size does not match the type and in");
+  TORCH_CHECK(data.size(1) == (kq_family(qtype) ? file_row_bytes(qtype, in) : per_row * (in / QK) * bytes),
+              "data's row size does not match the type and in");
   TORCH_CHECK(qtype != INT8 || (scales.numel() == out && scales.dtype() == torch::kFloat32 && scales.is_contiguous()),
               "INT8 needs scales [out]");
 }
 
-// x [rows, in] float32, data [out, row_bytes] uint8 (repacked: [ceil(out / 4), 4 * row_bytes]), scales [out]
-// float32 (INT8 only, else empty) -> [rows, out]
+torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in,
+                           int64_t out, int64_t path);
+
+// A stack of weights of different block types along the output dimension (a fused q/k/v or gate/up whose parts
+// the file stores in different types: quant.py `stack`), one uint8 [1, bytes] tensor: int64 [parts], then per part
+// (kernel id, out, data rows, data row bytes, byte offset of its data), each part's data at its 64-byte-aligned
+// offset. Each part runs as a weight of its own (its own bits: a part's outputs are those of the part alone).
+constexpr int64_t STACK = 300;
+torch::Tensor stack_linear(const torch::Tensor& x, const torch::Tensor& data, int64_t in, int64_t out, int64_t path) {
+  TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous() && data.dim() == 2 && data.size(0) == 1 &&
+              data.size(1) >= 8, "a stack is one contiguous uint8 row");
+  const auto* head = reinterpret_cast<const int64_t*>(data.data_ptr<uint8_t>());
+  const int64_t parts = head[0];
+  TORCH_CHECK(parts >= 1 && data.size(1) >= 8 * (1 + 5 * parts), "a stack's header is cut short");
+  auto y = torch::empty({x.size(0), out}, x.options());
+  int64_t o0 = 0;
+  for (int64_t i = 0; i < parts; ++i) {
+    const int64_t* p = head + 1 + 5 * i;  // kernel id, out, rows, row bytes, offset
+    TORCH_CHECK(p[4] >= 0 && p[4] + p[2] * p[3] <= data.size(1) && o0 + p[1] <= out, "a stack's part lies outside it");
+    const torch::Tensor part = data.narrow(1, p[4], p[2] * p[3]).view({p[2], p[3]});
+    y.narrow(1, o0, p[1]).copy_(quant_linear(x, part, torch::empty({0}), p[0], in, p[1], path));
+    o0 += p[1];
+  }
+  TORCH_CHECK(o0 == out, "a stack's parts have ", o0, " channels, not ", out);
+  return y;
+}
+
+// x [rows, in] float32, data [out, row_bytes] uint8 (repacked: [ceil(out / 4), 4 * row_bytes]; STACK: stack_linear's),
+// scales [out] float32 (INT8 only, else empty) -> [rows, out]
 torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor scales, int64_t qtype, int64_t in,
                            int64_t out, int64_t path) {
   TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.size(1) == in, "x must be float32 [rows, in]");
+  if (qtype == STACK) return stack_linear(x.contiguous(), data, in, out, path);
   check_data(data, scales, qtype, in, out);
   x = x.contiguous();
   const int64_t rows = x.size(0);
@@ -551,9 +720,18 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
     case Q4_0R: run(dequant_block<Q4_0R>); break;
     case Q4_1R: run(dequant_block<Q4_1R>); break;
     case Q8_0: run(dequant_block<Q8_0>); break;
+    case Q5_0: run(dequant_block<Q5_0>); break;
+    case Q5_1: run(dequant_block<Q5_1>); break;
+    case Q4_K: run(dequant_block<Q4_K>); break;
+    case Q5_K: run(dequant_block<Q5_K>); break;
+    case Q6_K: run(dequant_block<Q6_K>); break;
+    case Q5_0R: run(dequant_block<Q5_0R>); break;
+    case Q5_1R: run(dequant_block<Q5_1R>); break;
     case Q4_0V: run(v_dequant_block<Q4_0V>); break;
     case Q4_1V: run(v_dequant_block<Q4_1V>); break;
     case Q8_0V: run(v_dequant_block<Q8_0V>); break;
+    case Q5_0V: run(v_dequant_block<Q5_0V>); break;
+    case Q5_1V: run(v_dequant_block<Q5_1V>); break;
     default: run(dequant_block<INT8>); break;
   }
   return w;

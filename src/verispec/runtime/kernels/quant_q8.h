@@ -40,11 +40,22 @@
 
 namespace {
 
-enum QTypeV : int64_t { Q4_0V = 202, Q4_1V = 203, Q8_0V = 208 };
+enum QTypeV : int64_t { Q4_0V = 202, Q4_1V = 203, Q5_0V = 206, Q5_1V = 207, Q8_0V = 208 };
 constexpr int64_t VCH = 16;  // channels of a V group
-constexpr bool v_layout(int64_t t) { return t == Q4_0V || t == Q4_1V || t == Q8_0V; }
-constexpr int64_t v_file_type(int64_t t) { return t == Q4_0V ? Q4_0 : t == Q4_1V ? Q4_1 : Q8_0; }
-constexpr int64_t v_quant_bytes(int64_t t) { return t == Q8_0V ? 32 : 16; }  // a block's quants per channel
+constexpr bool v_layout(int64_t t) { return t == Q4_0V || t == Q4_1V || t == Q5_0V || t == Q5_1V || t == Q8_0V; }
+constexpr int64_t v_file_type(int64_t t) {
+  return t == Q4_0V ? Q4_0 : t == Q4_1V ? Q4_1 : t == Q5_0V ? Q5_0 : t == Q5_1V ? Q5_1 : Q8_0;
+}
+constexpr bool v_q5(int64_t t) { return t == Q5_0V || t == Q5_1V; }
+constexpr bool v_has_m(int64_t t) { return t == Q4_1V || t == Q5_1V; }  // d * q + m types
+// A block's quant bytes per channel: Q5's 16 nibble bytes and then its 4 bytes of fifth bits (v_q5_bit's order).
+constexpr int64_t v_quant_bytes(int64_t t) { return t == Q8_0V ? 32 : v_q5(t) ? 20 : 16; }
+
+// Q5 V layouts keep a block's 32 fifth bits (the file's qh, bit j: element j) reordered in their u32 so that a chunk's
+// bits land at bit 4 of each byte with one shift: element 4i + k (k < 4) at bit 8k + i, element 16 + 4i + k at bit
+// 8k + 4 + i (quant.py `pack_v`). Chunk i's low-nibble bytes take (qh << (4 - i)) & 0x10101010, its high-nibble
+// bytes (qh >> i) & 0x10101010.
+constexpr int v_q5_bit(int j) { return j < 16 ? 8 * (j % 4) + j / 4 : 8 * ((j - 16) % 4) + 4 + (j - 16) / 4; }
 constexpr int64_t v_block_bytes(int64_t t) { return block_bytes(v_file_type(t)); }  // per channel, as the file
 
 // Group g's block b: the quants of 16 channels, and channel c's fp16 d (m) at vd_at + 2c (vm_at + 2c).
@@ -58,10 +69,19 @@ inline const uint8_t* vm_at(const Args& a, int64_t t, int64_t g, int64_t b) { re
 
 // Block b of channel o as the file has it, rebuilt into buf (the embedding's rows and `dequantize`).
 inline const uint8_t* v_file_block(const Args& a, int64_t t, int64_t o, int64_t b, uint8_t* buf) {
-  const int64_t g = o / VCH, c = o % VCH, head = t == Q4_1V ? 4 : 2;
+  const int64_t g = o / VCH, c = o % VCH, head = v_has_m(t) ? 4 : 2;
   std::memcpy(buf, vd_at(a, t, g, b) + 2 * c, 2);
-  if (t == Q4_1V) std::memcpy(buf + 2, vm_at(a, t, g, b) + 2 * c, 2);
+  if (v_has_m(t)) std::memcpy(buf + 2, vm_at(a, t, g, b) + 2 * c, 2);
   const uint8_t* q = vq_at(a, t, g, b);
+  if (v_q5(t)) {  // the file's qh, then its nibbles
+    uint32_t spread, qh = 0;
+    std::memcpy(&spread, q + 4 * 64 + 4 * c, 4);
+    for (int j = 0; j < 32; ++j) qh |= ((spread >> v_q5_bit(j)) & 1u) << j;
+    std::memcpy(buf + head, &qh, 4);
+    for (int64_t i = 0; i < 4; ++i)
+      for (int k = 0; k < 4; ++k) buf[head + 4 + 4 * i + k] = q[(i * VCH + c) * 4 + k];
+    return buf;
+  }
   for (int64_t i = 0; i < v_quant_bytes(t) / 4; ++i)
     for (int k = 0; k < 4; ++k) buf[head + 4 * i + k] = q[(i * VCH + c) * 4 + k];
   return buf;
@@ -136,7 +156,7 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out,
 
 // What each block's integer sum needs taken away: 8 sq (Q4_0's k - 8), 128 sq (Q8_0's k + 128 on the unsigned
 // side of vpdpbusd; the scalar and AVX2 paths reach the same integer their own way), none (Q4_1).
-constexpr int32_t v_offset(int64_t t) { return t == Q4_0V ? 8 : t == Q8_0V ? 128 : 0; }
+constexpr int32_t v_offset(int64_t t) { return t == Q4_0V ? 8 : t == Q5_0V ? 16 : t == Q8_0V ? 128 : 0; }
 
 // ---- scalar: the reference --------------------------------------------------------------------------------------
 
@@ -151,19 +171,23 @@ void v_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64
         const uint8_t* q = vq_at(a, T, g, b);
         const int8_t* x = xq.q.data() + r * a.in + b * QK;
         int32_t isum = 0;
-        for (int64_t i = 0; i < v_quant_bytes(T) / 4; ++i)
+        uint32_t qh = 0;
+        if (v_q5(T)) std::memcpy(&qh, q + 4 * 64 + 4 * c, 4);
+        for (int64_t i = 0; i < (T == Q8_0V ? 8 : 4); ++i)
           for (int k = 0; k < 4; ++k) {
             const uint8_t byte = q[(i * VCH + c) * 4 + k];
             if (T == Q8_0V) {
               isum += static_cast<int32_t>(static_cast<int8_t>(byte)) * x[4 * i + k];
             } else {
-              isum += static_cast<int32_t>(byte & 0x0F) * x[4 * i + k] + static_cast<int32_t>(byte >> 4) * x[16 + 4 * i + k];
+              const int32_t lo = (byte & 0x0F) | (v_q5(T) ? ((qh >> (8 * k + i)) & 1) << 4 : 0);
+              const int32_t hi = (byte >> 4) | (v_q5(T) ? ((qh >> (8 * k + 4 + i)) & 1) << 4 : 0);
+              isum += lo * x[4 * i + k] + hi * x[16 + 4 * i + k];
             }
           }
-        if (T == Q4_0V) isum -= 8 * xq.sq[r * a.blocks + b];  // Q8_0: the signed products need no offset
+        if (T == Q4_0V || T == Q5_0V) isum -= v_offset(T) * xq.sq[r * a.blocks + b];  // Q8_0: signed, no offset
         const float dw = half_at(vd_at(a, T, g, b) + 2 * c);
         acc = std::fma(dw * xq.dx[r * a.blocks + b], static_cast<float>(isum), acc);
-        if (T == Q4_1V) acc = std::fma(half_at(vm_at(a, T, g, b) + 2 * c), xq.sx[r * a.blocks + b], acc);
+        if (v_has_m(T)) acc = std::fma(half_at(vm_at(a, T, g, b) + 2 * c), xq.sx[r * a.blocks + b], acc);
       }
       a.y[r * a.out + o] = acc;
     }
@@ -196,9 +220,16 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
         w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
       }
     }
+    if (v_q5(T)) {  // the fifth bits to bit 4 of each byte (v_q5_bit's order)
+      const __m512i qh = _mm512_loadu_si512(q + 4 * 64), bit4 = _mm512_set1_epi32(0x10101010);
+      for (int i = 0; i < 4; ++i) {
+        w[i] = _mm512_or_si512(w[i], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - i), bit4));
+        w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(_mm512_srli_epi32(qh, i), bit4));
+      }
+    }
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vd_at(a, T, g, b))));
     __m512 mw = _mm512_setzero_ps();
-    if (T == Q4_1V) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vm_at(a, T, g, b))));
+    if (v_has_m(T)) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vm_at(a, T, g, b))));
     for (int r = 0; r < nr; ++r) {
       const int64_t row = r0 + r, at = row * a.blocks + b;
       const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);  // 8 quads
@@ -206,7 +237,7 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
       for (int j = 0; j < 8; ++j) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(x4[j]));
       if (v_offset(T)) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(v_offset(T) * xq.sq[at]));
       acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
-      if (T == Q4_1V) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[r]);
+      if (v_has_m(T)) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[r]);
     }
   }
   const int64_t o0 = g * VCH;
@@ -253,9 +284,17 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
             w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
           }
         }
+        if (v_q5(T)) {  // the fifth bits (channels 8h .. 8h + 7: bytes 32h .. of the block's 64 qh bytes)
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 4 * 64)),
+                        bit4 = _mm256_set1_epi32(0x10101010);
+          for (int i = 0; i < 4; ++i) {
+            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_slli_epi32(qh, 4 - i), bit4));
+            w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(_mm256_srli_epi32(qh, i), bit4));
+          }
+        }
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vd_at(a, T, g, b) + 16 * h)));
         __m256 mw = _mm256_setzero_ps();
-        if (T == Q4_1V) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vm_at(a, T, g, b) + 16 * h)));
+        if (v_has_m(T)) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vm_at(a, T, g, b) + 16 * h)));
         for (int r = 0; r < rows; ++r) {
           const int64_t row = rt + r, at = row * a.blocks + b;
           const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
@@ -271,9 +310,9 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
             isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
 #endif
           }
-          if (T == Q4_0V) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(8 * xq.sq[at]));
+          if (T == Q4_0V || T == Q5_0V) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(v_offset(T) * xq.sq[at]));
           acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq.dx[at])), _mm256_cvtepi32_ps(isum), acc[r]);
-          if (T == Q4_1V) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sx[at]), acc[r]);
+          if (v_has_m(T)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sx[at]), acc[r]);
         }
       }
       const int64_t n = std::min<int64_t>(8, a.out - o0);
@@ -321,6 +360,8 @@ inline void v_linear(const Args& a, int64_t qtype, int64_t path) {
   int64_t per_tile = 16;
   VTileFn tile = qtype == Q4_0V ? v_tile_for<Q4_0V>(path, per_tile)
                : qtype == Q4_1V ? v_tile_for<Q4_1V>(path, per_tile)
+               : qtype == Q5_0V ? v_tile_for<Q5_0V>(path, per_tile)
+               : qtype == Q5_1V ? v_tile_for<Q5_1V>(path, per_tile)
                                 : v_tile_for<Q8_0V>(path, per_tile);
   const int64_t groups = (a.out + VCH - 1) / VCH;
   at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {

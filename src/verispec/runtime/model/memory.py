@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from .llama import LlamaSpec
-from ..kernels.quant import BLOCK, GGML_BLOCKS
+from ..kernels.quant import row_bytes
 
 # Bytes per element of the safetensors dtype names (the header stores these strings).
 _SAFETENSORS_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
@@ -161,10 +161,10 @@ def check_draft_memory(
 
 def quantized_bytes(out_features: int, in_features: int, qtype: str) -> int:
     """Bytes of one `[out, in]` weight quantized as runtime/kernels/quant.py stores it: "int8" one byte per weight and a
-    float32 scale per output channel; a GGUF block type its blocks of BLOCK inputs."""
+    float32 scale per output channel; a GGUF block type its blocks as the file stores them."""
     if qtype.lower() == "int8":
         return out_features * (in_features + 4)
-    return out_features * (in_features // BLOCK) * GGML_BLOCKS[qtype][0]
+    return out_features * row_bytes(qtype, in_features)
 
 
 def twin_weight_bytes(spec: LlamaSpec, qtype: str, head_tokens: int | None = None) -> int:

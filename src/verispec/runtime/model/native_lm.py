@@ -138,8 +138,8 @@ def is_causal_lm(obj) -> bool:
 
 
 def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activations: str = "fp32") -> NativeCausalLM:
-    """A GGUF file's model on its own blocks (Q4_0 / Q4_1 / Q8_0 as stored, the rest float32): the values of the
-    fp32 conversion transformers makes of the file, without making it. max_len: the rotary table's length at least
+    """A GGUF file's model on its own blocks (every type in quant.NATIVE_TYPES as stored, the rest float32): the
+    values of the fp32 conversion transformers makes of the file, without making it. max_len: the rotary table's length at least
     (default: the model's context length); name: what the model was asked by (`gguf_config`). UnsupportedModel where
     `gguf_config` refuses the file, ValueError for a block type the kernel does not run. activations: what the
     blocks compute with (quant.py: 'fp32', or 'q8' integer activations)."""

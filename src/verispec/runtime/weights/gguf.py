@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..kernels.quant import GGML_BLOCKS, QuantWeight
+from ..kernels.quant import NATIVE_TYPES, V_LAYOUTS, QuantWeight
 from .gguf_file import open_gguf
 
 # GGUF tensor name (after "blk.N.") -> Hugging Face's name (after "model.layers.N.")
@@ -29,7 +29,14 @@ def unsupported_types(path: str | Path) -> tuple[list[str], list[str]]:
     """The block types of a GGUF file's model tensors: (the ones `--weights gguf` runs, the ones it does not),
     read from the file's header (`gguf_file.open_gguf`: parsed once, no tensor read)."""
     kinds = {info.type_name for info in open_gguf(path).tensors if hf_name(info.name)}
-    return sorted(kinds & set(GGML_BLOCKS)), sorted(kinds - set(GGML_BLOCKS) - set(_FLOAT_TYPES))
+    return sorted(kinds & set(NATIVE_TYPES)), sorted(kinds - set(NATIVE_TYPES) - set(_FLOAT_TYPES))
+
+
+def tensor_activations(kind: str, activations: str) -> str:
+    """What a tensor of block type `kind` computes with when the model asks for `activations`: integer activations
+    ("q8") run the types with a V layout (quant.V_LAYOUTS); the others keep fp32 activations (the fp32 conversion's
+    values; runtime/model/target.py's reason says which)."""
+    return activations if kind in V_LAYOUTS else "fp32"
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -60,9 +67,9 @@ def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int,
         name, kind = hf_name(info.name), info.type_name
         if name is None:
             continue
-        if kind not in _FLOAT_TYPES and kind not in GGML_BLOCKS:
+        if kind not in _FLOAT_TYPES and kind not in NATIVE_TYPES:
             raise ValueError(f"{path}: tensor {info.name} is {kind}, which --weights gguf does not run "
-                             f"(it runs {', '.join(GGML_BLOCKS)}): use --weights fp32 (the converted model)")
+                             f"(it runs {', '.join(NATIVE_TYPES)}): use --weights fp32 (the converted model)")
         raw = torch.from_numpy(file.read(info))  # [nbytes] uint8
         if kind in _FLOAT_TYPES:
             value = raw.view(_FLOAT_TYPES[kind]).float().reshape(info.shape)
@@ -70,6 +77,6 @@ def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int,
             value = raw.view(info.shape[0], -1)  # [out, row_bytes]
         if ".q_proj." in name or ".k_proj." in name:
             value = _unpermute(value, num_heads if ".q_proj." in name else num_kv_heads)
-        weights[name] = QuantWeight(kind, value, info.shape[-1], activations=activations) if kind in GGML_BLOCKS \
-            else value
+        weights[name] = value if kind in _FLOAT_TYPES else \
+            QuantWeight(kind, value, info.shape[-1], activations=tensor_activations(kind, activations))
     return weights

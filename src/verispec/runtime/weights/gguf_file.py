@@ -34,8 +34,9 @@ _STRING, _ARRAY = 8, 9
 
 # GGML tensor types verispec reads: id -> (name, elements per block, bytes per block). Other ids are named by
 # gguf-py when met (`type_name`).
-GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 8: ("Q8_0", 32, 34),
-              30: ("BF16", 1, 2)}
+GGML_TYPES = {0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22),
+              7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176),
+              14: ("Q6_K", 256, 210), 30: ("BF16", 1, 2)}
 
 
 class GGUFError(ValueError):
