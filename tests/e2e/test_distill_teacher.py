@@ -66,6 +66,18 @@ def test_teacher_answers_equal_the_engines_target_alone(target_dir, tmp_path):
     assert sum(a != s.answer_ids.tolist() for a, s in zip(other, samples)) > len(samples) // 2
 
 
+@pytest.mark.parametrize("drafter", ["suffix", "ngram"])
+def test_speculating_teacher_writes_the_same_bytes(target_dir, tmp_path, drafter):
+    """Speculation (adaptive K) changes the speed only: greedy verification keeps every answer the target's."""
+    assert teacher(target_dir, tmp_path / "alone", "--tokens", "60") == 0
+    assert teacher(target_dir, tmp_path / "spec", "--tokens", "60", "--draft-model", drafter) == 0
+    assert shard_bytes(tmp_path / "spec") == shard_bytes(tmp_path / "alone")
+    run = json.loads((tmp_path / "spec" / "manifest.json").read_text())["runs"][0]
+    assert run["drafter"] == drafter and run["draft_tokens"] > 0  # it drafted
+    alone = json.loads((tmp_path / "alone" / "manifest.json").read_text())["runs"][0]
+    assert alone["draft_tokens"] == 0 and alone["prefix_cached_tokens"] >= 0
+
+
 def test_killed_run_resumes_to_the_same_bytes(target_dir, tmp_path, monkeypatch):
     """One run straight through vs one extended from a smaller budget, killed between a shard's write and the
     manifest's (a partial temporary file left behind), and resumed at another batch size: the same shards."""
@@ -129,7 +141,7 @@ def test_resume_with_other_settings_exits_2(target_dir, tmp_path, capsys):
 @pytest.mark.parametrize("args, message", [
     (["--tokens", "0"], "--tokens"),
     (["--max-len", "6"], "max-len 6 must exceed max-new-tokens 6"),
-    (["--prefix-cache-tokens", "-1"], "prefix-cache-tokens"),
+    (["--prefix-cache-tokens", "-1"], "--prefix-cache-tokens"),
 ])
 def test_bad_input_exits_2(target_dir, tmp_path, capsys, args, message):
     with pytest.raises(SystemExit) as exc:

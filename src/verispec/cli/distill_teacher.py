@@ -11,6 +11,26 @@ from . import CliError
 from .common import add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+# The TeacherConfig fields as flags (their defaults are the dataclass's).
+SETTINGS = [
+    ("--tokens", positive_int, "answer tokens to reach, in whole shards"),
+    ("--seed", int, "names the conversation sequence"),
+    ("--max-new-tokens", positive_int, "longest answer per turn"),
+    ("--max-len", positive_int, "longest prompt + answer; a turn whose prompt leaves less room is skipped"),
+    ("--shard-conversations", positive_int, "conversations per shard (~330 answer tokens each)"),
+    ("--batch-size", positive_int, "sequences decoding together (measured: docs/distill.md)"),
+    ("--prefill-chunk-tokens", positive_int, "most prompt tokens per prefill forward"),
+    ("--prefix-cache-tokens", _non_negative_int, "KV entries kept for shared prompt prefixes, 0 for none"),
+]
+
+
 def add_parser(stages) -> None:
     from ..distill.teacher_job import TeacherConfig
     from ..runtime.model.loading import DEFAULT_TARGET
@@ -25,28 +45,18 @@ def add_parser(stages) -> None:
     p.add_argument("--out", required=True, type=Path, help="folder of the shards and manifest.json")
     p.add_argument("--target", dest="model", default=DEFAULT_TARGET,
                    help=f"target model: folder, .gguf file, cached hub id, or {DEFAULT_TARGET!r} (default)")
-    p.add_argument("--tokens", type=positive_int, default=d["tokens"],
-                   help="answer tokens to reach, in whole shards (default %(default)s)")
-    p.add_argument("--seed", type=int, default=d["seed"], help="names the conversation sequence (default 0)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=d["max_new_tokens"],
-                   help="longest answer per turn (default %(default)s)")
-    p.add_argument("--max-len", type=positive_int, default=d["max_len"],
-                   help="longest prompt + answer; a turn whose prompt leaves less room is skipped (default %(default)s)")
-    p.add_argument("--shard-conversations", type=positive_int, default=d["shard_conversations"],
-                   help="conversations per shard (default %(default)s: ~50-100k answer tokens)")
-    p.add_argument("--batch-size", type=positive_int, default=d["batch_size"],
-                   help="sequences decoding together (default %(default)s, measured: docs/distill.md)")
-    p.add_argument("--prefill-chunk-tokens", type=positive_int, default=d["prefill_chunk_tokens"],
-                   help="most prompt tokens per prefill forward (default %(default)s)")
-    p.add_argument("--prefix-cache-tokens", type=int, default=d["prefix_cache_tokens"],
-                   help="KV entries kept for shared prompt prefixes, 0 for none (default %(default)s)")
+    for flag, kind, text in SETTINGS:
+        p.add_argument(flag, type=kind, default=d[flag[2:].replace("-", "_")], help=f"{text} (default %(default)s)")
+    p.add_argument("--draft-model", default="none",
+                   help="speculate while answering, adaptive K: 'suffix' (drafts from earlier answers), 'ngram', a "
+                        "draft model...; the answers are the target's own either way (default: none)")
     p.add_argument("--device", default="cpu", help="where the target runs: cpu (default) or a GPU such as cuda")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("target weights and runner")
     add_weights_args(g)
     add_runner_args(g)
-    p.set_defaults(run=run, dtype="auto", quantization="none")
+    p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,13 +92,18 @@ def run(args: argparse.Namespace) -> int:
     target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device,
                          activations=args.activations)
     tokenizer = load_tokenizer(args.model)
+    drafter = None
+    if args.draft_model != "none":
+        from ..drafters.build import build_drafter
+
+        drafter = build_drafter(args.draft_model, target, tokenizer, config.max_len, device=args.device).drafter
     material = Material.local(config.seed)
     ident = identity(tokenizer, str(args.model), args.weights, args.activations, str(dtype).removeprefix("torch."),
                      material)
     try:
         manifest = run_teacher(config, args.out, target, tokenizer, ident, material, progress=not args.no_progress,
                                log=lambda line: print(line, flush=True), device_note=str(args.device),
-                               runner=runner_options(args))
+                               runner=runner_options(args), drafter=drafter, drafter_name=args.draft_model)
     except (TeacherError, ShardError) as exc:
         raise CliError(str(exc)) from None
     totals = manifest["totals"]

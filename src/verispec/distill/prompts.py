@@ -296,14 +296,14 @@ def _reasoning(rng: random.Random) -> str:
     return rng.choice([
         f"{a} is taller than {b}, and {b} is taller than Sam. Who is the shortest? Explain your reasoning.",
         f"If you overtake the person in position {n} in a race, what position are you in now?",
-        f"A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?",
+        "A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?",
         f"{a} has {n} sisters and each sister has one brother. How many brothers does {a} have?",
-        f"Which word does not belong with the others: apple, banana, carrot, grape? Explain why.",
+        "Which word does not belong with the others: apple, banana, carrot, grape? Explain why.",
         f"If all {rng.choice(['bloops', 'zips', 'glorks'])} are razzies and some razzies are lazzies, are all "
         "bloops lazzies? Explain.",
         f"{a} leaves home at 8 am and walks {n} km per hour. {b} leaves one hour later and cycles {n * 3} km per "
         f"hour. When does {b} catch up?",
-        f"Why might someone who is very healthy still need to visit a hospital every day? Give possible reasons.",
+        "Why might someone who is very healthy still need to visit a hospital every day? Give possible reasons.",
     ])
 
 

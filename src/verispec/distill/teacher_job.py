@@ -32,7 +32,8 @@ import torch
 from tqdm import tqdm
 
 import verispec
-from verispec.config import RunnerOptions, SamplingParams
+from verispec.config import RunnerOptions, SamplingParams, SpeculativeConfig
+from verispec.drafters.base import Drafter
 from verispec.distill import conversations as C
 from verispec.distill import shards as D
 from verispec.engine import SpeculativeEngine
@@ -102,9 +103,12 @@ def identity(tokenizer, target_name: str, weights: str, activations: str, dtype:
 
 
 def run_teacher(config: TeacherConfig, out_dir: Path, target, tokenizer, ident: dict, material: C.Material,
-                progress: bool = True, log=print, device_note: str = "", runner: RunnerOptions | None = None) -> dict:
+                progress: bool = True, log=print, device_note: str = "", runner: RunnerOptions | None = None,
+                drafter: Drafter | None = None, drafter_name: str = "none") -> dict:
     """Make shards in `out_dir` until their answers reach `config.tokens` (continuing a run found there); returns
-    the manifest (also written there)."""
+    the manifest (also written there). drafter: speculation with adaptive K (e.g. suffix decoding, which drafts
+    from earlier answers); greedy verification keeps every answer the target's own, so the data is the same with
+    any drafter or none (tested), only the speed differs."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     manifest = _open_manifest(out_dir, config, ident)
@@ -117,9 +121,10 @@ def run_teacher(config: TeacherConfig, out_dir: Path, target, tokenizer, ident: 
            "batch_size": config.batch_size, "prefill_chunk_tokens": config.prefill_chunk_tokens,
            "threads": torch.get_num_threads(), "device": device_note or "cpu", "machine": platform.processor()
            or platform.machine(), "verispec": verispec.__version__, "torch": torch.__version__,
-           "first_shard": len(written), "shards": 0, "answer_tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0}
+           "drafter": drafter_name, "first_shard": len(written), "shards": 0, "answer_tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0}
     manifest["runs"].append(run)
-    engine = SpeculativeEngine(target, tokenizer, None, max_len=config.max_len, max_batch_size=config.batch_size,
+    engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(adaptive=True),
+                               max_len=config.max_len, max_batch_size=config.batch_size,
                                scheduler=SchedulerConfig(prefill_chunk_tokens=config.prefill_chunk_tokens),
                                prefix_cache_tokens=config.prefix_cache_tokens, runner=runner)
     feed = _ConversationFeed(config, material, start_shard=len(written))
@@ -141,7 +146,7 @@ def run_teacher(config: TeacherConfig, out_dir: Path, target, tokenizer, ident: 
             answers.pop(conv_index, None)  # this turn and the later ones are skipped
             return
         shards[conv_index // size].open_turns += 1
-        requests[engine.add_request(ids, params, use_drafter=False).seq_id] = (conv_index, turn, ids)
+        requests[engine.add_request(ids, params, use_drafter=drafter is not None).seq_id] = (conv_index, turn, ids)
 
     def new_shard_wanted() -> bool:
         # Shards are opened before the earlier ones are written (no batch waits on a shard's longest answer), as
@@ -195,7 +200,7 @@ def run_teacher(config: TeacherConfig, out_dir: Path, target, tokenizer, ident: 
             run.update(shards=run["shards"] + 1, answer_tokens=run["answer_tokens"] + entry["answer_tokens"],
                        decoded_tokens=made, seconds=round(now - clock, 2),
                        cpu_seconds=round(time.process_time() - cpu, 2),
-                       tokens_per_s=round(made / max(now - clock, 1e-9), 1))
+                       tokens_per_s=round(made / max(now - clock, 1e-9), 1), **_engine_figures(engine.total))
             manifest["totals"] = _totals(written)
             D.write_manifest(out_dir, manifest)
             bar.set_postfix_str(f"{run['tokens_per_s']:.0f} tok/s", refresh=True)
@@ -240,6 +245,13 @@ class _ConversationFeed:
             return None
         self.seen.add(key)
         return conv
+
+
+def _engine_figures(stats) -> dict:
+    """What the engine's finished requests say: prefix-cache hits and, with a drafter, speculation."""
+    return {"prompt_tokens": stats.prompt_tokens, "prefix_cached_tokens": stats.cached_tokens,
+            "draft_tokens": stats.draft_tokens, "accepted_tokens": stats.accepted_tokens,
+            "mean_accepted_length": round(stats.mean_accepted_length, 3) if stats.rounds else None}
 
 
 def _write_shard(out_dir: Path, shard: _Shard, vocab_size: int, seconds: float) -> dict:
