@@ -6,6 +6,7 @@ a step is the part "layer loop" (every layer's linears and small ops), the LM he
 
     PYTHONPATH=src python recipes/step_breakdown.py [--dtype bfloat16] [--context 160] [--steps 16] [--repeats 3]
         [--loops python,cpp] [--weights gguf]   (the embedded GGUF's own Q4_1 / Q8_0 blocks, `--weights auto`'s default; --dtype ignored)
+        [--activations q8]   (with --weights gguf: integer activations, `--activations auto`'s default)
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--loops", default="python", help="the layers' loop: python, cpp, or python,cpp")
     parser.add_argument("--weights", default="fp32", help="fp32 (the conversion, in --dtype) or gguf (its blocks)")
+    parser.add_argument("--activations", default="fp32", help="with --weights gguf: fp32 or q8 (integer activations)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     timed(llama, "linear", "linears")
@@ -58,7 +60,7 @@ def main() -> None:
     gguf = args.weights == "gguf"
     hf = load_model(DEFAULT_TARGET, dtype=torch.float32 if gguf else getattr(torch, args.dtype))
     if gguf:
-        quantize_target(hf, DEFAULT_TARGET, weights="gguf")
+        quantize_target(hf, DEFAULT_TARGET, weights="gguf", activations=args.activations)
     runners = {rows: NativeRunner.from_hf(hf, 2048, rows, batch_invariant=True) for rows in map(int, args.rows.split(","))}
     configs = [(rows, loop) for rows in runners for loop in args.loops.split(",")]
     best: dict[tuple[int, str], tuple[float, dict, dict]] = {}
