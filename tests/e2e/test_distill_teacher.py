@@ -158,3 +158,24 @@ def test_out_that_is_a_file_or_missing_target_exits_2(target_dir, tmp_path, caps
     with pytest.raises(SystemExit) as exc:
         teacher(tmp_path / "nowhere", tmp_path / "data")
     assert exc.value.code == 2 and "nowhere" in capsys.readouterr().err
+
+
+def test_teacher_forced_prefill_gives_back_the_answers(target_dir, tmp_path):
+    """The loss's top-k, recomputed by one batched teacher-forced prefill over prompt + answer: its top-1 at every
+    answer position is the stored greedy token (rows of different lengths padded together); the negative control,
+    another model's prefill over the same data, mostly disagrees."""
+    from verispec.distill.teacher_forced import to_samples
+
+    out = tmp_path / "data"
+    assert teacher(target_dir, out, "--tokens", "40") == 0
+    samples = shards.read_shards(out)
+    model = load_model(target_dir)
+    converted = to_samples(model, samples, k=3, batch_size=3)
+    assert len({len(s.prompt_ids) + len(s.answer_ids) for s in samples}) > 1  # ragged batches
+    for s, c in zip(samples, converted):
+        assert c.response_ids.tolist() == s.answer_ids.tolist() and c.topk_ids.shape == (len(s.answer_ids), 3)
+        assert c.topk_ids[:, 0].tolist() == s.answer_ids.tolist()
+        assert bool((c.topk_logprobs <= 0).all()) and bool((c.topk_logprobs[:, :-1] >= c.topk_logprobs[:, 1:]).all())
+    wrong = to_samples(tiny_llama(seed=1), samples, k=1, batch_size=3)  # another target: not its answers
+    agree = sum(int((c.topk_ids[:, 0] == torch.as_tensor(s.answer_ids)).sum()) for s, c in zip(samples, wrong))
+    assert agree < sum(len(s.answer_ids) for s in samples) // 2

@@ -19,8 +19,8 @@ target, so a killed run that writes it again writes the same bytes. Its layout (
 
 Byte planes and separate prompt/answer streams are what make ids compress: the high bytes repeat, and prompts share
 templates. No timestamps or timings go into a shard (they live in the manifest), so its bytes depend on the data
-alone. Teacher probabilities are not stored: training recomputes them by a teacher-forced batched prefill over
-prompt + answer (one forward per sample), which costs far less than decoding and would take ~100x the bytes.
+alone. Teacher probabilities are not stored (top-8 ids and fp16 log-probs would take ~30x the bytes): training
+recomputes them by a teacher-forced batched prefill over prompt + answer (`teacher_forced.py`).
 """
 
 from __future__ import annotations
