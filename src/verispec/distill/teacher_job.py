@@ -121,7 +121,8 @@ def run_teacher(config: TeacherConfig, out_dir: Path, target, tokenizer, ident: 
            "batch_size": config.batch_size, "prefill_chunk_tokens": config.prefill_chunk_tokens,
            "threads": torch.get_num_threads(), "device": device_note or "cpu", "machine": platform.processor()
            or platform.machine(), "verispec": verispec.__version__, "torch": torch.__version__,
-           "drafter": drafter_name, "first_shard": len(written), "shards": 0, "answer_tokens": 0, "seconds": 0.0, "cpu_seconds": 0.0}
+           "drafter": drafter_name, "first_shard": len(written), "shards": 0, "answer_tokens": 0, "seconds": 0.0,
+           "cpu_seconds": 0.0}
     manifest["runs"].append(run)
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(adaptive=True),
                                max_len=config.max_len, max_batch_size=config.batch_size,
