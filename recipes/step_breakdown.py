@@ -6,6 +6,7 @@ a step is the part "layer loop" (every layer's linears and small ops), the LM he
 
     PYTHONPATH=src python recipes/step_breakdown.py [--dtype bfloat16] [--context 160] [--steps 16] [--repeats 3]
         [--loops python,cpp] [--weights gguf] [--widths 1,5] [--kv-cache-dtype float16]   (the embedded GGUF's own Q4_1 / Q8_0 blocks, `--weights auto`'s default; --dtype ignored)
+        [--activations q8]   (with --weights gguf: integer activations, `--activations auto`'s default)
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def add_parser(subparsers) -> None:
                     "answers to offline-built prompts, and write it as a Hugging Face folder.")
     p.add_argument("--target", default=DEFAULT_TARGET,
                    help=f"target model: folder, .gguf file, cached hub id, or {DEFAULT_TARGET!r} (default)")
-    p.add_argument("--out", required=True, type=Path, help="folder to write the draft model to")
+    p.add_argument("--out", type=Path, default=None, help="folder to write the draft model to (required)")
     p.add_argument("--work-dir", type=Path, default=None,
                    help="folder for teacher data and checkpoints (default: OUT.work beside OUT)")
     p.add_argument("--resume", action="store_true", help="continue the run in the work folder")
@@ -120,6 +120,12 @@ def add_parser(subparsers) -> None:
                    help=f"first turns to evaluate on, 0 to skip (default {d['eval_prompts']})")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(run=run)
+    # `verispec distill teacher ...`: the teacher data stage on its own, at scale (cli/distill_teacher.py).
+    stages = p.add_subparsers(dest="stage", metavar="STAGE", required=False,
+                              description="run one stage on its own (without a stage: the whole distillation)")
+    from . import distill_teacher
+
+    distill_teacher.add_parser(stages)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,6 +135,8 @@ def run(args: argparse.Namespace) -> int:
     from ..distill.recipe import DistillRecipe
     from ..runtime.model.loading import ModelLoadError, resolve_model_path
 
+    if args.out is None:
+        raise CliError("the following argument is required: --out")
     try:
         recipe = DistillRecipe(
             target=str(args.target), corpus=[str(c) for c in args.corpus], seed=args.seed, tokens=args.tokens,

@@ -63,6 +63,21 @@ def build_prompts(n: int, seed: int, documents: list[str]) -> list[Prompt]:
     rng = random.Random(seed)
     docs = [d for d in documents if len(d) > 200] + stdlib_prose(seed)
     functions = stdlib_functions(seed)
+    seen: set[str] = set()
+    out: list[Prompt] = []
+    attempts = 0
+    while len(out) < n and attempts < 20 * n + 100:
+        attempts += 1
+        prompt = domain_prompt(rng, docs, functions)
+        if prompt.text not in seen:
+            seen.add(prompt.text)
+            out.append(prompt)
+    return out
+
+
+def domain_prompt(rng: random.Random, docs: list[str], functions: list[str]) -> Prompt:
+    """One prompt of a category drawn by `CATEGORY_WEIGHTS`, all of its randomness from `rng`; `docs`: texts to
+    summarise/retrieve/extract from, `functions`: sources to explain."""
     builders = {
         "translation": lambda: _translation(rng),
         "summarization": lambda: _summarization(rng, docs),
@@ -78,19 +93,8 @@ def build_prompts(n: int, seed: int, documents: list[str]) -> list[Prompt]:
         "stem": lambda: _stem(rng),
         "humanities": lambda: _humanities(rng),
     }
-    categories = list(CATEGORY_WEIGHTS)
-    weights = [CATEGORY_WEIGHTS[c] for c in categories]
-    seen: set[str] = set()
-    out: list[Prompt] = []
-    attempts = 0
-    while len(out) < n and attempts < 20 * n + 100:
-        attempts += 1
-        category = rng.choices(categories, weights)[0]
-        text = builders[category]()
-        if text not in seen:
-            seen.add(text)
-            out.append(Prompt(category, text))
-    return out
+    category = rng.choices(list(CATEGORY_WEIGHTS), list(CATEGORY_WEIGHTS.values()))[0]
+    return Prompt(category, builders[category]())
 
 
 # --- material from the local Python install --------------------------------------------------------------------
@@ -127,14 +131,26 @@ def stdlib_functions(seed: int, limit: int = 300) -> list[str]:
             tree = ast.parse(source)
         except (SyntaxError, UnicodeDecodeError, OSError):
             continue
+        lines = source.split("\n") if "\r" not in source else None
         for node in tree.body:
             if isinstance(node, ast.FunctionDef) and 5 <= node.end_lineno - node.lineno <= 30:
-                segment = ast.get_source_segment(source, node)
+                segment = _segment(lines, node) if lines is not None else ast.get_source_segment(source, node)
                 if segment and not node.name.startswith("_"):
                     out.append(segment)
     rng = random.Random(seed)
     rng.shuffle(out)
     return out[:limit]
+
+
+def _segment(lines: list[str], node: ast.AST) -> str:
+    """`ast.get_source_segment` for a source of "\\n" lines, split once (that function splits the whole source
+    on every call: 6 s for the stdlib's functions); column offsets are UTF-8 byte offsets, as there."""
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+    head = lines[first].encode()[node.col_offset:].decode()
+    tail = lines[last].encode()[:node.end_col_offset].decode()
+    return "\n".join([head, *lines[first + 1:last], tail])
 
 
 def _docstrings(path: Path) -> list[str]:
@@ -236,8 +252,8 @@ def _math_reasoning(rng: random.Random) -> str:
         "far does it travel in total?",
         f"{name} saves ${c} each month. After {a} months, {name} spends ${a * 7} on a {item}. How much money is left?",
         f"A recipe needs {b} cups of flour for {a} {items}. How many cups of flour are needed for {a * c} {items}?",
-        f"{name} ordered {c * 10} kilos of sand. The sand is delivered in {a * 5} kg bags costing ${b + 10} per "
-        "bag. How much does the order cost?",
+        f"{name} needs {c * 10} kilos of sand for a garden. Sand comes in sacks of {a * 5} kg at ${b + 10} a "
+        "sack. What will the sand cost?",
         f"{name} runs {a} miles on Monday, twice as far on Tuesday, and {b} miles less than Tuesday on Wednesday. "
         f"How many miles does {name} run in total?",
         f"A farmer has {c} chickens and {a} cows. How many legs do the animals have altogether?",
@@ -280,14 +296,14 @@ def _reasoning(rng: random.Random) -> str:
     return rng.choice([
         f"{a} is taller than {b}, and {b} is taller than Sam. Who is the shortest? Explain your reasoning.",
         f"If you overtake the person in position {n} in a race, what position are you in now?",
-        f"A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?",
+        "A bat and a ball cost $1.10 in total. The bat costs $1.00 more than the ball. How much does the ball cost?",
         f"{a} has {n} sisters and each sister has one brother. How many brothers does {a} have?",
-        f"Which word does not belong with the others: apple, banana, carrot, grape? Explain why.",
+        "Which word does not belong with the others: apple, banana, carrot, grape? Explain why.",
         f"If all {rng.choice(['bloops', 'zips', 'glorks'])} are razzies and some razzies are lazzies, are all "
         "bloops lazzies? Explain.",
         f"{a} leaves home at 8 am and walks {n} km per hour. {b} leaves one hour later and cycles {n * 3} km per "
         f"hour. When does {b} catch up?",
-        f"Why might someone who is very healthy still need to visit a hospital every day? Give possible reasons.",
+        "Why might someone who is very healthy still need to visit a hospital every day? Give possible reasons.",
     ])
 
 
@@ -342,7 +358,7 @@ def _stem(rng: random.Random) -> str:
     return rng.choice([
         "In simple terms, what is {c} and why does it matter?",
         "Explain {c} to a high school student, with an example.",
-        "What is {c}, and how does it relate to {c2}?",
+        "How is {c} connected to {c2}? Explain both.",
         "Describe the main ideas behind {c}.",
         "What are the practical applications of {c}?",
     ]).format(c=rng.choice(T.SCIENCE_CONCEPTS), c2=rng.choice(T.SCIENCE_CONCEPTS))

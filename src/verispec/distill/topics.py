@@ -83,18 +83,18 @@ ITEMS = [
 ]
 
 CODING_TASKS = [
-    "checks whether a number is prime", "reverses a string", "finds the largest element in a list",
+    "tells if a number is prime", "reverses a string", "finds the largest element in a list",
     "counts the vowels in a string", "computes the factorial of a number", "returns the n-th Fibonacci number",
-    "checks whether a string is a palindrome", "merges two sorted lists", "removes duplicates from a list",
+    "tells if a string reads the same backwards", "merges two sorted lists", "removes duplicates from a list",
     "finds the most common word in a text", "converts Celsius to Fahrenheit", "sorts a list with bubble sort",
     "implements binary search", "flattens a nested list", "counts the words in a file",
     "computes the greatest common divisor of two numbers", "validates an email address with a regular expression",
     "finds the second largest number in an array", "reads a CSV file and prints the average of a column",
-    "implements a stack class", "implements a queue using two stacks", "checks whether two strings are anagrams",
+    "implements a stack class", "implements a queue using two stacks", "tells if two strings are anagrams",
     "computes the sum of the digits of a number", "finds all prime numbers below n", "transposes a matrix",
     "finds the longest common prefix of a list of strings", "converts a Roman numeral to an integer",
     "implements a simple linked list", "counts the frequency of each character in a string",
-    "returns the median of a list of numbers", "checks whether a year is a leap year",
+    "returns the median of a list of numbers", "tells if a year is a leap year",
     "finds the intersection of two lists", "generates all permutations of a string", "computes x to the power n",
     "finds the longest word in a sentence", "implements quicksort", "rotates a list by k positions",
 ]
