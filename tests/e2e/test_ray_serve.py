@@ -339,6 +339,7 @@ def test_a_replica_killed_mid_stream_is_not_noticed(cluster, no_kill):
     assert _complete(_client(cluster), "the cat").choices[0].text  # and it serves again
 
 
+@pytest.mark.slow  # .ci/run runs it (make test's 5 minutes)
 def test_without_failover_the_kill_is_seen(cluster, no_kill):
     """The negative control: with failover off (--no-failover), the same kill ends the dead replica's streams with
     the retryable error event, so the test above can fail."""
@@ -365,6 +366,7 @@ def _ready(url: str) -> int:
     return r.json()["replicas"]["ready"]
 
 
+@pytest.mark.slow  # .ci/run runs it (make test's 5 minutes)
 def test_chaos_replicas_killed_under_load(cluster, no_kill):
     """Bounded chaos: clients keep sending streams and whole answers (KILL_CASES, and greedy JSON completions) while
     a replica is killed, its replacement awaited, and the other killed, and the load goes on: no client sees an

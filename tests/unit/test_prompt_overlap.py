@@ -45,6 +45,7 @@ def test_overlap_check_catches_a_copied_clause(evaluation):
     assert not overlapping([f"Please help me: {shuffled}"], [source])
 
 
+@pytest.mark.slow  # .ci/run runs it (make test's 5 minutes)
 def test_teacher_conversations_never_overlap_the_evaluation(evaluation):
     material = Material.local(0)
     texts: set[str] = set()
@@ -58,6 +59,7 @@ def test_teacher_conversations_never_overlap_the_evaluation(evaluation):
     assert not hits, f"{len(hits)} training prompts overlap the evaluation, e.g. {hits[0]}"
 
 
+@pytest.mark.slow  # .ci/run runs it (make test's 5 minutes)
 def test_template_lists_and_builtin_prompts_never_overlap_the_evaluation(evaluation):
     """Every fixed string a prompt is made of (the lists beyond what the sample above drew), and the legacy
     pipeline's built-in prompts."""
