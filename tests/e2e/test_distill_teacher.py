@@ -136,6 +136,10 @@ def test_resume_with_other_settings_exits_2(target_dir, tmp_path, capsys):
         teacher(target_dir, out, "--tokens", "100", "--seed", "3")
     assert exc.value.code == 2
     assert "seed" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # the KV cache's entries decide the answers too
+        teacher(target_dir, out, "--tokens", "100", "--kv-cache-dtype", "float16")
+    assert exc.value.code == 2
+    assert "kv_cache_dtype" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args, message", [

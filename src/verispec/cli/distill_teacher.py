@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from ..distill.teacher_job import TeacherConfig, TeacherError, identity, run_teacher
     from ..runtime.model.loading import ModelLoadError, load_tokenizer, resolve_model_path
     from ..runtime.model.target import load_target
+    from ..runtime.runners.dtype import dtype_name, resolve_kv_cache_dtype
     from .common import target_activations, target_dtype, target_weights
 
     try:
@@ -98,12 +99,15 @@ def run(args: argparse.Namespace) -> int:
 
         drafter = build_drafter(args.draft_model, target, tokenizer, config.max_len, device=args.device).drafter
     material = Material.local(config.seed)
+    options = runner_options(args)
+    kv_cache, _ = resolve_kv_cache_dtype(options.kv_cache_dtype, dtype, torch.device(args.device),
+                                         integer_activations=args.activations == "q8")
     ident = identity(tokenizer, str(args.model), args.weights, args.activations, str(dtype).removeprefix("torch."),
-                     material)
+                     material, dtype_name(kv_cache))
     try:
         manifest = run_teacher(config, args.out, target, tokenizer, ident, material, progress=not args.no_progress,
                                log=lambda line: print(line, flush=True), device_note=str(args.device),
-                               runner=runner_options(args), drafter=drafter, drafter_name=args.draft_model)
+                               runner=options, drafter=drafter, drafter_name=args.draft_model)
     except (TeacherError, ShardError) as exc:
         raise CliError(str(exc)) from None
     totals = manifest["totals"]

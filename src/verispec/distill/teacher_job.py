@@ -83,9 +83,14 @@ class _Shard:
     fed: bool = False  # every conversation of the shard has been queued
 
 
-def identity(tokenizer, target_name: str, weights: str, activations: str, dtype: str, material: C.Material) -> dict:
-    """What the data depends on beside the settings: the target's weights and arithmetic, its tokenizer, the
-    prompt builder's version and material. A resumed run must match it."""
+# What an identity field meant before it was recorded: a manifest without it was made so.
+LEGACY_IDENTITY = {"kv_cache_dtype": "float32"}  # before --kv-cache-dtype, every KV cache held fp32 entries
+
+
+def identity(tokenizer, target_name: str, weights: str, activations: str, dtype: str, material: C.Material,
+             kv_cache_dtype: str = "float32") -> dict:
+    """What the data depends on beside the settings: the target's weights and arithmetic (its KV cache's entries
+    included), its tokenizer, the prompt builder's version and material. A resumed run must match it."""
     from verispec.runtime.model.loading import resolve_model_path
 
     path = Path(resolve_model_path(target_name))
@@ -96,7 +101,7 @@ def identity(tokenizer, target_name: str, weights: str, activations: str, dtype:
         digest.update(f.name.encode() + f.read_bytes())
     material_digest = hashlib.sha256("\0".join(material.docs + ["\1"] + material.functions).encode()).hexdigest()
     return {"target": target_name, "target_sha256": digest.hexdigest(), "weights": weights,
-            "activations": activations, "dtype": dtype,
+            "activations": activations, "dtype": dtype, "kv_cache_dtype": kv_cache_dtype,
             "vocab_size": len(tokenizer), "chat_template_sha256": hashlib.sha256(
                 str(getattr(tokenizer, "chat_template", "")).encode()).hexdigest(),
             "conversations_version": C.VERSION, "material_sha256": material_digest}
@@ -284,7 +289,7 @@ def _open_manifest(out_dir: Path, config: TeacherConfig, ident: dict) -> dict:
         if manifest.get("format") != FORMAT:
             raise TeacherError(f"{out_dir}/{D.MANIFEST} is not a teacher manifest ({manifest.get('format')!r})")
         changed = [k for k in settings if manifest["settings"].get(k) != settings[k]]
-        changed += [k for k in ident if manifest["identity"].get(k) != ident[k]]
+        changed += [k for k in ident if manifest["identity"].get(k, LEGACY_IDENTITY.get(k)) != ident[k]]
         if changed:
             raise TeacherError(f"cannot continue {out_dir}: its data was made with different {', '.join(changed)}; "
                                f"use the same settings and target, or another --out folder")
