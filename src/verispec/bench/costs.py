@@ -79,14 +79,6 @@ def _timed_forward(runner, tokens: torch.Tensor, keep: int, last_only: bool = Fa
     return seconds
 
 
-def model_drafter_of(drafter):
-    """The first stage of `drafter` that drafts with a model of its own (model.py's ModelDrafter), or None."""
-    from ..drafters.model import ModelDrafter
-
-    stages = drafter.stages if drafter is not None else ()
-    return next((stage for stage in stages if isinstance(stage, ModelDrafter)), None)
-
-
 @torch.inference_mode()
 def probe_costs(target, options, drafter, prompt_ids: Sequence[int], max_width: int, repeats: int = 5,
                 generated: int = 0) -> CostProbe:
@@ -96,6 +88,7 @@ def probe_costs(target, options, drafter, prompt_ids: Sequence[int], max_width: 
     the prompt and `generated` more tokens. A verify pass of width w is what a round of K = w - 1 pays (logits at
     every fed position); widths are interleaved within each repeat so machine drift hits all alike. A drafter
     without a model (n-gram, suffix) costs ~0 per step: c_draft 0."""
+    from ..drafters.model import model_drafters
     from ..runtime.runners.select import make_runner
 
     prompt = list(prompt_ids)
@@ -103,7 +96,7 @@ def probe_costs(target, options, drafter, prompt_ids: Sequence[int], max_width: 
     keep = context.numel() - 1
     filler = context[-1:].repeat(max_width).unsqueeze(0)  # [1, max_width]: real token ids; values do not matter
     target_runner = make_runner(target, context.numel() + max_width + 1, 1, options)
-    stage = model_drafter_of(drafter)
+    stage = next(iter(model_drafters(drafter)), None)
     draft_runner = (make_runner(stage.model, context.numel() + 2, 1, stage.options or options)
                     if stage is not None else None)
     for runner in filter(None, (target_runner, draft_runner)):

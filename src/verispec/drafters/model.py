@@ -76,15 +76,21 @@ def _in_blocks(model: PreTrainedModel) -> bool:
     return getattr(model, "_verispec_draft_weights", None) == DRAFT_QTYPE
 
 
+def model_drafters(drafter) -> list[ModelDrafter]:
+    """The stages of `drafter` (a cascade's, or itself) that draft with a causal LM of their own, unwrapped from a
+    draft across tokenizers; [] for None or a model-free drafter."""
+    found = []
+    for stage in getattr(drafter, "stages", [drafter]) if drafter is not None else ():
+        stage = getattr(stage, "inner", stage)  # a draft across tokenizers wraps its model drafter
+        if isinstance(stage, ModelDrafter) and is_causal_lm(stage.model):
+            found.append(stage)
+    return found
+
+
 def draft_model_weights(drafter) -> str | None:
     """What the draft models among `drafter`'s stages run as once reserved (DRAFT_QTYPE or "float"; a twin is its own
     format, `self:...`), for --json and bench reports; None where no draft model drafts."""
-    seen = []
-    for stage in getattr(drafter, "stages", [drafter]):
-        stage = getattr(stage, "inner", stage)  # a draft across tokenizers wraps its model drafter
-        if isinstance(stage, ModelDrafter) and is_causal_lm(stage.model):
-            seen.append(DRAFT_QTYPE if _in_blocks(stage.model) else "float")
-    return ", ".join(seen) or None
+    return ", ".join(DRAFT_QTYPE if _in_blocks(stage.model) else "float" for stage in model_drafters(drafter)) or None
 
 
 def cross(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
