@@ -39,7 +39,7 @@ from ci_skips import machine_reason, pytest_make_collect_report, pytest_runtest_
 
 
 def pytest_runtest_setup(item):
-    """`@pytest.mark.kernel("dense" | "layer" | "quant")`: the test needs that C++ kernel (runtime/kernels/ext.py).
+    """`@pytest.mark.kernel("dense" | "layer" | "quant" | "pool")`: the test needs that C++ kernel (runtime/kernels/ext.py).
     Built (or loaded from the disk cache) here, at setup rather than at collection; where it cannot be built the
     test skips, saying so, and under VERISPEC_REQUIRE_KERNELS=1 (make test, .ci/run) the build's error fails it."""
     for mark in item.iter_markers("kernel"):

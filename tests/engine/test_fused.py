@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import machine_reason
+from verispec.runtime.kernels import pool
 from verispec.runtime.kernels import fused
 from verispec.runtime.caches.kv_cache import attention_mask
 from verispec.runtime.model.llama import rotate
@@ -172,8 +173,8 @@ def test_long_chunks_equal_one_query_steps(dtype, heads, threads):
     steps = [[ext.attention(q[r : r + 1, :, t : t + 1], keys[r : r + 1], values[r : r + 1],
                             attention_mask(lengths[r : r + 1] + t, 1, int(lengths[r]) + t + 1, dtype),
                             fused.PATHS["vector"])[0, :, 0] for t in range(longest)] for r in range(b)]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    before = pool.threads()
+    pool.set_threads(threads)
     try:
         for n in (1, 3, 4, 15, 16, 17, 40, 100):
             mask = attention_mask(lengths, n, int(lengths.max()) + n + 5, dtype)  # [b, 1, n, L]
@@ -183,7 +184,7 @@ def test_long_chunks_equal_one_query_steps(dtype, heads, threads):
                     for t in range(n):
                         assert torch.equal(out[r, :, t], steps[r][t]), (n, path, r, t)
     finally:
-        torch.set_num_threads(before)
+        pool.set_threads(before)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

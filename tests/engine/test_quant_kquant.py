@@ -8,6 +8,7 @@ import torch
 from conftest import machine_reason
 from kquant_reference import random_blocks
 from test_quant_runner import available_paths
+from verispec.runtime.kernels import pool
 from verispec.runtime.kernels import quant
 from verispec.runtime.kernels.quant import PATHS, QuantWeight, dequantize_reference
 
@@ -36,16 +37,16 @@ def test_the_kernels_values_are_gguf_pys_and_rows_are_invariant(qtype, path):
                        reference.T[:40])
     torch.manual_seed(0)
     x = torch.randn(24, w.shape[1])
-    threads = torch.get_num_threads()
+    threads = pool.threads()
     try:
-        torch.set_num_threads(1)
+        pool.set_threads(1)
         alone = torch.cat([w.linear(x[i : i + 1], None, PATHS[path]) for i in range(24)])  # [24, out]
         for n in (1, 2):
-            torch.set_num_threads(n)
+            pool.set_threads(n)
             for rows in (2, 3, 5, 8, 11, 16, 24):
                 assert torch.equal(w.linear(x[:rows], None, PATHS[path]), alone[:rows]), (rows, n)
     finally:
-        torch.set_num_threads(threads)
+        pool.set_threads(threads)
     torch.testing.assert_close(alone.double(), x.double() @ reference.double().T, atol=1e-4, rtol=1e-5)
 
 

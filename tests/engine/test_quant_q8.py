@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import machine_reason
+from verispec.runtime.kernels import pool
 from verispec.runtime.kernels.quant import (PATHS, V_LAYOUTS, QuantWeight, kernel, pack_v, quantize_gguf,
                                             unpack_v)
 
@@ -129,14 +130,14 @@ def test_the_avx2_tiles_maddubs_and_vpdpbusd_give_the_same_bits():
 def test_the_thread_count_changes_no_bit():
     w = weight("Q4_1", 100, 576)
     x = torch.randn(9, 576)
-    threads = torch.get_num_threads()
+    threads = pool.threads()
     try:
-        torch.set_num_threads(1)
+        pool.set_threads(1)
         one = w.linear(x, None)
-        torch.set_num_threads(2)
+        pool.set_threads(2)
         assert torch.equal(w.linear(x, None), one)
     finally:
-        torch.set_num_threads(threads)
+        pool.set_threads(threads)
 
 
 @pytest.mark.kernel("quant")

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from conftest import machine_reason, tiny_llama
 from test_quant_values import random_blocks  # tests/unit's helper
+from verispec.runtime.kernels import pool
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.model.llama import LlamaModel
@@ -53,16 +54,16 @@ def test_kernel_values_and_row_invariance(qtype, path):
     reference = dequantize_reference(w.qtype, w.data, w.shape[1], w.scales)  # [out, in]
     assert torch.equal(w.dequantize(), reference)
     x = torch.randn(40, w.shape[1])
-    threads = torch.get_num_threads()
+    threads = pool.threads()
     try:
-        torch.set_num_threads(1)
+        pool.set_threads(1)
         alone = torch.cat([w.linear(x[i : i + 1], None, PATHS[path]) for i in range(40)])  # [40, out]
         for n in (1, 2):
-            torch.set_num_threads(n)
+            pool.set_threads(n)
             for rows in range(1, 41):
                 assert torch.equal(w.linear(x[:rows], None, PATHS[path]), alone[:rows]), (rows, n)
     finally:
-        torch.set_num_threads(threads)
+        pool.set_threads(threads)
     exact = x.double() @ reference.double().T
     torch.testing.assert_close(alone.double(), exact, atol=1e-4, rtol=1e-5)
     assert not torch.equal(alone, torch.zeros_like(alone))
@@ -82,16 +83,16 @@ def test_many_rows_give_each_row_its_one_row_bits(qtype, width, path):
     torch.manual_seed(1)
     w = weight_of(qtype, out=203, width=width)
     x = torch.randn(130, width)
-    threads = torch.get_num_threads()
+    threads = pool.threads()
     try:
-        torch.set_num_threads(1)
+        pool.set_threads(1)
         alone = torch.cat([w.linear(x[i : i + 1], None, PATHS[path]) for i in range(130)])  # [130, out]
         for n in (1, 2):
-            torch.set_num_threads(n)
+            pool.set_threads(n)
             for rows in (*range(2, 14), 15, 16, 17, 80, 130):
                 assert torch.equal(w.linear(x[:rows], None, PATHS[path]), alone[:rows]), (rows, n)
     finally:
-        torch.set_num_threads(threads)
+        pool.set_threads(threads)
     reference = dequantize_reference(w.qtype, w.data, width, w.scales).double()  # [out, in]
     bound = 1e-5 * (x.double().abs() @ reference.abs().T)  # float32 summation error, far above its real size
     assert ((alone.double() - x.double() @ reference.T).abs() <= bound).all()

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from conftest import machine_reason
+from verispec.runtime.kernels import pool
 from verispec.runtime.kernels import dense
 from verispec.runtime.model.llama import DENSE, Linear
 
@@ -69,8 +70,8 @@ def test_every_row_is_bitwise_its_one_row_call(dtype, out, size, threads):
     (a batch whose other rows are zeros or garbage)."""
     weight, x, bias = data(out, size, 40, dtype, seed=1)
     packed = dense.pack(weight)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    before = pool.threads()
+    pool.set_threads(threads)
     try:
         for path in paths(dtype):
             alone = torch.cat([dense.linear(x[i : i + 1], packed, bias, path) for i in range(40)])  # [40, out]
@@ -79,7 +80,7 @@ def test_every_row_is_bitwise_its_one_row_call(dtype, out, size, threads):
             padded = torch.cat([torch.zeros(3, size, dtype=dtype), x[:5], 1e4 * torch.ones(4, size, dtype=dtype)])
             assert torch.equal(dense.linear(padded, packed, bias, path)[3:8], alone[:5]), path
     finally:
-        torch.set_num_threads(before)
+        pool.set_threads(before)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -161,8 +162,8 @@ def test_many_rows_are_bitwise_their_one_row_calls_and_the_reference_order(dtype
     weight, x, bias = data(out, size, max(ROW_COUNTS), dtype, seed=6)
     packed = dense.pack(weight)
     best = paths(dtype)[0]
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
+    before = pool.threads()
+    pool.set_threads(threads)
     try:
         alone = torch.cat([dense.linear(x[i : i + 1], packed, bias, best) for i in range(x.shape[0])])  # [600, out]
         sample = slice(3, None, 29)  # 21 rows through the scalar path (slow; each row its own, by construction)
@@ -171,7 +172,7 @@ def test_many_rows_are_bitwise_their_one_row_calls_and_the_reference_order(dtype
             start = (7 * m) % (x.shape[0] - m + 1)  # rows from the middle too, not only the first ones
             assert torch.equal(dense.linear(x[start : start + m], packed, bias, best), alone[start : start + m]), m
     finally:
-        torch.set_num_threads(before)
+        pool.set_threads(before)
 
 
 def fma_paths_with_bf16() -> list[int]:

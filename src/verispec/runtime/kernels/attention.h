@@ -19,7 +19,7 @@ void attention_impl(const at::Tensor& q, const at::Tensor& keys, const at::Tenso
   const C *kp = ptr<C>(keys), *vp = ptr<C>(values);
   T* op = mut<T>(out);
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
-  at::parallel_for(0, b * H * n, attention_grain(b * H * n, 2 * b * H * n * L * d), [&](int64_t begin, int64_t end) {
+  verispec_pool::parallel_for(0, b * H * n, attention_grain(b * H * n, 2 * b * H * n * L * d), [&](int64_t begin, int64_t end) {
     std::vector<float> qf(d), s(L), acc(d);
     for (int64_t item = begin; item < end; ++item) {
       const int64_t row = item / (H * n), h = item / n % H, t = item % n, kh = h / g;
@@ -266,21 +266,23 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   if (q0 < Q) weigh_some<NC, QR, T>(Q - q0, w, w.v.data(), d, top, q0, Lp, out, row, kh, g, nt, t0);
 }
 
-// Every (row, KV head, run of positions) tile, dealt round robin to the threads (runs late in a causal chunk
+// Every (row, KV head, run of positions) tile, dealt round robin into deals (runs late in a causal chunk
 // attend more: the deal evens the work out).
 template <int NC, typename T, typename C>
 void attention_tiled(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                      const at::Tensor& out) {
   const int64_t b = q.size(0), Hk = keys.size(1), n = q.size(2), g = q.size(1) / Hk;
-  const int64_t threads = at::get_num_threads();
+  const int64_t threads = verispec_pool::threads();
   int64_t run = std::max<int64_t>(1, std::min<int64_t>(n, 48 / g));
   while (run > 4 && b * Hk * ((n + run - 1) / run) < 4 * threads) run /= 2;
   const int64_t runs = (n + run - 1) / run, items = b * Hk * runs;
   const int64_t macs = 2 * b * q.size(1) * n * mask.size(3) * q.size(3);  // an upper bound (causal chunks attend less)
-  at::parallel_for(0, threads, attention_grain(threads, macs), [&](int64_t begin, int64_t end) {
+  // Deals of items, several per thread: whichever thread is running takes the next deal.
+  const int64_t deals = std::min(items, threads * 4);
+  verispec_pool::parallel_for(0, deals, attention_grain(deals, macs), [&](int64_t begin, int64_t end) {
     TileScratch w;
-    for (int64_t tid = begin; tid < end; ++tid)
-      for (int64_t item = tid; item < items; item += threads) {
+    for (int64_t deal = begin; deal < end; ++deal)
+      for (int64_t item = deal; item < items; item += deals) {
         const int64_t r = item / (b * Hk), row = item % (b * Hk) / Hk, kh = item % Hk;
         attend_tile<NC, T, C>(q, keys, values, mask, out, row, kh, r * run, std::min(n, (r + 1) * run), w);
       }

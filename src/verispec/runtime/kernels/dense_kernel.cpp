@@ -25,6 +25,7 @@
 //   0 scalar: std::fma, the reference order in plain C++
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "parallel.h"
 #include <c10/util/BFloat16.h>
 #include <chrono>
 #include <cmath>
@@ -470,7 +471,7 @@ void run(const Problem<T>& p, int64_t path) {
   const int64_t blocks = (p.N + BW - 1) / BW;
   // Small problems stay on one thread (the split never changes a result, only who computes it).
   const int64_t grain = p.M * p.N * p.K < (1 << 18) ? blocks : 1;
-  at::parallel_for(0, blocks, grain, [&](int64_t j0, int64_t j1) { run_blocks(p, path, j0, j1); });
+  verispec_pool::parallel_for(0, blocks, grain, [&](int64_t j0, int64_t j1) { run_blocks(p, path, j0, j1); });
 }
 
 }  // namespace
@@ -570,6 +571,7 @@ std::map<std::string, std::vector<int64_t>> paths() {
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("use_pool", &verispec_pool::use_pool, "run parallel regions on the work pool whose table (pool_api.h) is at this address");
   m.def("dense_linear", &dense_linear, "x @ W^T (+ bias) on a packed weight; path 3 AVX-512 vdpbf16ps (bf16), 2 AVX-512, 1 AVX2, 0 scalar");
   m.def("paths", &paths, "the paths built, best first, per dtype");
   m.def("vdpbf16ps_speedup", &vdpbf16ps_speedup,

@@ -28,11 +28,13 @@ except ImportError:  # not POSIX: torch's own lock file only
     fcntl = None
 
 _BUILT: dict[str, object] = {}  # name -> module, or the exception its build raised
+_POOLED: set[str] = set()  # kernels handed the work pool (pool.py)
 REQUIRE_ENV = "VERISPEC_REQUIRE_KERNELS"
+POOL_ENV = "VERISPEC_POOL"
 
 CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 # Every kernel: name -> its source beside this module (what `python -m verispec.runtime.kernels.ext` builds ahead of use).
-KERNELS = {"dense": "dense_kernel.cpp", "layer": "layer_kernel.cpp", "quant": "quant_kernel.cpp"}
+KERNELS = {"dense": "dense_kernel.cpp", "layer": "layer_kernel.cpp", "quant": "quant_kernel.cpp", "pool": "pool.cpp"}
 # Builds only the tests load: name -> (source, extra cflags). The layer and quant kernels as for an x86 CPU without
 # AVX-512 (tests/engine/test_fused.py and test_quant_q8.py compare their bits with the full build's: the quant one
 # runs maddubs where this CPU's own build runs vpdpbusd on 256 bits); `build_all(variants=True)` (make test) builds
@@ -81,7 +83,27 @@ def build(name: str, source: str | Path, extra_cflags: tuple[str, ...] = ()):
             raise KernelBuildError(f"the C++ kernel {name} ({Path(source).name}) did not build and {REQUIRE_ENV} is "
                                    f"set: {built}") from built
         return None
+    if name not in _POOLED and hasattr(built, "use_pool"):
+        _POOLED.add(name)
+        attach_pool(built)
     return built
+
+
+def pool_enabled() -> bool:
+    """Whether the kernels run their parallel regions on the work pool (pool.py; VERISPEC_POOL=off keeps OpenMP)."""
+    return os.environ.get(POOL_ENV, "").strip().lower() not in ("off", "0", "false")
+
+
+def pool_module():
+    """The work pool's extension (pool.cpp), built on first use; None where it does not build or is switched off."""
+    return build("pool", KERNELS["pool"]) if pool_enabled() else None
+
+
+def attach_pool(module) -> None:
+    """Hand kernel extension `module` the work pool (its `use_pool`); a no-op where there is no pool."""
+    pool = pool_module()
+    if pool is not None:
+        module.use_pool(pool.api_address())
 
 
 _LOCAL_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*"([^"]+)"', re.MULTILINE)

@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "parallel.h"
 #include <algorithm>
 #include <atomic>
 #include <cmath>

@@ -19,6 +19,7 @@
 #include "layer_loop.h"  // layer_ops.h, attention.h, layer_common.h
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("use_pool", &verispec_pool::use_pool, "run parallel regions on the work pool whose table (pool_api.h) is at this address");
   m.def("attention", &attention, "softmax(q k^T / sqrt(d) + mask) v in one fixed order (invariant); path 2 tiled, "
         "1 one query at a time, 0 scalar");
   m.def("attention_paths", &attention_paths, "the attention paths built, best first");

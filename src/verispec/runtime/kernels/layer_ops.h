@@ -23,7 +23,7 @@ void rotary_impl(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor&
   C *kp = mut<C>(keys), *vp = mut<C>(values);
   T* qp = mut<T>(q_out);
   std::atomic<bool> bad{false};
-  at::parallel_for(0, b * n, 16, [&](int64_t begin, int64_t end) {
+  verispec_pool::parallel_for(0, b * n, 16, [&](int64_t begin, int64_t end) {
     for (int64_t item = begin; item < end; ++item) {
       const int64_t row = item / n, t = item % n, at_ = ip[row * is[0] + t * is[1]];
       if (at_ < 0 || at_ >= keys.size(2)) {
@@ -106,7 +106,7 @@ void rms_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor&
   const T *xp = ptr<T>(x), *rp = residual ? ptr<T>(*residual) : nullptr, *wp = ptr<T>(weight);
   T *sp = residual ? mut<T>(sum) : nullptr, *op = mut<T>(out);
   const float epsf = static_cast<float>(eps);
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+  verispec_pool::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
     std::vector<float> v(hidden);
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = xp + r * hidden;
@@ -161,7 +161,7 @@ template <typename T> void silu_impl(const at::Tensor& x, const at::Tensor& out)
   const int64_t width = out.size(-1), rows = out.numel() / width;
   const T* xp = ptr<T>(x);
   T* op = mut<T>(out);
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+  verispec_pool::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T *gate = xp + r * 2 * width, *up = gate + width;
       T* o = op + r * width;

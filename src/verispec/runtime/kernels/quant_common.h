@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
+#include "parallel.h"
 #include <c10/util/Half.h>
 #include <cstdint>
 #include <cstring>

@@ -167,8 +167,9 @@ GemmFn gemm512_for(int64_t qtype) {
 void gemm512_linear(const Args& a, int64_t qtype, int64_t group) {
   const int64_t panel = std::max(TC, PANEL_BYTES / (a.in * 4) / TC * TC);
   const GemmFn gemm = gemm512_for(qtype);
-  at::parallel_for(0, (a.out + group - 1) / group, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> wp(panel / TC * a.blocks * TILE_FLOATS);
+  verispec_pool::parallel_for(0, (a.out + group - 1) / group, 1, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> wp;  // each thread's own, kept across chunks and calls
+    if (wp.size() < static_cast<size_t>(panel / TC * a.blocks * TILE_FLOATS)) wp.resize(panel / TC * a.blocks * TILE_FLOATS);
     gemm(a, wp.data(), begin * group, std::min(a.out, end * group), panel);
   });
 }

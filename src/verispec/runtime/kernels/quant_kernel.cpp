@@ -670,8 +670,9 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   if (group != nullptr) {
     // Channels per panel: the panel (and a tile of rows beside it) stays in L1 for the embedded model's widths.
     const int64_t panel = in * 4 * GROUP <= 20 * 1024 ? GROUP : GROUP / 2;
-    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> wbuf(GROUP * in);
+    verispec_pool::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> wbuf;  // each thread's own, kept across chunks and calls
+      if (wbuf.size() < static_cast<size_t>(GROUP * in)) wbuf.resize(GROUP * in);
       for (int64_t o = begin * GROUP; o < std::min(out, end * GROUP); o += panel)
         group(a, wbuf.data(), o, std::min({out, o + panel, end * GROUP}));
     });
@@ -679,7 +680,7 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   }
   const int64_t padded = (out + t.unit - 1) / t.unit * t.unit;  // tiles of whole groups run over the padding
   const int64_t row_tiles = (rows + t.max_rows - 1) / t.max_rows;
-  at::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
+  verispec_pool::parallel_for(0, groups, 4, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t o_end = std::min(padded, (g + 1) * GROUP);
       // the group's weights stay in L1 across the tiles of rows
@@ -709,7 +710,7 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
                out, data.size(1), in / QK};
   float* wp = w.data_ptr<float>();
   auto run = [&](auto block) {
-    at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    verispec_pool::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i)
         for (int64_t b = 0; b < a.blocks; ++b) block(a, id[i], b, wp + i * in + b * QK);
     });
@@ -738,6 +739,7 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("use_pool", &verispec_pool::use_pool, "run parallel regions on the work pool whose table (pool_api.h) is at this address");
   m.def("quant_linear", &quant_linear, "x @ dequant(W)^T, weight-only quantized", py::arg("x"), py::arg("data"),
         py::arg("scales"), py::arg("qtype"), py::arg("in_features"), py::arg("out_features"), py::arg("path") = 0);
   m.def("dequantize", &dequantize, "dequantized rows", py::arg("data"), py::arg("scales"), py::arg("qtype"),

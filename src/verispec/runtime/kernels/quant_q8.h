@@ -150,7 +150,7 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out,
   if (rows * blocks < 512) {
     run(0, rows * blocks);  // a few rows: on the calling thread
   } else {
-    at::parallel_for(0, rows * blocks, 256, run);
+    verispec_pool::parallel_for(0, rows * blocks, 256, run);
   }
 }
 
@@ -364,7 +364,7 @@ inline void v_linear(const Args& a, int64_t qtype, int64_t path) {
                : qtype == Q5_1V ? v_tile_for<Q5_1V>(path, per_tile)
                                 : v_tile_for<Q8_0V>(path, per_tile);
   const int64_t groups = (a.out + VCH - 1) / VCH;
-  at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
+  verispec_pool::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
       for (int64_t r0 = 0; r0 < a.rows; r0 += per_tile) tile(a, xq, g, r0, std::min(per_tile, a.rows - r0));
   });
