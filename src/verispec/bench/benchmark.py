@@ -17,6 +17,7 @@ from ..config import RunnerOptions
 from ..runtime.runners.compile import cache_counts
 from ..runtime.runners.select import runner_info
 from ..runtime.model.loading import model_weight_bytes
+from ..runtime.threads import governor
 from .aggregate import BASELINE, OVERALL
 from .batching import batch_table, run_batch_sweep
 from .busy import busy_cores, contention, contention_table
@@ -147,6 +148,7 @@ def measure(config: BenchConfig, models: BenchModels, encoded: list[BenchPrompt]
     (started by the caller) -> its section of report.json."""
     settings = config.settings
     records = []
+    governor().reset_counts()
     if settings.batch_sizes:
         section, _ = run_batch_sweep(models, encoded, settings)
         base = section["batching"]["results"]["1"][BASELINE]
@@ -156,7 +158,8 @@ def measure(config: BenchConfig, models: BenchModels, encoded: list[BenchPrompt]
     runner["compile_s"] = round(models.engine.target.compile_s, 1)  # first calls of new shapes, warm-ups included
     if runner["compiled"]:
         runner["compile_cache"] = cache_counts()  # programs loaded from the disk cache / compiled so far
-    run = {"dtype": dtype, "busy": busy, "runner": runner, **section, "floor": decode_floor(
+    run = {"dtype": dtype, "busy": busy, "runner": runner, "threads": governor().report().as_dict(), **section,
+           "floor": decode_floor(
         model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
         base["seconds"])}
     for note in run["notes"]:

@@ -169,6 +169,8 @@ def render_markdown(report: dict) -> str:
                       + (f" (process start to ready: {r['startup_s']:.1f} s)" if "startup_s" in r else "")
                       + (f"; compiled programs: {r['compile_cache'].get('programs_loaded', 0)} loaded from disk, "
                          f"{r['compile_cache'].get('programs_compiled', 0)} compiled" if r.get("compile_cache") else "")]
+        if run.get("threads"):
+            lines.append(f"- threads: {threads_line(run['threads'])}")
         if run.get("floor"):
             lines += [f"- {floor_line(run['floor'])}. {FLOOR_NOTE}"]
         if "batching" in run:
@@ -224,3 +226,10 @@ def _packing(packed) -> str:
     if packed == "dense":
         return ", weights packed for verispec's dense kernel"
     return ", weights pre-packed (oneDNN)" if packed else ""
+
+
+def threads_line(t: dict) -> str:
+    """`--threads` of a run and what ran: 'auto: steps on 1 thread 40, 2 threads 960 (3 changes); last: why'."""
+    steps = ", ".join(f"{k} thread{'s' if k != '1' else ''} {v}" for k, v in t["steps_by_threads"].items())
+    return (f"{t['setting']}: steps on {steps or '-'} ({t['changes']} change{'s' if t['changes'] != 1 else ''}); "
+            f"last: {t['reason']}")

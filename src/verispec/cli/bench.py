@@ -22,7 +22,8 @@ from ..runtime.model.target import is_quantized
 from . import CliError
 from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
 from . import bench_serve
-from .common import (add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options,
+from .common import (THREADS_HELP, add_runner_args, add_weights_args, apply_threads, check_device_flag, positive_int,
+                     runner_options, threads_arg,
                      target_activations, target_dtype, target_weights)
 
 DTYPE_NAMES = DTYPE_CHOICES
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
     g.add_argument("--dtypes", default=None, metavar="LIST",
                    help="several dtypes in one invocation, e.g. float32,bfloat16 (overrides --dtype; may name auto)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--threads", type=threads_arg, default="auto", help=THREADS_HELP)
     add_runner_args(g)
     add_weights_args(g)
     g.add_argument("--peers", default=None, metavar="LIST",
@@ -228,8 +229,7 @@ def run(args: argparse.Namespace) -> int:
     from ..bench.demos import run_demos
 
     config, ks = build_config(args)  # every flag checked, the prompts file read: nothing loaded yet
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # generate()'s per-call advice would drown the progress bar

@@ -62,15 +62,20 @@ def serve_load_config(args):
         serve_args += ("--no-enable-prefix-caching",)
     config = ServeLoadConfig(
         model=args.model, draft=args.draft_model, dtypes=dtypes, prompts=prompts, concurrency=concurrency,
-        max_new_tokens=args.max_new_tokens or 128, out=args.out, device=args.device, threads=args.threads,
+        max_new_tokens=args.max_new_tokens or 128, out=args.out, device=args.device, threads=fixed_threads(args),
         serve_args=serve_args, repeats=args.serve_repeats,
         system=(args.system_prompt or SYSTEM_PROMPT) if getattr(args, "shared_system_prompt", False) else None,
     )
-    if args.threads:  # the machine line (and its bandwidth figure) with the server's thread count
-        import torch
+    if fixed_threads(args):  # the machine line (and its bandwidth figure) with the server's thread count
+        from ..runtime.threads import configure_threads
 
-        torch.set_num_threads(args.threads)
+        configure_threads(args.threads)
     return config
+
+
+def fixed_threads(args) -> int | None:
+    """--threads as a number the servers get; None for 'auto' (each server then measures its own)."""
+    return args.threads if isinstance(args.threads, int) else None
 
 
 def replica_sweep_config(args):
@@ -89,7 +94,7 @@ def replica_sweep_config(args):
     return ReplicaSweepConfig(
         model=args.model, draft=args.draft_model, dtype=dtypes_from_args(args)[0],  # 'auto' as the server resolves it
         prompts=prompts, replicas=replicas, concurrency=concurrency, max_new_tokens=args.max_new_tokens or 128,
-        out=args.out, device=args.device, threads=args.threads or 1, repeats=args.serve_repeats,
+        out=args.out, device=args.device, threads=fixed_threads(args) or 1, repeats=args.serve_repeats,
         serve_args=weights_flags(args) + tuple(shlex.split(args.serve_args or "")),
     )
 

@@ -12,6 +12,7 @@ import torch
 from ..config import KV_CACHE_DTYPES, RUNNER_BACKENDS, RunnerOptions
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..runtime.runners.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
+from ..runtime.threads import configure_threads, parse_threads
 from . import CliError
 
 def positive_int(text: str) -> int:
@@ -19,6 +20,23 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
     return value
+
+
+def threads_arg(text: str) -> int | str:
+    """`--threads`: 'auto' or a positive integer (runtime/threads.py)."""
+    try:
+        return parse_threads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("--threads ")) from None
+
+
+THREADS_HELP = ("CPU threads of a step: N, or 'auto' (default): the cores free now, measured as it runs (fewer "
+                "beside busy processes; runtime/threads.py); --json and the bench say what ran")
+
+
+def apply_threads(args: argparse.Namespace) -> None:
+    """The process's threads from --threads (absent: 'auto')."""
+    configure_threads(getattr(args, "threads", None))
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +59,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="weights dtype; 'auto' (default): bfloat16 where the device computes it natively and "
                         "speculation stays exact in it, else float32 (the choice and why are logged and in --json)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    g.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--threads", type=threads_arg, default="auto", help=THREADS_HELP)
     add_runner_args(g)
     add_weights_args(g)
 
@@ -294,8 +312,7 @@ def apply_runtime(args: argparse.Namespace) -> None:
         args.activations, args.activations_reason = target_activations(args)
     if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
         args.torch_dtype, args.dtype_reason = target_dtype(args, args.dtype)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     if args.draft_tokens < 1:
         raise CliError(f"--draft-tokens must be >= 1, got {args.draft_tokens}")
 

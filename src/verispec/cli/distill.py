@@ -7,6 +7,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import CliError
+from .common import THREADS_HELP, apply_threads, threads_arg
 
 
 def _defaults():
@@ -107,7 +108,7 @@ def add_parser(subparsers) -> None:
                    help=f"sampled-softmax negatives per step beyond the target's top-k tokens, 0 for the full "
                         f"softmax (default {d['negatives']})")
     g.add_argument("--seed", type=int, default=d["seed"])
-    g.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    g.add_argument("--threads", type=threads_arg, default="auto", help=THREADS_HELP)
     g.add_argument("--device", default="cpu",
                    help="where the teacher writes its answers and the draft model trains: cpu (default; verispec's "
                         "engine writes the answers) or a GPU such as cuda (Hugging Face generation in batches of "
@@ -129,8 +130,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from ..distill.pipeline import DistillError, run_distill
     from ..distill.recipe import DistillRecipe
     from ..runtime.model.loading import ModelLoadError, resolve_model_path
@@ -168,8 +167,7 @@ def run(args: argparse.Namespace) -> int:
         eval_data = default_prompts_path()
     elif eval_data is not None and not eval_data.is_file():
         raise CliError(f"evaluation prompts file {eval_data} does not exist")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     from ..drafters.placement import check_device
 
     try:

@@ -8,7 +8,8 @@ from dataclasses import fields
 from pathlib import Path
 
 from . import CliError
-from .common import add_runner_args, add_weights_args, check_device_flag, positive_int, runner_options
+from .common import (THREADS_HELP, add_runner_args, add_weights_args, apply_threads, check_device_flag, positive_int,
+                     runner_options, threads_arg)
 
 
 def _non_negative_int(text: str) -> int:
@@ -51,7 +52,7 @@ def add_parser(stages) -> None:
                    help="speculate while answering, adaptive K: 'suffix' (drafts from earlier answers), 'ngram', a "
                         "draft model...; the answers are the target's own either way (default: none)")
     p.add_argument("--device", default="cpu", help="where the target runs: cpu (default) or a GPU such as cuda")
-    p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--threads", type=threads_arg, default="auto", help=THREADS_HELP)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     g = p.add_argument_group("target weights and runner")
     add_weights_args(g)
@@ -87,8 +88,7 @@ def run(args: argparse.Namespace) -> int:
     args.weights, weights_reason = target_weights(args, "auto")
     args.activations, activations_reason = target_activations(args)
     dtype, dtype_reason = target_dtype(args, "auto")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     print(f"teacher: weights {weights_reason}; activations {activations_reason}; dtype {dtype_reason}", flush=True)
     target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device,
                          activations=args.activations)

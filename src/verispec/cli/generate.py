@@ -13,6 +13,7 @@ from pathlib import Path
 from ..drafters.model import draft_model_weights
 from ..runtime.runners.native import release_engine_weights
 from ..runtime.runners.select import runner_info
+from ..runtime.threads import governor
 from ..stats import GenerationStats, process_seconds
 from . import CliError
 from .common import (
@@ -110,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
                           "weights_reason": args.weights_reason, "activations": args.activations,
                           "activations_reason": args.activations_reason,
                           "draft_weights": draft_model_weights(gen.engine.drafter)},
-               "stats": result.stats.to_dict()}
+               "threads": governor().report().as_dict(), "stats": result.stats.to_dict()}
         if result.logprobs is not None:
             out["logprobs"] = logprobs_json(result.logprobs, tokenizer)
         print(json.dumps(out))

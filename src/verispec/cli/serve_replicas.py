@@ -11,6 +11,7 @@ import socket
 import sys
 
 from . import CliError
+from .bench_serve import fixed_threads
 from .common import positive_int
 
 
@@ -49,8 +50,8 @@ def run_replicas(args: argparse.Namespace, config) -> int:
         scale = ScaleConfig(
             replicas=args.replicas or args.min_replicas or 1, min_replicas=args.min_replicas,
             max_replicas=args.max_replicas, ray_address=args.ray_address,
-            replica_cpus=args.replica_cpus or float(args.threads or 1), replica_gpus=args.replica_gpus,
-            threads=args.threads, dashboard=args.ray_dashboard, failover=args.failover,
+            replica_cpus=args.replica_cpus or float(fixed_threads(args) or 1), replica_gpus=args.replica_gpus,
+            threads=fixed_threads(args), dashboard=args.ray_dashboard, failover=args.failover,
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -32,6 +32,7 @@ from ..drafters.base import Drafter
 from ..sampling import Grammar
 from ..runtime.caches.prefix_cache import PrefixCache
 from ..runtime.runners.select import make_runner
+from ..runtime.threads import governor
 from ..stats import GenerationStats
 from .drafter_calls import DrafterCalls, wants_features
 from .grammar_rows import row_grammar
@@ -228,6 +229,13 @@ class SpeculativeEngine:
         """Advance every running sequence by one round. -> the sequences that committed tokens (finished ones too).
         `last_step` reports it, written as it goes: a step that raised still says which sequences it started."""
         report = self.last_step = StepReport()
+        with governor().step() as threads:
+            rows = self._step(report)
+            if rows and not report.prefill_tokens:  # a decode / verify step: judged against its shape's recent ones
+                threads["key"] = (report.rows, report.tokens_fed)
+        return rows
+
+    def _step(self, report: StepReport) -> list[Sequence]:
         prefix = self.prefix_cache
         queried, hits = (prefix.queried_tokens, prefix.hit_tokens) if prefix is not None else (0, 0)
         chunks = self.scheduler.admit(self._last_width)

@@ -23,7 +23,7 @@ class ScaleConfig:
     replica_gpus: float = 0.0
     """Ray GPUs reserved per replica (--replica-gpus)."""
     threads: int | None = None
-    """Torch threads per replica (--threads); None: torch's default."""
+    """Threads per replica (--threads N); None: 'auto' (runtime/threads.py)."""
     object_store_gb: float = 0.5
     """Object store of a local Ray (it carries only requests and responses here)."""
     dashboard: bool = False

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
-import torch
 from ray import serve
 from transformers.utils import logging as hf_logging
 
 from ..app import create_app
 from ..config import ServerConfig
+from ...runtime.threads import configure_threads
 from .bridge import HttpCall, answer
 from .gate import MidRequestGate
 
@@ -26,7 +26,7 @@ logger = logging.getLogger("verispec.server")
 class Replica:
     def __init__(self, config: ServerConfig, threads: int | None = None, step_gate: bool = False) -> None:
         if threads:
-            torch.set_num_threads(threads)
+            configure_threads(threads)
         hf_logging.disable_progress_bar()  # one bar per replica per load, relayed by Ray: noise
         self.app = create_app(config)
         self.server = self.app.state.server
