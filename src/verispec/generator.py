@@ -89,6 +89,7 @@ class SpeculativeGenerator:
         quantization: str = "none",
         draft_device: str | None = None,
         activations: str = "auto",
+        threads: int | str | None = None,
     ) -> SpeculativeGenerator:
         """Load from local folders, `.gguf` files, the embedded default names or cached hub ids.
 
@@ -99,8 +100,14 @@ class SpeculativeGenerator:
         verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`target.resolve_weights`);
         'fp32' the float conversion, 'gguf' the blocks; quantization='int8': weight-only int8 (a different model).
         draft_device: where a draft model runs (default: `device`). activations: what GGUF blocks compute with
-        ('auto', 'q8', 'fp32': `target.resolve_activations`)."""
+        ('auto', 'q8', 'fp32': `target.resolve_activations`). threads: the process's step threads, N or 'auto' (the
+        cores free now, adapting as the machine gets busy: runtime/threads.py); None (default) leaves them as torch
+        has them (`torch.set_num_threads`). ValueError for anything else."""
         from .runtime.model.loading import load_tokenizer
+        from .runtime.threads import configure_threads
+
+        if threads is not None:
+            configure_threads(threads)
         from .runtime.model.target import load_target, resolve_activations, resolve_target_dtype, resolve_weights
 
         options = runner or RunnerOptions()
