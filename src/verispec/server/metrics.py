@@ -71,14 +71,17 @@ class ServerMetrics:
                                 registry=r)
         self.waiting_sequences = Gauge("verispec_waiting_sequences", "Sequences (choices) waiting for a slot or "
                                        "being prefilled", registry=r)
+        self.threads = Gauge("verispec_step_threads", "Threads the latest engine step ran on (--threads; under "
+                             "'auto' fewer while other processes keep cores busy)", registry=r)
 
     def count_request(self, endpoint: str, status: int, seconds: float | None = None) -> None:
         self.requests.labels(endpoint, str(status)).inc()
         if seconds is not None:
             self.request_duration.labels(endpoint).observe(seconds)
 
-    def observe_step(self, rows: int, speculative_ks: list[int]) -> None:
+    def observe_step(self, rows: int, speculative_ks: list[int], threads: int) -> None:
         self.steps.inc()
+        self.threads.set(threads)
         self.step_rows.observe(rows)
         for k in speculative_ks:
             self.chosen_k.labels(str(k)).inc()

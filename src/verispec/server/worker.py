@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass
 
 from ..engine import Sequence, SpeculativeEngine
+from ..runtime.threads import governor
 from .errors import APIError, invalid, queue_full
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .metrics import ServerMetrics
@@ -259,7 +260,7 @@ class EngineWorker:
         self.metrics.prefix_cache_queries.inc(report.prefix_queried_tokens)
         self.metrics.prefix_cache_hits.inc(report.prefix_hit_tokens)
         if stepped:  # else the step only prefilled
-            self.metrics.observe_step(report.rows, report.speculative_ks)
+            self.metrics.observe_step(report.rows, report.speculative_ks, governor().threads)
         for seq in stepped:
             active, choice = self._by_seq[seq.seq_id]
             job = active.job
