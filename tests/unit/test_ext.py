@@ -32,10 +32,10 @@ def test_build_all_starts_one_process_per_missing_kernel(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ext.subprocess, "Popen", Proc)
     monkeypatch.setattr(ext, "is_cached", lambda name: name == "layer")
-    assert set(ext.build_all()) == {"dense", "quant"}
-    assert len(started) == 2 and all("build(" in code for code in started)
+    assert set(ext.build_all()) == {"dense", "quant", "pool"}
+    assert len(started) == 3 and all("build(" in code for code in started)
     started.clear()
-    assert set(ext.build_all(variants=True)) == {"dense", "quant", *ext.VARIANTS}  # make test's: the tests' builds too
+    assert set(ext.build_all(variants=True)) == {"dense", "quant", "pool", *ext.VARIANTS}  # make test's: the tests' builds too
     for name, (source, flags) in ext.VARIANTS.items():
         assert any(f"build({name!r}, {source!r}, {flags!r})" in code for code in started)
 
