@@ -149,17 +149,19 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
 
 
 def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> bool:
-    """Whether the model runs on verispec's native runner (`runtime/model/llama.py`'s family) with this runner backend:
-    what `--dtype auto` needs to know before loading it (runtime/runners/dtype.py). False where its config is unreadable."""
+    """Whether the model runs on verispec's native runner (`runtime/model/llama.py`'s family or Gemma 3,
+    `gemma.py`) with this runner backend: what `--dtype auto` needs to know before loading it
+    (runtime/runners/dtype.py). False where its config is unreadable."""
     if runner == "hf":
         return False
+    from .gemma import ARCHITECTURES as GEMMA
     from .llama import ARCHITECTURES
 
     try:
         config = read_model_config(_own_file(name_or_path))
     except ValueError:  # not found: loading reports it
         return False
-    return config is not None and getattr(config.get_text_config(), "model_type", None) in ARCHITECTURES
+    return config is not None and getattr(config.get_text_config(), "model_type", None) in (*ARCHITECTURES, *GEMMA)
 
 
 def float_dtype(dtype: str | torch.dtype, device: str | torch.device, name_or_path: str | os.PathLike,
