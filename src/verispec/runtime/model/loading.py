@@ -14,10 +14,13 @@ Every failure to find or read a model raises `ModelLoadError` (a `ValueError`) n
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger("verispec")
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "verispec-draft-smollm2-135m"
@@ -237,16 +240,25 @@ def read_model_config(path: Path):
         return None
 
 
-def load_tokenizer(name_or_path: str | os.PathLike):
-    """Load the tokenizer that belongs to a model (same names as `load_model`). A GGUF file's is converted once and
-    cached (`tokenizer_cache.gguf_tokenizer`)."""
+def load_tokenizer(name_or_path: str | os.PathLike, chat_template: str | os.PathLike | None = None):
+    """Load the tokenizer that belongs to a model (same names as `load_model`), with a chat template
+    (`chat_templates.use_chat_template`: the file `chat_template` names, else its own, else its architecture's
+    known one). A GGUF file's is converted once and cached (`tokenizer_cache.gguf_tokenizer`). ValueError for a
+    chat template file that cannot be used."""
+    from .chat_templates import use_chat_template
     from .tokenizer_cache import folder_tokenizer, gguf_tokenizer
 
     path = _own_file(name_or_path)
     try:
-        return gguf_tokenizer(path) if path.suffix == ".gguf" else folder_tokenizer(path)
+        tokenizer = gguf_tokenizer(path) if path.suffix == ".gguf" else folder_tokenizer(path)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(f"cannot read a tokenizer from {path}: {exc}") from exc
+    needs_architecture = chat_template is None and not getattr(tokenizer, "chat_template", None)
+    config = read_model_config(path) if needs_architecture else None
+    architecture = getattr(config.get_text_config(), "model_type", None) if config is not None else None
+    origin = use_chat_template(tokenizer, architecture, chat_template)
+    logger.info("chat template: %s", origin)
+    return tokenizer
 
 
 def load_pair(
