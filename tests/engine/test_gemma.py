@@ -110,13 +110,15 @@ def test_a_row_is_bitwise_the_same_alone_and_in_a_batch():
         assert torch.equal(together[row], steps[0]), row
 
 
-@pytest.mark.parametrize("drafter_kind", ["identical", "other-model", "ngram"])
+@pytest.mark.parametrize("drafter_kind", ["identical", "other-model", "ngram", "twin", "twin-reduced-head"])
 def test_greedy_speculation_equals_the_target_alone(drafter_kind, tokenizer):
-    """Drafts all accepted (the target drafting for itself), mostly rejected (another model), and n-gram."""
+    """Drafts all accepted (the target drafting for itself), mostly rejected (another model), n-gram, and the
+    target's quantized twin (whole head, and reduced to 40 token ids)."""
     from verispec.generator import SpeculativeGenerator
 
     target = tiny_gemma(5)
-    draft = {"identical": target, "other-model": tiny_gemma(6, hidden=32, layers=2), "ngram": "ngram"}[drafter_kind]
+    draft = {"identical": target, "other-model": tiny_gemma(6, hidden=32, layers=2), "ngram": "ngram",
+             "twin": "self:int8", "twin-reduced-head": "self:int8:v40"}[drafter_kind]
     gen = SpeculativeGenerator(target, draft, tokenizer, K=4, max_len=128)
     assert gen.engine.target.backend == "native"
     for text in ("the cat sat on the mat, the cat sat on", "one two three"):
