@@ -25,9 +25,9 @@ from torch import nn
 
 from ..config import RunnerOptions
 from ..runtime.model.memory import twin_bytes
-from ..runtime.model.gemma import GemmaSpec
 from ..runtime.model.llama import LlamaModel, UnsupportedModel
-from ..runtime.runners.native import NativeModel, NativeRunner, build_model, model_spec, native_twin_of, weights_of
+from ..runtime.runners.native import (NativeModel, NativeRunner, build_model, model_spec, native_twin_of,
+                                      table_positions, weights_of)
 from ..runtime.kernels.quant import BLOCK, quantize_linears
 from .model import ModelDrafter
 from .twin_head import reduce_head
@@ -106,10 +106,8 @@ def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None)
     shared = native_twin_of(target)
     if isinstance(shared, LlamaModel) and shared.cos.shape[0] >= max_len:
         model = LlamaModel(spec, quantized, (shared.cos, shared.sin), pack=False)
-    else:  # its own rotary tables: a Llama twin's the context's length (as the target's), a Gemma twin's max_len
-        context = getattr(config, "max_position_embeddings", 0) or 0
-        positions = max_len if isinstance(spec, GemmaSpec) else max(max_len, context)
-        model = build_model(spec, quantized, target, positions, pack=False)
+    else:
+        model = build_model(spec, quantized, target, table_positions(spec, config, max_len), pack=False)
     model.embed = _parameter(embed)
     return model
 

@@ -215,6 +215,13 @@ class GemmaModel(nn.Module):
         assert all(layer.packed == self.lm_head.packed for layer in self.layers)
         onto_huge_pages(self.linears())
 
+    def reserve_positions(self, positions: int) -> None:
+        """Rotary tables covering `positions` (the runner's max_len) at least: made anew where shorter (each entry is
+        computed on its own, so the entries already there keep their values)."""
+        if self.cos.shape[0] < positions:
+            for name, table in rope_tables(self.spec, positions).items():
+                setattr(self, name, nn.Buffer(table.to(self.cos.device), persistent=False))
+
     def linears(self) -> list[Linear]:
         """Every linear, in the order a step runs them: each layer's qkv, o, gate_up, down, then the LM head."""
         return [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]

@@ -22,7 +22,7 @@ from torch import nn
 from transformers import GenerationConfig, PretrainedConfig
 
 from ..runners.hf import is_hf_model
-from ..runners.native import adopt, build_model, model_spec
+from ..runners.native import adopt, build_model, model_spec, table_positions
 from ..weights.gguf import hf_name, read_gguf_weights
 from ..weights.gguf_file import GGUFFile, open_gguf
 from .gemma import GLOBAL, SLIDING
@@ -176,8 +176,8 @@ def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activ
     blocks compute with (quant.py: 'fp32', or 'q8' integer activations)."""
     file = open_gguf(path)
     config = gguf_config(file, name)
-    positions = max(max_len, config.max_position_embeddings)
-    spec = model_spec(config, positions)
+    spec = model_spec(config, max_len)
+    positions = table_positions(spec, config, max_len)
     with _one_thread():
         weights = read_gguf_weights(path, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks

@@ -82,6 +82,15 @@ def model_spec(config, max_len: int) -> LlamaSpec | GemmaSpec:
     return LlamaSpec.from_config(config, max_len)
 
 
+def table_positions(spec: LlamaSpec | GemmaSpec, config, max_len: int) -> int:
+    """How many positions a new native model's rotary tables cover: a Llama-family model's the whole context (its
+    tables are fixed once built), a Gemma model's `max_len` (it has four tables, 134 MB at Gemma 3's 32k context
+    in fp32; `GemmaModel.reserve_positions` grows them where a runner needs more)."""
+    if isinstance(spec, GemmaSpec):
+        return max_len
+    return max(max_len, getattr(config.get_text_config(), "max_position_embeddings", 0) or 0)
+
+
 def build_model(spec: LlamaSpec | GemmaSpec, weights: dict[str, torch.Tensor], model_or_config, positions: int,
                 pack: bool = True, invariant: bool = False) -> NativeModel:
     """The native model of `spec` on weights (by Hugging Face name), its rotary tables `positions` long."""
@@ -116,6 +125,8 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> NativeModel:
         if model.invariant != invariant and model.lm_head.packed is True:  # (oneDNN's layout; others: one for both)
             raise ValueError(f"this model's weights were released to a native model with batch_invariant="
                              f"{model.invariant}: build every runner on it with the same batch_invariant")
+        if model.cos.shape[0] < max_len and isinstance(model, GemmaModel):
+            model.reserve_positions(max_len)
         if model.cos.shape[0] < max_len:
             raise ValueError(f"max_len {max_len} exceeds the native model's rotary table ({model.cos.shape[0]})")
         return model
@@ -123,7 +134,7 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> NativeModel:
     model, seen = _TWINS.get(hf_model, (None, None))
     other_layout = model is not None and model.invariant != invariant and model.lm_head.packed is True
     if model is None or seen != fingerprint or model.cos.shape[0] < max_len or other_layout:
-        positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
+        positions = table_positions(spec, hf_model.config, max_len)
         model = build_model(spec, weights_of(hf_model), hf_model, positions, invariant=invariant)
         _TWINS[hf_model] = (model, fingerprint)
     return model
@@ -291,8 +302,8 @@ def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None =
     from ..weights.gguf import read_gguf_weights
     from ..kernels.quant import quantize_linears
 
-    positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
-    spec = model_spec(hf_model.config, positions)
+    spec = model_spec(hf_model.config, max_len)
+    positions = table_positions(spec, hf_model.config, max_len)
     if gguf_file is not None:  # hf_model is this file's fp32 conversion: the same config
         weights = read_gguf_weights(gguf_file, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
