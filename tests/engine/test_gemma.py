@@ -8,14 +8,13 @@ follows the target's distribution (the statistical check of test_sampling_exactn
 from __future__ import annotations
 
 import gguf
-import numpy as np
 import pytest
 import torch
 from gguf.quants import dequantize
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
 from conftest import VOCAB, _common
-from test_sampling_exactness import NEW_TOKENS, PROMPT, _sample, exact_joint, tvd_bound
+from test_sampling_exactness import NEW_TOKENS, _sample, exact_joint, tvd_bound
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import SpeculativeEngine
