@@ -84,6 +84,7 @@ BAD_INPUT = [
     (["--draft-model", "ngram+head:/no/such/head"], "holds no draft head"),
     (["--draft-model", "self:int3"], "unknown twin format 'int3'; choose from self:int8"),
     (["--kv-cache-dtype", "int8"], "--kv-cache-dtype"),
+    (["--chat-template", "/no/such/template.jinja"], "cannot read the chat template file"),
 ]
 
 
@@ -154,3 +155,30 @@ def test_bad_prompts_file_exits_2(capsys, model_dirs, tmp_path, line, message):
     with pytest.raises(SystemExit) as exit_info:
         main(["generate", "--model", str(model_dirs["target"]), "--prompts-file", str(source)])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_chat_template_file_formats_the_chat_prompt(capsys, model_dirs, tmp_path):
+    """--chat-template FILE replaces the model's own template for --chat: the prompt is the file's rendering."""
+    from transformers import AutoTokenizer
+
+    template = tmp_path / "plain.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}answer:{% endif %}")
+    common = ["--model", model_dirs["target"], "--draft-model", "none", "--prompt", "hello", "--chat",
+              "--max-new-tokens", 4, "--json"]
+    code, out, _ = run_cli(capsys, *common, "--chat-template", template)
+    assert code == 0
+    rendered = AutoTokenizer.from_pretrained(model_dirs["target"])("user: hello\nanswer:", add_special_tokens=False)
+    assert json.loads(out)["stats"]["prompt_tokens"] == len(rendered["input_ids"])
+    code, own, _ = run_cli(capsys, *common)
+    assert json.loads(own)["stats"]["prompt_tokens"] != len(rendered["input_ids"])  # the model's own differs
+
+
+@pytest.mark.parametrize("command", ["serve", "bench"])
+def test_serve_and_bench_refuse_a_bad_chat_template_file(command, tmp_path, capsys):
+    bad = tmp_path / "bad.jinja"
+    bad.write_text("{% if %}")
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--chat-template", str(bad)])
+    assert exc.value.code == 2
+    assert "is not a Jinja template" in capsys.readouterr().err

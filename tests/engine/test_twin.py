@@ -192,7 +192,7 @@ def test_bad_formats_name_the_choices(tokenizer, targets, value, message):
 
 
 def test_targets_that_cannot_have_a_twin_raise_naming_the_fix(tokenizer, targets):
-    with pytest.raises(ValueError, match="native Llama-family model"):
+    with pytest.raises(ValueError, match="runs on verispec.s native models"):
         build_drafter("self:int8", tiny_gpt2(1), tokenizer, 64)
     with pytest.raises(ValueError, match="hidden_size 48 is not a multiple of 32"):
         build_drafter("self:int8", tiny_llama(1, hidden=48), tokenizer, 64)

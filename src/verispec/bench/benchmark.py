@@ -51,6 +51,7 @@ class BenchConfig:
     quantization: str = "none"  # "int8": the target's linears per channel (a different model)
     activations: str = "fp32"  # what GGUF blocks compute with: "fp32" or "q8" (target.resolve_activations)
     activations_reason: str = ""  # why
+    chat_template: Path | None = None  # a Jinja chat template file for the prompts (default: the target's own/known)
 
     def __post_init__(self):
         if self.vllm_python and not self.peers:
@@ -78,7 +79,7 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
     spec = parse_drafter_spec(config.draft)
     model_name = spec.model
     draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)
-    tokenizer = load_tokenizer(config.target)
+    tokenizer = load_tokenizer(config.target, config.chat_template)
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
     drafter = build_drafter(spec, target, tokenizer, max_len, draft_model=draft).drafter

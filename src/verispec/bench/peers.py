@@ -145,15 +145,17 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
     """Every peer of config.peers on the run's prompts; -> the run's "peers" section (see peer_table).
 
     `cache` (one per benchmark) keeps results that do not depend on the dtype (llama.cpp runs its GGUF as it is)."""
-    import torch
+    from ..runtime.threads import AUTO, governor
 
     cache = {} if cache is None else cache
-    threads = torch.get_num_threads()
+    # The peers get what a user gives them: every usable core under verispec's `--threads auto`, else the same N.
+    ours = governor().setting
+    threads = governor().cores if ours == AUTO else ours if isinstance(ours, int) else governor().threads
     bandwidth = run["floor"]["memory_bandwidth_gb_s"]
     ours_bytes = int(run["floor"]["target_weight_mb"] * 2**20)
     common = {"prompts": [list(p.token_ids) for p in encoded], "max_new_tokens": config.settings.max_new_tokens,
               "k": PEER_K, "threads": threads}
-    section: dict = {"threads": {"verispec": threads}, "k": PEER_K, "notes": [],
+    section: dict = {"threads": {"verispec": ours or threads}, "k": PEER_K, "notes": [],
                      "rows": verispec_rows(run, _our_weights(config, dtype), ours_bytes, bandwidth)}
     for peer, python in config.peers.items():
         jobs, weights, notes = [], "", []

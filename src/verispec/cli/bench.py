@@ -22,8 +22,8 @@ from ..runtime.model.target import is_quantized
 from . import CliError
 from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
 from . import bench_serve
-from .common import (THREADS_HELP, add_runner_args, add_weights_args, apply_threads, check_device_flag, positive_int,
-                     runner_options, threads_arg,
+from .common import (THREADS_HELP, add_chat_template_arg, add_runner_args, add_weights_args, apply_threads,
+                     check_device_flag, positive_int, runner_options, threads_arg,
                      target_activations, target_dtype, target_weights)
 
 DTYPE_NAMES = DTYPE_CHOICES
@@ -44,6 +44,7 @@ def add_parser(sub) -> None:
     g.add_argument("--dtypes", default=None, metavar="LIST",
                    help="several dtypes in one invocation, e.g. float32,bfloat16 (overrides --dtype; may name auto)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_chat_template_arg(g)
     g.add_argument("--threads", type=threads_arg, default="auto", help=THREADS_HELP)
     add_runner_args(g)
     add_weights_args(g)
@@ -214,7 +215,7 @@ def build_config(args: argparse.Namespace):
                          device=args.device, out=args.out, settings=settings, runner=runner_options(args),
                          peers=peers, weights=args.weights, weights_reason=args.weights_reason,
                          quantization=args.quantization, activations=args.activations,
-                         activations_reason=args.activations_reason)
+                         activations_reason=args.activations_reason, chat_template=args.chat_template)
     return config, ks
 
 

@@ -60,8 +60,27 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         "speculation stays exact in it, else float32 (the choice and why are logged and in --json)")
     g.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     g.add_argument("--threads", type=threads_arg, default="auto", help=THREADS_HELP)
+    add_chat_template_arg(g)
     add_runner_args(g)
     add_weights_args(g)
+
+
+def add_chat_template_arg(group) -> None:
+    """--chat-template FILE (runtime/model/chat_templates.py), checked when the arguments are parsed (exit 2)."""
+    group.add_argument("--chat-template", type=chat_template_file, default=None, metavar="FILE",
+                       help="a Jinja chat template for --chat, the server's chat API and the bench's prompts "
+                            "(default: the model's own, else its architecture's known template, e.g. Gemma 3's)")
+
+
+def chat_template_file(value: str) -> Path:
+    """An argparse type: a readable Jinja chat template file (chat_templates.read_template), else a usage error."""
+    from ..runtime.model.chat_templates import read_template
+
+    try:
+        read_template(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return Path(value)
 
 
 def add_weights_args(group) -> None:

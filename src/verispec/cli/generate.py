@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
                              activations=args.activations)
     except ValueError as exc:  # a model that cannot be read, or weights that do not run on it
         raise CliError(str(exc)) from None
-    tokenizer = load_tokenizer(args.model)
+    tokenizer = load_tokenizer(args.model, args.chat_template)
     # A bad --draft-model path raises (exit 2); a valid draft that does not fit or fails to load falls back.
     try:
         loaded = build_drafter(args.draft_model, target, tokenizer, args.max_len, dtype=dtype, device=drafter_device,

@@ -133,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
     spec = SpeculativeConfig(**spec_kwargs(args))
     warn_if_lossy(args)
     config = ServerConfig(
-        model=args.model, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
+        model=args.model, chat_template=args.chat_template, draft_model=args.draft_model, enable_speculative=args.enable_speculative, spec=spec,
         draft_tokens_from_pair=not getattr(args, "draft_tokens_given", False), served_model_name=args.served_model_name, max_len=args.max_len, dtype=args.torch_dtype, dtype_reason=args.dtype_reason,
         weights=args.weights, weights_reason=args.weights_reason, quantization=args.quantization,
         activations=args.activations, activations_reason=args.activations_reason,

@@ -79,6 +79,8 @@ REGISTRY: tuple[DraftPair, ...] = (
               note="origins' table; its vocabulary differs from DeepSeek-V3's, so loading checks and falls back"),
     DraftPair(normalize_model_name(models.DEFAULT_TARGET)[0], models.DEFAULT_DRAFT, DEFAULT_K,
               note="embedded default pair"),
+    DraftPair(models.GEMMA3_TARGET, NGRAM, DEFAULT_K,
+              note="verispec[gemma]'s Q4_K_M file; no draft model to train (suffix also works)"),
 )
 
 
@@ -95,6 +97,14 @@ def local_path(name: str) -> Path | None:
         return models.resolve_model_path(name)
     except models.ModelLoadError:
         return None
+
+
+def available(name: str) -> bool:
+    """Whether a registry draft can be used here: a drafter without a model (n-gram, suffix) always, a model when it
+    resolves locally."""
+    from .spec import parse_drafter_spec
+
+    return parse_drafter_spec(name).model is None or local_path(name) is not None
 
 
 # -- tokenizer-family matching ----------------------------------------------------------------------------------
@@ -202,7 +212,7 @@ def select_draft(
         _, instruct = normalize_model_name(target)
         source = "default" if pair.draft == models.DEFAULT_DRAFT else "registry"
         for name in pair.candidates(instruct):
-            if local_path(name) is not None:
+            if available(name):
                 return DraftChoice(name, pair.num_draft_tokens, source, f"known pair {pair.target} -> {name}")
         missing = ", ".join(pair.candidates(instruct))
         registry_miss = f"the known draft ({missing}) is not available locally"
@@ -228,7 +238,7 @@ def registry_rows() -> list[dict]:
     """The registry as rows for `verispec pairs`, with whether each draft is available locally."""
     rows = []
     for pair in REGISTRY:
-        local = [name for name in pair.candidates(True) if local_path(name) is not None]
+        local = [name for name in pair.candidates(True) if available(name)]
         rows.append({"target": pair.target, "draft": pair.draft, "instruct_draft": pair.instruct_draft,
                      "num_draft_tokens": pair.num_draft_tokens, "available": local, "note": pair.note})
     return rows

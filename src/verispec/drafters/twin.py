@@ -3,7 +3,7 @@ second model to ship.
 
 The twin is a draft model whose weights come from the target: every linear of every layer and the LM head
 weight-only quantized (runtime/kernels/quant.py: per-output-channel int8, or GGUF blocks of 32), run on verispec's native
-Llama-family model (runtime/model/llama.py) with its own slot KV cache. Everything else is `ModelDrafter`'s: chains,
+model of the target's family (runtime/model/llama.py, gemma.py) with its own slot KV cache. Everything else is `ModelDrafter`'s: chains,
 batched rows, the prefix cache, and q (its processed probabilities), so rejection sampling stays exact whatever the
 quantization did to the distribution.
 
@@ -25,8 +25,9 @@ from torch import nn
 
 from ..config import RunnerOptions
 from ..runtime.model.memory import twin_bytes
-from ..runtime.model.llama import LlamaModel, LlamaSpec, UnsupportedModel
-from ..runtime.runners.native import NativeRunner, native_twin_of, rope_table, weights_of
+from ..runtime.model.llama import LlamaModel, UnsupportedModel
+from ..runtime.runners.native import (NativeModel, NativeRunner, build_model, model_spec, native_twin_of,
+                                      table_positions, weights_of)
 from ..runtime.kernels.quant import BLOCK, quantize_linears
 from .model import ModelDrafter
 from .twin_head import reduce_head
@@ -74,7 +75,7 @@ def twin_memory_bytes(name: str, target_config, max_len: int, slots: int, dtype:
         raise _not_native(exc) from None
 
 
-def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None) -> LlamaModel:
+def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None) -> NativeModel:
     """The target's native model with its linears and LM head quantized to `qtype` (the head reduced to
     `head_tokens` token ids when given); the embedding and the rotary tables are the target's own tensors (no
     copy). ValueError when the target cannot have a twin."""
@@ -85,7 +86,7 @@ def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None)
                          "load the target in float32 / bfloat16")
     config = target.config.get_text_config()
     try:
-        spec = LlamaSpec.from_config(config, max_len)
+        spec = model_spec(config, max_len)
     except UnsupportedModel as exc:
         raise _not_native(exc) from None
     widths = {"hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
@@ -101,21 +102,19 @@ def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None)
     if head_tokens is not None:
         quantized[HEAD] = reduce_head(weights[HEAD], head_tokens, _eos_ids(config),
                                       lambda rows: quantize_linears({HEAD: rows}, qtype)[HEAD])
-    quantized[EMBED] = embed.to("meta")  # LlamaModel clones what it is given: a meta tensor costs nothing
+    quantized[EMBED] = embed.to("meta")  # the model clones what it is given: a meta tensor costs nothing
     shared = native_twin_of(target)
-    if shared is not None and shared.cos.shape[0] >= max_len:
-        rope = (shared.cos, shared.sin)
+    if isinstance(shared, LlamaModel) and shared.cos.shape[0] >= max_len:
+        model = LlamaModel(spec, quantized, (shared.cos, shared.sin), pack=False)
     else:
-        positions = max(max_len, getattr(config, "max_position_embeddings", 0) or 0)
-        rope = rope_table(target, positions)
-    model = LlamaModel(spec, quantized, rope, pack=False)
+        model = build_model(spec, quantized, target, table_positions(spec, config, max_len), pack=False)
     model.embed = _parameter(embed)
     return model
 
 
 def _not_native(exc: UnsupportedModel) -> ValueError:
-    return ValueError(f"the twin drafter (--draft-model self:...) runs on verispec's native Llama-family model, "
-                      f"and this target is not one ({exc}): use a draft model or ngram")
+    return ValueError(f"the twin drafter (--draft-model self:...) runs on verispec's native models (the Llama "
+                      f"family, Gemma 3), and this target is not one ({exc}): use a draft model or ngram")
 
 
 def _eos_ids(config) -> list[int]:

@@ -11,6 +11,7 @@ import torch
 from ..config import SamplingParams, SpeculativeConfig
 from .detokenize import StopChecker
 from ..drafters.base import Drafter
+from ..runtime.model.chat_templates import end_of_turn_ids
 from ..sampling import Grammar, RowSamplingState
 from ..stats import GenerationStats
 from .sequence import Continuation, Sequence
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:
-    """All EOS ids of the model's generation config (one or several), plus the tokenizer's EOS id."""
+    """All EOS ids of the model's generation config (one or several), plus the tokenizer's EOS id and the tokens
+    that end a turn in its chat template (`chat_templates.end_of_turn_ids`: Gemma 3's `<end_of_turn>`)."""
     ids: set[int] = set()
     for source in (getattr(model, "generation_config", None), model.config):
         eos = getattr(source, "eos_token_id", None)
@@ -28,6 +30,8 @@ def model_eos_ids(model: PreTrainedModel, tokenizer=None) -> set[int]:
             ids.update([eos] if isinstance(eos, int) else eos)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
+    if tokenizer is not None:
+        ids |= end_of_turn_ids(tokenizer)
     return ids
 
 

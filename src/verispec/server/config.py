@@ -21,6 +21,8 @@ NGRAM = "ngram"
 class ServerConfig:
     model: str = DEFAULT_TARGET
     """Target: model folder, .gguf file, cached hub id, or the embedded default's name."""
+    chat_template: Path | None = None
+    """A Jinja chat template file for the chat API (default: the model's own, else its architecture's known one)."""
     draft_model: str = DEFAULT_DRAFTER
     """Default drafter for requests that speculate: a model (same forms) or 'none' (the target alone)."""
     enable_speculative: bool = False

@@ -169,7 +169,7 @@ class ServedModel:
     def _load(cls, config: ServerConfig) -> ServedModel:
         target = load_target(config.model, config.weights, config.quantization, dtype=config.dtype,
                              device=config.device, activations=config.activations)
-        tokenizer = load_tokenizer(config.model)
+        tokenizer = load_tokenizer(config.model, config.chat_template)
         served = cls(config, target, tokenizer)
         engine = served.engine
         prepare_tokenizer(tokenizer, engine.target.vocab_size, engine.eos_token_ids)  # ~0.6 s for a 49k vocabulary

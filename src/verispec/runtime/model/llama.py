@@ -245,7 +245,35 @@ def layer_parts(
     b, n, _ = x.shape
     if write_index.dim() != 1 and fused.available(x) and attn_norm.dtype == x.dtype:
         x, h = fused.rms_norm(x, attn_norm, s.rms_norm_eps, residual=pending)  # x + pending, normed
-        qkv = linear(h, qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
+        attn = attention(linear(h, qkv_w, qkv_b, packed), cos, sin, keys, values, write_index, mask, s, invariant)
+        x, h = fused.rms_norm(linear(attn, o_w, None, packed), mlp_norm, s.rms_norm_eps, residual=x)
+        return x, linear(fused.silu_mul(linear(h, gate_up_w, None, packed)), down_w, None, packed)
+    if pending is not None:
+        x = x + pending
+    qkv = linear(rms_norm(x, attn_norm, s.rms_norm_eps), qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
+    x = x + linear(attention(qkv, cos, sin, keys, values, write_index, mask, s, invariant), o_w, None, packed)
+    gate, up = linear(rms_norm(x, mlp_norm, s.rms_norm_eps), gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I]
+    return x, linear(F.silu(gate) * up, down_w, None, packed)
+
+
+def attention(
+    qkv: torch.Tensor,  # [b, n, (H + 2 Hk) d]: q, k, v before the rotary embedding
+    cos: torch.Tensor,  # [b, 1, n, d]
+    sin: torch.Tensor,  # [b, 1, n, d]
+    keys: torch.Tensor,  # [b, Hk, max_len, d]: this layer's cache rows, k written in place
+    values: torch.Tensor,  # [b, Hk, max_len, d]: v written in place
+    write_index: torch.Tensor,  # [b, n] or [b, 1, n, 1] long cache indices, or [b * Hk * n] flat entries (torch path)
+    mask: torch.Tensor,  # [b, 1, n, L] additive
+    spec,  # any spec with num_heads, num_kv_heads, head_dim (LlamaSpec, gemma.GemmaSpec)
+    invariant: bool,
+) -> torch.Tensor:  # [b, n, H d]: softmax(q k^T / sqrt(d) + mask) v, heads side by side
+    """Rotary on q and k, k and v into the cache, attention over [0, L). The C++ kernels where they run for x and
+    the cache indices (`fused.py`: invariant by construction, every chunk length included; a runner that turned
+    invariance off sends chunks of more than `fused.MAX_QUERIES` tokens a row to torch's SDPA); else torch's ops
+    (SDPA, or block_attention if invariant)."""
+    s = spec
+    b, n, _ = qkv.shape
+    if write_index.dim() != 1 and fused.available(qkv):
         q = fused.rotary_write(qkv, cos, sin, write_index.view(b, n), keys, values, s.num_heads)  # [b, H, n, d]
         if invariant or n <= fused.MAX_QUERIES:
             attn = fused.attention(q, keys, values, mask)  # [b, H, n, d], [b, n, H, d] in memory
@@ -253,12 +281,7 @@ def layer_parts(
             kv_len = mask.shape[-1]
             attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len].to(q.dtype), values[:, :, :kv_len].to(q.dtype),
                                                   attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)
-        x, h = fused.rms_norm(linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed), mlp_norm,
-                              s.rms_norm_eps, residual=x)
-        return x, linear(fused.silu_mul(linear(h, gate_up_w, None, packed)), down_w, None, packed)
-    if pending is not None:
-        x = x + pending
-    qkv = linear(rms_norm(x, attn_norm, s.rms_norm_eps), qkv_w, qkv_b, packed)  # [b, n, (H + 2 Hk) d]
+        return attn.transpose(1, 2).reshape(b, n, -1)
     qk, v = qkv.view(b, n, -1, s.head_dim).transpose(1, 2).split(
         [s.num_heads + s.num_kv_heads, s.num_kv_heads], dim=1)  # [b, H + Hk, n, d], [b, Hk, n, d]
     q, k = rotate(qk, cos, sin).split([s.num_heads, s.num_kv_heads], dim=1)  # one rotation for q and k
@@ -272,9 +295,7 @@ def layer_parts(
     else:
         attn = F.scaled_dot_product_attention(q, keys[:, :, :kv_len].to(q.dtype), values[:, :, :kv_len].to(q.dtype),
                                               attn_mask=mask, enable_gqa=s.num_heads != s.num_kv_heads)  # [b, H, n, d]
-    x = x + linear(attn.transpose(1, 2).reshape(b, n, -1), o_w, None, packed)
-    gate, up = linear(rms_norm(x, mlp_norm, s.rms_norm_eps), gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I]
-    return x, linear(F.silu(gate) * up, down_w, None, packed)
+    return attn.transpose(1, 2).reshape(b, n, -1)
 
 
 class Block(nn.Module):
@@ -319,7 +340,7 @@ class LlamaModel(nn.Module):
         self.cos = nn.Buffer(rope[0], persistent=False)  # [max_len, d]
         self.sin = nn.Buffer(rope[1], persistent=False)  # [max_len, d]
         assert all(layer.packed == self.lm_head.packed for layer in self.layers)  # model_forward takes one flag
-        self._onto_huge_pages()
+        onto_huge_pages(self.linears())
         self._loop: list = []  # layer_loop.build's, made on the first eager forward (the weights are final then)
         self._layer_weights: list = []  # every Block.weights(), gathered once (~4 us a layer through nn.Module)
         self._structure: list = []  # [the embedding it was computed for, `structure()`]
@@ -328,32 +349,6 @@ class LlamaModel(nn.Module):
         """Every linear, in the order a step runs them: each layer's qkv, o, gate_up, down, then the LM head."""
         return [m for layer in self.layers for m in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.lm_head]
 
-    def _onto_huge_pages(self) -> None:
-        """Every linear's weight (dense-packed or quantized: what a step streams) moved into one arena on huge pages,
-        in the order a step reads them (`hugepages.arena`: a layer's weights are each under 2 MiB, so alone they sit
-        on 4 KiB pages). A weight shared by two linears (a tied LM head) moves once. Each old copy is let go as soon
-        as it is moved (the embedded GGUF target: peak and resident memory after load +19 MB for 96 MB of blocks)."""
-        owners: dict[int, list] = {}  # id of the tensor -> [tensor, the places that hold it]
-        for linear in self.linears():
-            w = linear.weight
-            if linear.packed == DENSE:
-                owners.setdefault(id(w), [w]).append((linear, "weight"))
-            elif not isinstance(w, (torch.Tensor, tuple)) and hasattr(w, "packed"):  # a QuantWeight
-                owners.setdefault(id(w.packed), [w.packed]).append((w, "packed"))
-        entries = list(owners.values())
-        del owners
-        made = hugepages.arena([entry[0] for entry in entries])
-        if made is None:
-            return
-        buffer, views = made
-        for i, view in enumerate(views):
-            tensor, *places = entries[i]
-            entries[i] = None  # with `tensor` gone below, nothing here holds the old copy any more
-            view.copy_(tensor)
-            for holder, name in places:
-                setattr(holder, name, nn.Parameter(view, requires_grad=False) if name == "weight" else view)
-            del tensor, places
-        hugepages.settle(buffer)
 
     def layer_loop(self) -> layer_loop.Loop | None:
         """The C++ loop over this model's layers (`layer_loop.py`), or None where it does not serve."""
@@ -413,6 +408,34 @@ class LlamaModel(nn.Module):
                      for w in flat]
             self._structure[:] = [self.embed, repr((self.spec, self.lm_head.packed, parts))]
         return self._structure[1]
+
+
+def onto_huge_pages(linears: list[Linear]) -> None:
+    """Every linear's weight (dense-packed or quantized: what a step streams) moved into one arena on huge pages,
+    in the order a step reads them (`hugepages.arena`: a layer's weights are each under 2 MiB, so alone they sit
+    on 4 KiB pages). A weight shared by two linears (a tied LM head) moves once. Each old copy is let go as soon
+    as it is moved (the embedded GGUF target: peak and resident memory after load +19 MB for 96 MB of blocks)."""
+    owners: dict[int, list] = {}  # id of the tensor -> [tensor, the places that hold it]
+    for linear in linears:
+        w = linear.weight
+        if linear.packed == DENSE:
+            owners.setdefault(id(w), [w]).append((linear, "weight"))
+        elif not isinstance(w, (torch.Tensor, tuple)) and hasattr(w, "packed"):  # a QuantWeight
+            owners.setdefault(id(w.packed), [w.packed]).append((w, "packed"))
+    entries = list(owners.values())
+    del owners
+    made = hugepages.arena([entry[0] for entry in entries])
+    if made is None:
+        return
+    buffer, views = made
+    for i, view in enumerate(views):
+        tensor, *places = entries[i]
+        entries[i] = None  # with `tensor` gone below, nothing here holds the old copy any more
+        view.copy_(tensor)
+        for holder, name in places:
+            setattr(holder, name, nn.Parameter(view, requires_grad=False) if name == "weight" else view)
+        del tensor, places
+    hugepages.settle(buffer)
 
 
 class ModelTensors(NamedTuple):

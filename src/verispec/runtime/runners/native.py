@@ -1,5 +1,5 @@
-"""`NativeRunner`: the runner interface of `runner.HFRunner` on verispec's own Llama-family model (`llama.py`),
-optionally torch.compiled. The engine cannot tell the two apart: same slots, same lengths, same masks.
+"""`NativeRunner`: the runner interface of `runner.HFRunner` on verispec's own models (`model/llama.py`: the Llama
+family, optionally torch.compiled; `model/gemma.py`: Gemma 3, eager), picked by the config (`model_spec`). The engine cannot tell the two apart: same slots, same lengths, same masks.
 
 Compilation (`compile=True`): the whole step (`llama.model_forward`: every layer and the LM head) is one compiled
 program per shape class (`compile.py`: rows and fed tokens 1 or many, the attended length dynamic), cached on disk
@@ -21,13 +21,15 @@ import torch
 from ..kernels import fused
 from .compile import cache_counts
 from ..caches.kv_cache import SlotCache, attention_mask
+from ..model.gemma import ARCHITECTURES as GEMMA, GemmaModel, GemmaSpec, rope_tables
 from ..model.llama import LlamaModel, LlamaSpec, UnsupportedModel
 from .base import RunnerOutput, SlotRunner
 from .dtype import resolve_kv_cache_dtype
 
 logger = logging.getLogger("verispec")
 
-_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> (its LlamaModel, weights fingerprint)
+_TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> (its native model, weights fingerprint)
+NativeModel = LlamaModel | GemmaModel
 
 
 def default_compile(hf_model) -> bool:
@@ -73,32 +75,58 @@ def _default_rope(config, base: float, max_len: int) -> tuple[torch.Tensor, torc
     return angles.cos(), angles.sin()
 
 
+def model_spec(config, max_len: int) -> LlamaSpec | GemmaSpec:
+    """The native spec of a config (Gemma 3 or the Llama family), or UnsupportedModel saying why it has none."""
+    if getattr(config.get_text_config(), "model_type", None) in GEMMA:
+        return GemmaSpec.from_config(config, max_len)
+    return LlamaSpec.from_config(config, max_len)
+
+
+def table_positions(spec: LlamaSpec | GemmaSpec, config, max_len: int) -> int:
+    """How many positions a new native model's rotary tables cover: a Llama-family model's the whole context (its
+    tables are fixed once built), a Gemma model's `max_len` (it has four tables, 134 MB at Gemma 3's 32k context
+    in fp32; `GemmaModel.reserve_positions` grows them where a runner needs more)."""
+    if isinstance(spec, GemmaSpec):
+        return max_len
+    return max(max_len, getattr(config.get_text_config(), "max_position_embeddings", 0) or 0)
+
+
+def build_model(spec: LlamaSpec | GemmaSpec, weights: dict[str, torch.Tensor], model_or_config, positions: int,
+                pack: bool = True, invariant: bool = False) -> NativeModel:
+    """The native model of `spec` on weights (by Hugging Face name), its rotary tables `positions` long."""
+    if isinstance(spec, GemmaSpec):
+        return GemmaModel(spec, weights, rope_tables(spec, positions), pack=pack, invariant=invariant)
+    return LlamaModel(spec, weights, rope_table(model_or_config, positions), pack=pack, invariant=invariant)
+
+
 def load_safetensors(folder: str | Path, dtype: torch.dtype, max_len: int, device: str = "cpu",
-                     pack: bool = True) -> LlamaModel:
+                     pack: bool = True) -> NativeModel:
     """Build the native model straight from a Hugging Face folder (config.json + *.safetensors), no HF modeling."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     folder = Path(folder)
     config = AutoConfig.from_pretrained(folder)
-    spec = LlamaSpec.from_config(config, max_len)
+    spec = model_spec(config, max_len)
     weights: dict[str, torch.Tensor] = {}
     for file in sorted(folder.glob("*.safetensors")):
         weights.update({k: v.to(device=device, dtype=dtype) for k, v in load_file(file).items()})
     weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
-    return LlamaModel(spec, weights, rope_table(config, max_len), pack=pack)
+    return build_model(spec, weights, config, max_len, pack=pack)
 
 
-def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
+def _twin(hf_model, max_len: int, invariant: bool = False) -> NativeModel:
     """The shared native copy of hf_model's weights. A copy: rebuilt when the HF weights were replaced or changed
     in place (training) since, or built for the other `invariant` layout, unless they were released to it (then it
     is the only copy left)."""
-    spec = LlamaSpec.from_config(hf_model.config, max_len)
+    spec = model_spec(hf_model.config, max_len)
     if getattr(hf_model, "_verispec_released", False):
         model = _TWINS[hf_model][0]
         if model.invariant != invariant and model.lm_head.packed is True:  # (oneDNN's layout; others: one for both)
             raise ValueError(f"this model's weights were released to a native model with batch_invariant="
                              f"{model.invariant}: build every runner on it with the same batch_invariant")
+        if model.cos.shape[0] < max_len and isinstance(model, GemmaModel):
+            model.reserve_positions(max_len)
         if model.cos.shape[0] < max_len:
             raise ValueError(f"max_len {max_len} exceeds the native model's rotary table ({model.cos.shape[0]})")
         return model
@@ -106,8 +134,8 @@ def _twin(hf_model, max_len: int, invariant: bool = False) -> LlamaModel:
     model, seen = _TWINS.get(hf_model, (None, None))
     other_layout = model is not None and model.invariant != invariant and model.lm_head.packed is True
     if model is None or seen != fingerprint or model.cos.shape[0] < max_len or other_layout:
-        positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
-        model = LlamaModel(spec, weights_of(hf_model), rope_table(hf_model, positions), invariant=invariant)
+        positions = table_positions(spec, hf_model.config, max_len)
+        model = build_model(spec, weights_of(hf_model), hf_model, positions, invariant=invariant)
         _TWINS[hf_model] = (model, fingerprint)
     return model
 
@@ -117,7 +145,7 @@ def _fingerprint(hf_model) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in hf_model.parameters())
 
 
-def native_twin_of(hf_model) -> LlamaModel | None:
+def native_twin_of(hf_model) -> NativeModel | None:
     """The native model already built for hf_model (shared by its native runners), or None when none was built."""
     entry = _TWINS.get(hf_model)
     return None if entry is None else entry[0]
@@ -131,11 +159,12 @@ def model_device(hf_model) -> torch.device:
 
 
 class NativeRunner(SlotRunner):
-    """`num_slots` sequences' KV caches of `max_len` entries on a `LlamaModel`; see runner.HFRunner."""
+    """`num_slots` sequences' KV caches of `max_len` entries on a native model (`LlamaModel`, `GemmaModel`); see
+    runner.HFRunner."""
 
     backend = "native"
 
-    def __init__(self, model: LlamaModel, config, max_len: int, num_slots: int = 1, compile: bool = False,
+    def __init__(self, model: NativeModel, config, max_len: int, num_slots: int = 1, compile: bool = False,
                  batch_invariant: bool = False, kv_cache_dtype: str = "auto") -> None:
         self.model = model
         self.config = config
@@ -153,6 +182,9 @@ class NativeRunner(SlotRunner):
             logger.info("native runner: quantized weights run eager (the compiled step takes float weights; eager "
                         "with the C++ kernels is the faster path anyway: docs/runner.md)")
             compile = False
+        if compile and not getattr(model, "compiles", True):
+            logger.info("native runner: %s runs eager (it has no compiled step)", type(model).__name__)
+            compile = False
         self.compiled = compile
         if compile:  # built before the first trace: Dynamo cannot trace the build (a graph break)
             fused.kernel()
@@ -165,7 +197,7 @@ class NativeRunner(SlotRunner):
     @classmethod
     def from_hf(cls, hf_model, max_len: int, num_slots: int = 1, compile: bool = False,
                 batch_invariant: bool = False, kv_cache_dtype: str = "auto") -> NativeRunner:
-        """The native twin of a loaded Hugging Face Llama-family model (UnsupportedModel if it is not one). The
+        """The native twin of a loaded Hugging Face model of a native family (UnsupportedModel if it is not). The
         twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
         runner = cls(_twin(hf_model, max_len, batch_invariant), hf_model.config, max_len, num_slots, compile,
                      batch_invariant, kv_cache_dtype)
@@ -260,7 +292,7 @@ def dynamic_dims(batch: int, n: int, select: torch.Tensor | None) -> dict[str, t
 
 def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None = None,
                           quantization: str | None = None, release: bool = True,
-                          activations: str = "fp32") -> LlamaModel:
+                          activations: str = "fp32") -> NativeModel:
     """hf_model's native twin on quantized weights (runtime/kernels/quant.py), and HF's own copies released: the GGUF file's
     weights as stored (`--weights gguf`: the same values as the fp32 conversion hf_model was loaded from), or the
     twin's linears quantized (`--quantization int8`: a different model than the original). -> the twin.
@@ -270,14 +302,14 @@ def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None =
     from ..weights.gguf import read_gguf_weights
     from ..kernels.quant import quantize_linears
 
-    positions = max(max_len, getattr(hf_model.config.get_text_config(), "max_position_embeddings", 0) or 0)
-    spec = LlamaSpec.from_config(hf_model.config, positions)
+    spec = model_spec(hf_model.config, max_len)
+    positions = table_positions(spec, hf_model.config, max_len)
     if gguf_file is not None:  # hf_model is this file's fp32 conversion: the same config
         weights = read_gguf_weights(gguf_file, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
     else:
         weights = quantize_linears(weights_of(hf_model), quantization, activations)
-    model = LlamaModel(spec, weights, rope_table(hf_model, positions), pack=False)
+    model = build_model(spec, weights, hf_model, positions, pack=False)
     if not release:
         _TWINS[hf_model] = (model, _fingerprint(hf_model))
         return model
@@ -290,7 +322,7 @@ def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None =
     return model
 
 
-def adopt(hf_model, model: LlamaModel) -> None:
+def adopt(hf_model, model: NativeModel) -> None:
     """Make `model` the native twin and only copy of `hf_model`'s weights (which are meta tensors, or were released):
     every runner built on hf_model runs `model`, none runs Hugging Face modeling."""
     _TWINS[hf_model] = (model, None)
@@ -300,7 +332,7 @@ def adopt(hf_model, model: LlamaModel) -> None:
         for w in {id(w): w for w in _model_weights(model)}.values())
 
 
-def _model_weights(model: LlamaModel) -> list:
+def _model_weights(model: NativeModel) -> list:
     weights = [model.embed, model.norm, model.lm_head.weight]
     for layer in model.layers:
         weights += [w for w in layer.weights() if w is not None]
