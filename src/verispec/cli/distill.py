@@ -116,6 +116,9 @@ def add_parser(subparsers) -> None:
     g.add_argument("--negatives", type=_non_negative_int, default=d["negatives"],
                    help=f"sampled-softmax negatives per step beyond the target's top-k tokens, 0 for the full "
                         f"softmax (default {d['negatives']})")
+    g.add_argument("--train-bf16", action=argparse.BooleanOptionalAction, default=d["train_bf16"],
+                   help="bf16 autocast for the training matmuls (default on; --no-train-bf16 on CPUs without native "
+                        "bf16 dot products, where fp32 trains faster: measured 1.3-1.6x on AVX-512 without bf16)")
     g.add_argument("--checkpoint-every", type=_positive_int, default=d["checkpoint_every"],
                    help="steps between checkpoints and held-apart evaluations (default %(default)s)")
     g.add_argument("--seed", type=int, default=d["seed"])
@@ -165,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
             negatives=args.negatives, copy_weight=args.copy_weight,
             storage_dtype=args.storage_dtype, eval_prompts=args.eval_prompts,
             shards=[str(f) for f in args.shards], heldout_fraction=args.heldout_fraction,
-            draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every)
+            draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every, train_bf16=args.train_bf16)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     for folder in args.shards:
