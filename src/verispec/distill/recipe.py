@@ -90,9 +90,6 @@ class DistillRecipe:
             raise ValueError(f"train-length {self.train_length} must exceed max-new-tokens {self.max_new_tokens}")
         if not 0.0 < self.heldout_fraction < 1.0:
             raise ValueError(f"heldout-fraction must be in (0, 1), got {self.heldout_fraction}")
-        if 0 < self.draft_vocab < 256:
-            raise ValueError(f"draft-vocab {self.draft_vocab} is too small to draft with: give >= 256 tokens, or 0 "
-                             f"for the whole vocabulary")
         if not self.corpus:
             raise ValueError("corpus must name at least one source ('builtin' or a prompt file)")
 

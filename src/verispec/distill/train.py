@@ -206,11 +206,12 @@ def _committed(hit: torch.Tensor, k: int) -> float:
 
 
 def copy_loss(draft, ids, mask, labels, step_vocab=None):
-    """Cross-entropy of the copied tokens of a `copying.copy_batch` (same head and softmax as `draft_loss`)."""
+    """Cross-entropy of the copied tokens of a `copying.copy_batch` (same head and softmax as `draft_loss`; a token
+    outside a draft vocabulary adds nothing)."""
     logits = masked_logits(draft, ids, mask, step_vocab)
     if step_vocab is not None:
         labels = step_vocab[2][labels]
-    return torch.nn.functional.cross_entropy(logits.float(), labels)
+    return torch.nn.functional.cross_entropy(logits.float(), labels, ignore_index=-1)
 
 
 def lr_at(step: int, settings: TrainSettings) -> float:
