@@ -216,7 +216,7 @@ def write_curve(folder: Path, curve: list[dict]) -> None:
     left.legend()
     right.plot(steps, [p["accepted_length_k4"] for p in curve], "o-", color="C2")
     right.set_xlabel("step")
-    right.set_ylabel("mean accepted length, greedy, K=4 (held apart)")
+    right.set_ylabel("accepted length, K=4 (held apart)")
     fig.tight_layout()
     fig.savefig(folder / "curve.png", dpi=100)
     plt.close(fig)
