@@ -183,3 +183,38 @@ def test_teacher_forced_prefill_gives_back_the_answers(target_dir, tmp_path):
     wrong = to_samples(tiny_llama(seed=1), samples, k=1, batch_size=3)  # another target: not its answers
     agree = sum(int((c.topk_ids[:, 0] == torch.as_tensor(s.answer_ids)).sum()) for s, c in zip(samples, wrong))
     assert agree < sum(len(s.answer_ids) for s in samples) // 2
+
+
+def _distill_shards(target_dir, data, tmp_path, *extra):
+    return main(["distill", "--target", str(target_dir), "--shards", str(data), "--out", str(tmp_path / "draft"),
+                 "--steps", "4", "--checkpoint-every", "2", "--hidden-size", "32", "--layers", "1",
+                 "--intermediate-size", "64", "--heads", "2", "--kv-heads", "1", "--draft-vocab", "40",
+                 "--batch-tokens", "512", "--train-length", "400", "--heldout-fraction", "0.3", "--eval-prompts", "0",
+                 "--no-train-bf16", "--no-progress", *extra])
+
+
+def test_distill_on_shards_trains_a_reduced_head_draft_with_a_curve_and_resumes(target_dir, tmp_path, capsys):
+    """`verispec distill --shards`: the top-k pass runs once into the work folder (a resumed run reads it back), the
+    exported draft lists its draft vocabulary, the curve has a point per checkpoint, and a bad folder exits 2."""
+    data = tmp_path / "data"
+    assert teacher(target_dir, data, "--tokens", "60") == 0
+    assert _distill_shards(target_dir, data, tmp_path, "--kd-weight", "0.5") == 0
+    out, work = tmp_path / "draft", tmp_path / "draft.work"
+    draft = load_model(out)
+    vocab = draft.config.draft_vocab
+    assert vocab == sorted(vocab) and len(vocab) == 40 and make_tokenizer().eos_token_id in vocab
+    curve = json.loads((out / "curve.json").read_text())
+    assert [p["step"] for p in curve] == [2, 4] and all(1.0 <= p["accepted_length_k4"] <= 5.0 for p in curve)
+    report = json.loads((out / "distill_recipe.json").read_text())
+    assert report["teacher_data"]["heldout"]["samples"] > 0 and report["teacher_data"]["topk_pass"]["tokens"] > 0
+    caches = sorted((work / "topk").iterdir())
+    stamps = [p.stat().st_mtime_ns for p in caches]
+    assert len(caches) == len(shards.read_manifest(data)["shards"])
+    assert _distill_shards(target_dir, data, tmp_path, "--kd-weight", "0.5", "--steps", "6", "--resume") == 0
+    assert [p.stat().st_mtime_ns for p in sorted((work / "topk").iterdir())] == stamps  # computed once
+    assert [p["step"] for p in json.loads((out / "curve.json").read_text())] == [2, 4, 6]
+    assert "topk_pass" not in json.loads((out / "distill_recipe.json").read_text())["teacher_data"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        _distill_shards(target_dir, tmp_path / "nowhere", tmp_path)
+    assert exc.value.code == 2 and "no teacher shards" in capsys.readouterr().err

@@ -26,8 +26,10 @@ from tqdm import tqdm
 
 import verispec
 from verispec.distill import evaluate as ev
+from verispec.distill.head import draft_vocabulary
 from verispec.distill.prompts import Prompt, build_prompts, material_requests
 from verispec.distill.recipe import DistillRecipe
+from verispec.distill.shard_data import ShardDataError, held_apart, load_shard_samples
 from verispec.distill.student import build_draft, draft_config, export_draft
 from verispec.distill.teacher import Sample, engine_answers, generate_batch, length_batches
 from verispec.engine import SpeculativeEngine
@@ -38,7 +40,8 @@ CHUNK_PROMPTS = 192  # prompts per answers file: the unit of resumption while ge
 # Settings that change the teacher data; a resumed run must keep them. (`tokens` may change: answers are generated
 # chunk by chunk in a fixed prompt order, so a larger budget extends the data and a smaller one uses a prefix.)
 DATA_FIELDS = ("target", "corpus", "seed", "max_new_tokens", "documents", "document_tokens",
-               "document_temperature", "topk", "max_length", "teacher_dtype")
+               "document_temperature", "topk", "max_length", "teacher_dtype", "shards", "heldout_fraction",
+               "draft_vocab")
 
 
 class DistillError(ValueError):
@@ -54,7 +57,16 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     out_dir, work_dir = Path(out_dir), Path(work_dir)
     if recipe.head and torch.device(device).type != "cpu":  # before any stage runs
         raise DistillError("a draft head distils on the CPU only: drop --device, or distil a draft model")
-    tokenizer, samples, pad_id, timings, clock = teacher_data(recipe, work_dir, resume, progress, log, device)
+    heldout: list[Sample] = []
+    data_summary = None
+    if recipe.shards:
+        if recipe.head:
+            raise DistillError("--shards trains a draft model; a draft head distils from its own teacher data: "
+                               "drop --head or --shards")
+        tokenizer, samples, heldout, pad_id, timings, clock, data_summary = shard_data(
+            recipe, work_dir, resume, progress, log)
+    else:
+        tokenizer, samples, pad_id, timings, clock = teacher_data(recipe, work_dir, resume, progress, log, device)
     if recipe.head:
         from .head_pipeline import run_head_distill
 
@@ -65,26 +77,36 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     config = draft_config(target.config, recipe.hidden_size, recipe.num_layers, recipe.intermediate_size,
                           recipe.num_heads, recipe.num_kv_heads, recipe.max_positions)
     draft = build_draft(target, config, recipe.seed)
+    vocab_ids = None
+    if recipe.draft_vocab:
+        vocab_ids, coverage = _draft_vocab_stage(recipe, work_dir, samples, config.vocab_size,
+                                                 set(ev._eos_ids(target, tokenizer)))
+        draft.config.draft_vocab = vocab_ids.tolist()  # exported in config.json: the drafter's d2t map
+        log(f"draft vocabulary: the {len(vocab_ids):,} most frequent answer tokens cover {coverage:.2%} of them")
     n_params = sum(p.numel() for p in draft.parameters())
     log(f"draft: {n_params / 1e6:.2f}M parameters, hidden {recipe.hidden_size}, {recipe.num_layers} layers; "
-        f"training {recipe.steps} steps on {len(samples)} samples")
+        f"training {recipe.steps} steps on {len(samples)} samples ({len(heldout)} held apart)")
     settings = TrainSettings(steps=recipe.steps, lr=recipe.lr, batch_tokens=recipe.batch_tokens,
                              max_length=recipe.train_length, kd_weight=recipe.kd_weight,
-                             weight_decay=recipe.weight_decay, seed=recipe.seed, checkpoint_every=100,
-                             bf16=recipe.train_bf16, negatives=recipe.negatives,
-                             copy_weight=recipe.copy_weight)
+                             weight_decay=recipe.weight_decay, seed=recipe.seed,
+                             checkpoint_every=recipe.checkpoint_every, bf16=recipe.train_bf16,
+                             negatives=0 if recipe.draft_vocab else recipe.negatives,
+                             copy_weight=recipe.copy_weight, draft_vocab=len(vocab_ids) if recipe.draft_vocab else 0)
     try:
         train_stats = train(draft, samples, settings, pad_id, work_dir / "checkpoint.pt", resume=True,
-                            progress=progress, device=device)
+                            progress=progress, device=device, heldout=heldout, vocab_ids=vocab_ids,
+                            on_checkpoint=lambda curve: write_curve(work_dir, curve))
     except ValueError as exc:
         raise DistillError(str(exc)) from None
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
+    if recipe.draft_vocab:
+        train_stats["draft_vocab_coverage"] = coverage
 
     report = {
         "settings": recipe.to_dict(),
         "versions": {"verispec": verispec.__version__, "torch": torch.__version__,
                      "transformers": transformers.__version__, "python": platform.python_version()},
-        "teacher_data": {
+        "teacher_data": data_summary or {
             "samples": len(samples),
             "answer_tokens": sum(len(s.response_ids) for s in samples),
             "prompt_tokens": sum(len(s.prompt_ids) for s in samples),
@@ -97,6 +119,8 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     }
     export_draft(draft, tokenizer, out_dir, getattr(torch, recipe.storage_dtype), report,
                  target.generation_config)
+    if train_stats.get("curve"):
+        write_curve(out_dir, train_stats["curve"])
     report["draft"]["disk_bytes"] = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
     exported = load_model(out_dir)
     report["draft"]["decode_ms_per_token"] = ev.decode_cost_ms(exported)
@@ -130,6 +154,72 @@ def teacher_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: 
     samples = _answers_stage(recipe, work_dir, prompts, teacher, tokenizer, eos, pad_id, progress, log)
     timings["answers"] = time.perf_counter() - clock - sum(timings.values())
     return tokenizer, samples, pad_id, timings, clock
+
+
+def shard_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: bool, log):
+    """The data of a `--shards` run: the teacher shards' answers (with the target's top-k where the loss uses it,
+    computed once into `work_dir/topk`), split into training and held-apart samples by conversation
+    (shard_data.py). -> (tokenizer, training samples, held-apart samples, pad id, timings, clock start, summary)."""
+    _prepare_work_dir(recipe, work_dir, resume)
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    tokenizer = load_tokenizer(recipe.target)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    k = recipe.topk if recipe.kd_weight > 0 else 0
+    try:
+        samples, conversations, summary = load_shard_samples(
+            [Path(f) for f in recipe.shards], recipe.target, work_dir / "topk", k, progress, log)
+    except ShardDataError as exc:
+        raise DistillError(str(exc)) from None
+    apart = [held_apart(c, recipe.heldout_fraction) for c in conversations]
+    train_samples = [s for s, a in zip(samples, apart) if not a]
+    heldout = [s for s, a in zip(samples, apart) if a]
+    summary["heldout"] = {"samples": len(heldout), "answer_tokens": sum(len(s.response_ids) for s in heldout)}
+    timings["topk"] = time.perf_counter() - clock
+    log(f"teacher shards: {summary['samples']:,} answers, {summary['answer_tokens']:,} answer tokens; "
+        f"{len(heldout):,} answers held apart")
+    return tokenizer, train_samples, heldout, pad_id, timings, clock, summary
+
+
+def _draft_vocab_stage(recipe, work_dir, samples, vocab_size: int, always: set[int]) -> tuple[torch.Tensor, float]:
+    """The draft vocabulary (head.draft_vocabulary over the training answers), kept in the work folder: a resumed
+    run keeps the rows its checkpoint's head was trained on even if more shards appeared since."""
+    path = work_dir / "draft_vocab.pt"
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        return saved["ids"], float(saved["coverage"])
+    ids, coverage = draft_vocabulary(samples, recipe.draft_vocab, vocab_size, always)
+    torch.save({"ids": ids, "coverage": torch.tensor(coverage)}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return ids, coverage
+
+
+def write_curve(folder: Path, curve: list[dict]) -> None:
+    """The training curve as `curve.json`, and `curve.png` (held-apart loss and accepted length by step) where
+    matplotlib is installed."""
+    tmp = folder / "curve.json.tmp"
+    tmp.write_text(json.dumps(curve, indent=1) + "\n")
+    tmp.replace(folder / "curve.json")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    steps = [p["step"] for p in curve]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    left.plot(steps, [p["loss"] for p in curve], "o-", label="held apart")
+    left.plot(steps, [p["train_loss"] for p in curve], ".--", label="training (moving average)")
+    left.set_xlabel("step")
+    left.set_ylabel("cross-entropy")
+    left.legend()
+    right.plot(steps, [p["accepted_length_k4"] for p in curve], "o-", color="C2")
+    right.set_xlabel("step")
+    right.set_ylabel("accepted length, K=4 (held apart)")
+    fig.tight_layout()
+    fig.savefig(folder / "curve.png", dpi=100)
+    plt.close(fig)
 
 
 def _prepare_work_dir(recipe: DistillRecipe, work_dir: Path, resume: bool) -> None:

@@ -24,6 +24,9 @@ class DistillRecipe:
     gen_batch_size: int = 48  # prompts per generation batch
     gen_batch_tokens: int = 16_384  # padded prompt tokens per generation batch
     teacher_dtype: str = "bfloat16"  # the target's dtype while it writes the data (float32 where bf16 is slow: AVX2)
+    # --- teacher shards instead (`verispec distill teacher`'s output: shard_data.py)
+    shards: list[str] = field(default_factory=list)  # folders of teacher shards to train on (skips the data stages)
+    heldout_fraction: float = 0.05  # share of the shards' conversations held apart for the curve
     # --- a draft head instead of a draft model (`--head`: drafters/head.py, distill/head.py)
     head: bool = False  # train a feature-level draft head on the target's hidden states
     head_vocab: int = 8192  # the head's draft vocabulary: the most frequent answer tokens
@@ -38,6 +41,7 @@ class DistillRecipe:
     num_heads: int = 4
     num_kv_heads: int = 2
     max_positions: int = 8192
+    draft_vocab: int = 0  # reduced LM head: the N most frequent answer tokens (0: the whole vocabulary)
     # --- training
     steps: int = 3000
     lr: float = 3e-3
@@ -49,6 +53,7 @@ class DistillRecipe:
     copy_weight: float = 0.5  # weight of the auxiliary copy loss (repeat spans seen earlier); 0 = off
     negatives: int = 2048  # sampled-softmax negatives per step beyond the target's top-k tokens (0 = full softmax)
     train_bf16: bool = True  # bf16 autocast for training matmuls (fp32 master weights)
+    checkpoint_every: int = 100  # steps between checkpoints (and held-apart evaluations)
     storage_dtype: str = "float16"  # dtype of the written safetensors
     # --- evaluation
     eval_prompts: int = 40  # benchmark first turns to evaluate on (0 = skip)
@@ -58,11 +63,11 @@ class DistillRecipe:
     def __post_init__(self):
         positive = ["head_vocab", "head_unroll", "tokens", "max_new_tokens", "document_tokens", "topk", "gen_batch_size", "gen_batch_tokens",
                     "hidden_size", "num_layers", "intermediate_size", "num_heads", "num_kv_heads", "max_positions",
-                    "steps", "batch_tokens", "max_length", "train_length", "eval_max_new_tokens", "eval_k"]
+                    "steps", "checkpoint_every", "batch_tokens", "max_length", "train_length", "eval_max_new_tokens", "eval_k"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("documents", "eval_prompts", "negatives", "head_holdout"):
+        for name in ("documents", "eval_prompts", "negatives", "head_holdout", "draft_vocab"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:
@@ -83,6 +88,8 @@ class DistillRecipe:
             raise ValueError(f"max-length {self.max_length} must exceed max-new-tokens {self.max_new_tokens}")
         if self.train_length <= self.max_new_tokens:
             raise ValueError(f"train-length {self.train_length} must exceed max-new-tokens {self.max_new_tokens}")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout-fraction must be in (0, 1), got {self.heldout_fraction}")
         if not self.corpus:
             raise ValueError("corpus must name at least one source ('builtin' or a prompt file)")
 

@@ -16,6 +16,7 @@ from ..runtime.model.native_lm import is_causal_lm
 from ..runtime.runners.select import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
+from .twin_head import ReducedHead, draft_vocab_ids, restrict_logits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -60,16 +61,27 @@ def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
 
 
 def to_draft_blocks(model: PreTrainedModel, max_len: int) -> None:
-    """Give `model`'s native twin DRAFT_QTYPE blocks for its linears and LM head (where `draft_weights` says so).
+    """Give `model`'s native twin DRAFT_QTYPE blocks for its linears and LM head (where `draft_weights` says so);
+    a reduced head (`draft_vocab_ids`) keeps only its rows, so a draft step computes n logits, not the vocabulary's.
     HF keeps its float copies (the bench's HF assisted generation runs them)."""
-    from ..runtime.runners.native import use_quantized_weights
+    from ..runtime.kernels.quant import quantize_linears
+    from ..runtime.model.llama import Linear
+    from ..runtime.runners.native import use_quantized_weights, weights_of
 
     if DRAFT_ACTIVATIONS not in ("q8", "fp32"):
         raise ValueError(f"VERISPEC_DRAFT_ACTIVATIONS={DRAFT_ACTIVATIONS!r}: choose q8 or fp32")
-    use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False, activations=DRAFT_ACTIVATIONS)
+    native = use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False,
+                                   activations=DRAFT_ACTIVATIONS)
+    ids = draft_vocab_ids(model)
+    if ids is not None:  # set before the twin's first forward, which reads its weights' structure
+        head = weights_of(model)["lm_head.weight"]  # [vocab, hidden]
+        rows = quantize_linears({"lm_head.weight": head[ids]}, DRAFT_QTYPE, DRAFT_ACTIVATIONS)["lm_head.weight"]
+        native.lm_head = Linear(ReducedHead(rows, ids, head.shape[0]), None, pack=False)
+        model._verispec_reduced_head = True
     model._verispec_draft_weights = DRAFT_QTYPE
     logger.info("draft model: linears and LM head as %s blocks, %s activations (a draft's numerics move only "
-                "acceptance)", DRAFT_QTYPE, DRAFT_ACTIVATIONS)
+                "acceptance)%s", DRAFT_QTYPE, DRAFT_ACTIVATIONS,
+                "" if ids is None else f"; head reduced to its {len(ids)} draft-vocabulary tokens")
 
 
 def _in_blocks(model: PreTrainedModel) -> bool:
@@ -128,6 +140,7 @@ class ModelDrafter(Drafter):
 
     _runner = None
     _slots = 1
+    vocab_ids: torch.Tensor | None = None  # [n]: a reduced head's target ids (twin_head.draft_vocab_ids), or None
 
     def __init__(self, model: PreTrainedModel, max_len: int, num_slots: int = 1,
                  runner: RunnerOptions | None = None) -> None:
@@ -135,6 +148,9 @@ class ModelDrafter(Drafter):
         self.max_len = max_len
         self.options = runner
         self._slots = num_slots
+        # A reduced head (twin_head.draft_vocab_ids): q is 0 outside it on every path (the native Q8_0 twin
+        # computes only its rows; float weights and HF modeling compute all and are restricted in `_logits`).
+        self.vocab_ids = draft_vocab_ids(model) if is_causal_lm(model) else None
 
     @property
     def runner(self):
@@ -211,6 +227,14 @@ class ModelDrafter(Drafter):
         self.runner.reset(slot)
         self._unstarted.pop(slot, None)
 
+    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """The runner's logits [batch, 1, vocab], restricted to a reduced head where the runner ran the full one."""
+        if self.vocab_ids is None or getattr(self.model, "_verispec_reduced_head", False):
+            return logits
+        if self.vocab_ids.device != logits.device:
+            self.vocab_ids = self.vocab_ids.to(logits.device)
+        return restrict_logits(logits, self.vocab_ids)
+
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         rows = batch.rows
@@ -239,7 +263,7 @@ class ModelDrafter(Drafter):
         tokens = cross(tokens, device)  # the committed tokens: one copy to the draft's device
         sampling = batch.sampling.to(device)  # the rows' logits processing, where q is computed
         last = torch.tensor([[max(feed.numel() - 1, 0)] for feed in feeds], device=device)  # [batch, 1]
-        logits = self.runner.forward(tokens, logits_at=last).logits  # [batch, 1, vocab]
+        logits = self._logits(self.runner.forward(tokens, logits_at=last).logits)  # [batch, 1, vocab]
         for row, length in zip(rows, kept):
             self.runner.truncate(length, row.slot)  # padding dropped: draft tokens go right after the real ones
         drafted_k = max(ks)
@@ -273,7 +297,7 @@ class ModelDrafter(Drafter):
             drafted.append(tokens_now)
             probs.append(q)
             if step + 1 < drafted_k:
-                logits = self.runner.forward(tokens_now.unsqueeze(1)).logits  # [batch, 1, vocab]
+                logits = self._logits(self.runner.forward(tokens_now.unsqueeze(1)).logits)  # [batch, 1, vocab]
         # Each drafting row keeps seq[:N] plus its fed draft tokens (all but the last); idle rows what they caught up.
         for i, row in enumerate(rows):
             self.runner.truncate(kept[i] + max(steps[i] - 1, 0) if ks[i] > 0 else kept[i], row.slot)

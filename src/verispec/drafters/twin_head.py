@@ -1,4 +1,5 @@
-"""The twin's reduced LM head (`self:int8:v8192`): the twin proposes only from a fixed subset of the vocabulary.
+"""Reduced LM heads: the twin's (`self:int8:v8192`), and a draft model's trained one (a `draft_vocab` in its
+config, `draft_vocab_ids`): the drafter proposes only from a fixed subset of the vocabulary.
 
 The LM head is the largest single weight of a small model (SmolLM2-135M: 49152 x 576, 21% of its linear weights),
 and a draft rarely needs the rare tokens: the twin computes logits for `ids` only (a `[n, hidden]` quantized
@@ -9,7 +10,9 @@ choice lies outside the subset.
 
 The subset is the first n token ids plus the special tokens the target ends on: byte-level BPE vocabularies
 (Llama 3, Qwen2, SmolLM2) number tokens in merge order, which roughly follows frequency in the tokenizer's training
-text, so the first ids are the common ones (measured: docs/speculation.md, "The twin").
+text, so the first ids are the common ones (measured: docs/speculation.md, "The twin"). A distilled draft's subset is
+the most frequent tokens of its teacher's answers instead (EAGLE-3 / FR-Spec's d2t map; distill/pipeline.py), listed
+in its config.json as `draft_vocab` (ascending target ids): its head was trained over those rows alone.
 """
 
 from __future__ import annotations
@@ -65,3 +68,17 @@ def reduce_head(head: torch.Tensor, size: int, always: list[int], quantize) -> R
     `quantize` (a `[out, in] -> QuantWeight` function)."""
     ids = subset_ids(head.shape[0], size, always)
     return ReducedHead(quantize(head[ids]), ids.to(head.device), head.shape[0])
+
+
+def draft_vocab_ids(model) -> torch.Tensor | None:
+    """[n] ascending target ids of a draft model's reduced head (its config's `draft_vocab`), or None: the whole
+    vocabulary."""
+    ids = getattr(model.config, "draft_vocab", None)
+    return None if not ids else torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def restrict_logits(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """logits [..., vocab] with -inf outside `ids` [n]: a reduced head's output where the full head ran (float
+    weights, Hugging Face modeling)."""
+    out = torch.full_like(logits, float("-inf"))  # [..., vocab]
+    return out.index_copy_(-1, ids, logits.index_select(-1, ids))
