@@ -98,13 +98,17 @@ def _teacher(target_name: str, ident: dict):
     """The target as the shards' teacher ran it (weights, activations, dtype, KV cache from the manifest's
     identity)."""
     from verispec.config import RunnerOptions
+    from verispec.distill.teacher_job import LEGACY_IDENTITY
     from verispec.runtime.model.target import load_target
 
     weights = ident.get("weights", "auto")
     activations = ident.get("activations", "fp32")
     target = load_target(target_name, weights, "none", dtype=getattr(torch, ident.get("dtype", "float32")),
                          device="cpu", activations=activations)
-    return target, RunnerOptions(kv_cache_dtype=ident.get("kv_cache_dtype", "auto"))
+    # The KV cache the answers were made with (a manifest from before --kv-cache-dtype: float32 entries), so that the
+    # teacher-forced pass reproduces them.
+    kv_cache = ident.get("kv_cache_dtype", LEGACY_IDENTITY["kv_cache_dtype"])
+    return target, RunnerOptions(kv_cache_dtype=kv_cache)
 
 
 def _topk(target, options, raw, k: int, batch_tokens: int = 4096) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -116,12 +120,10 @@ def _topk(target, options, raw, k: int, batch_tokens: int = 4096) -> list[tuple[
     start = 0
     while start < len(order):
         end = start + 1
-        longest = len(raw[order[start]].prompt_ids) + len(raw[order[start]].answer_ids)
-        while end < len(order):
+        while end < len(order):  # sorted by length: the last row is the longest, so rows x it bounds the batch
             width = len(raw[order[end]].prompt_ids) + len(raw[order[end]].answer_ids)
             if width * (end - start + 1) > batch_tokens:
                 break
-            longest = width
             end += 1
         rows = [raw[i] for i in order[start:end]]
         for i, top in zip(order[start:end], answer_topk(target, rows, k, batch_size=len(rows), runner=options)):
