@@ -94,11 +94,12 @@ struct QuantX {
   std::vector<float> dx;   // [rows, blocks]
   std::vector<float> sx;   // [rows, blocks]: dx * sq
   std::vector<int32_t> sq; // [rows, blocks]
+  std::vector<int32_t> sh; // [rows, blocks]: the sum of the block's first 16 q (Q6_K's scales are per 16 inputs)
 };
 
 // One block of 32 activations (the same operations on every path: max, one division, one reciprocal, a product
 // and a rounding to nearest even per element).
-inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
+inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq, int32_t& sh) {
   float amax = 0.0f;
   for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(x[j]));
   dx = amax / 127.0f;
@@ -108,6 +109,7 @@ inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
     const int v = static_cast<int>(std::nearbyint(x[j] * id));  // the default rounding: to nearest even
     q[j] = static_cast<int8_t>(v);
     s += v;
+    if (j == 15) sh = s;
   }
   sq = s;
 }
@@ -115,7 +117,7 @@ inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
 #if defined(VERISPEC_AVX512)
 // quantize_block's operations 16 lanes at a time: the same max, division, reciprocal, products and roundings
 // (vcvtps2dq rounds to nearest even, as nearbyint under the default rounding mode), so the same q, dx and sq.
-inline void quantize_block512(const float* x, int8_t* q, float& dx, int32_t& sq) {
+inline void quantize_block512(const float* x, int8_t* q, float& dx, int32_t& sq, int32_t& sh) {
   const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
   dx = amax / 127.0f;
@@ -123,7 +125,8 @@ inline void quantize_block512(const float* x, int8_t* q, float& dx, int32_t& sq)
   const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), b = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(a));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(b));
-  sq = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+  sh = _mm512_reduce_add_epi32(a);
+  sq = sh + _mm512_reduce_add_epi32(b);
 }
 #endif
 
@@ -135,15 +138,16 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out,
     out.dx.resize(rows * blocks);
     out.sx.resize(rows * blocks);
     out.sq.resize(rows * blocks);
+    out.sh.resize(rows * blocks);
   }
   auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
 #if defined(VERISPEC_AVX512)
       if (path == AVX512)
-        quantize_block512(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
+        quantize_block512(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i], out.sh[i]);
       else
 #endif
-        quantize_block(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
+        quantize_block(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i], out.sh[i]);
       out.sx[i] = out.dx[i] * static_cast<float>(out.sq[i]);
     }
   };
@@ -350,19 +354,23 @@ VTileFn v_tile_for(int64_t path, int64_t& rows_per_tile) {
   return v_tile_scalar<T>;
 }
 
-// y [rows, out] = the integer-activation linear of x [rows, in] on V-layout weights.
-inline void v_linear(const Args& a, int64_t qtype, int64_t path) {
+// The tile of V-layout type `qtype` on `path`, and the rows it takes at most.
+inline VTileFn v_tile(int64_t qtype, int64_t path, int64_t& per_tile) {
+  return qtype == Q4_0V ? v_tile_for<Q4_0V>(path, per_tile)
+       : qtype == Q4_1V ? v_tile_for<Q4_1V>(path, per_tile)
+       : qtype == Q5_0V ? v_tile_for<Q5_0V>(path, per_tile)
+       : qtype == Q5_1V ? v_tile_for<Q5_1V>(path, per_tile)
+                        : v_tile_for<Q8_0V>(path, per_tile);
+}
+
+// y [rows, out] = the integer-activation linear of x [rows, in], `tile` run on each group of 16 channels (the V
+// layouts' here, the K-quants' in quant_q8k.h) and every tile of at most per_tile rows.
+inline void v_linear(const Args& a, VTileFn tile, int64_t per_tile, int64_t path) {
   // The calling thread's buffers, reused. The tiles on other threads read them through this reference (a
   // thread_local named inside the lambda would be each worker's own, empty, instance).
   static thread_local QuantX buffers;
   QuantX& xq = buffers;
   quantize_rows(a.x, a.rows, a.in, xq, path);
-  int64_t per_tile = 16;
-  VTileFn tile = qtype == Q4_0V ? v_tile_for<Q4_0V>(path, per_tile)
-               : qtype == Q4_1V ? v_tile_for<Q4_1V>(path, per_tile)
-               : qtype == Q5_0V ? v_tile_for<Q5_0V>(path, per_tile)
-               : qtype == Q5_1V ? v_tile_for<Q5_1V>(path, per_tile)
-                                : v_tile_for<Q8_0V>(path, per_tile);
   const int64_t groups = (a.out + VCH - 1) / VCH;
   at::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)
