@@ -226,6 +226,7 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
     }
     if (v_q5(T)) {  // the fifth bits to bit 4 of each byte (v_q5_bit's order)
       const __m512i qh = _mm512_loadu_si512(q + 4 * 64), bit4 = _mm512_set1_epi32(0x10101010);
+#pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         w[i] = _mm512_or_si512(w[i], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - i), bit4));
         w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(_mm512_srli_epi32(qh, i), bit4));
@@ -291,6 +292,7 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
         if (v_q5(T)) {  // the fifth bits (channels 8h .. 8h + 7: bytes 32h .. of the block's 64 qh bytes)
           const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 4 * 64)),
                         bit4 = _mm256_set1_epi32(0x10101010);
+#pragma GCC unroll 4
           for (int i = 0; i < 4; ++i) {
             w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_slli_epi32(qh, 4 - i), bit4));
             w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(_mm256_srli_epi32(qh, i), bit4));

@@ -128,6 +128,7 @@ void vk_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int6
 template <int64_t T>
 VERISPEC_KQ_INLINE void vk_weights512(const uint8_t* u, __m512i* w) {
   const __m512i low4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
   for (int i = 0; i < 4; ++i) {
     const __m512i v = _mm512_loadu_si512(u + 64 * i);
     w[i] = _mm512_and_si512(v, low4);
@@ -135,6 +136,7 @@ VERISPEC_KQ_INLINE void vk_weights512(const uint8_t* u, __m512i* w) {
   }
   if (T == Q5_KV) {
     const __m512i qh = _mm512_loadu_si512(u + 256), bit4 = _mm512_set1_epi32(0x10101010);
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       w[i] = _mm512_or_si512(w[i], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - i), bit4));
       w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(_mm512_srli_epi32(qh, i), bit4));
@@ -145,6 +147,7 @@ VERISPEC_KQ_INLINE void vk_weights512(const uint8_t* u, __m512i* w) {
     auto to_bit4 = [](__m512i h, int i) {  // chunk i's bits (8k + 2i) to bits 8k + 4
       return i < 2 ? _mm512_slli_epi32(h, 4 - 2 * i) : i == 2 ? h : _mm512_srli_epi32(h, 2);
     };
+#pragma GCC unroll 4
     for (int i = 0; i < 4; ++i) {
       w[i] = _mm512_or_si512(w[i], _mm512_and_si512(to_bit4(h0, i), bits));
       w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(to_bit4(h1, i), bits));
@@ -241,6 +244,7 @@ void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t 
         const int64_t s = b % 8;
         const uint8_t* u = rec + vk_head(T) + s * vk_unit(T) + 32 * h;
         __m256i w[8];
+#pragma GCC unroll 4
         for (int i = 0; i < 4; ++i) {
           const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 64 * i));
           w[i] = _mm256_and_si256(v, low4);
@@ -249,6 +253,7 @@ void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t 
         if (T == Q5_KV) {  // the fifth bits (channels 8h .. 8h + 7: bytes 32h .. of the unit's 64 qh bytes)
           const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 256)),
                         bit4 = _mm256_set1_epi32(0x10101010);
+#pragma GCC unroll 4
           for (int i = 0; i < 4; ++i) {
             w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_slli_epi32(qh, 4 - i), bit4));
             w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(_mm256_srli_epi32(qh, i), bit4));
@@ -260,6 +265,7 @@ void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t 
           auto to_bit4 = [](__m256i h, int i) {  // chunk i's bits (8k + 2i) to bits 8k + 4
             return i < 2 ? _mm256_slli_epi32(h, 4 - 2 * i) : i == 2 ? h : _mm256_srli_epi32(h, 2);
           };
+#pragma GCC unroll 4
           for (int i = 0; i < 4; ++i) {
             w[i] = _mm256_or_si256(w[i], _mm256_and_si256(to_bit4(h0, i), bits));
             w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(to_bit4(h1, i), bits));
