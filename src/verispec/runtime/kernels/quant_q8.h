@@ -265,6 +265,20 @@ void v_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
 #if defined(VERISPEC_AVX2)
 constexpr int V256_ROWS = 4;
 
+// acc[r] -> y's row rt + r, channels o0 .. o0 + 7 (fewer at the weight's end).
+inline void v_store256(const Args& a, const __m256* acc, int rows, int64_t rt, int64_t o0) {
+  const int64_t n = std::min<int64_t>(8, a.out - o0);
+  for (int r = 0; r < rows; ++r) {
+    if (n == 8) {
+      _mm256_storeu_ps(a.y + (rt + r) * a.out + o0, acc[r]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[r]);
+      std::memcpy(a.y + (rt + r) * a.out + o0, tmp, n * sizeof(float));
+    }
+  }
+}
+
 template <int64_t T>
 void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
   constexpr int CHUNKS = T == Q8_0V ? 8 : 4;
@@ -321,16 +335,7 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
           if (v_has_m(T)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sx[at]), acc[r]);
         }
       }
-      const int64_t n = std::min<int64_t>(8, a.out - o0);
-      for (int r = 0; r < rows; ++r) {
-        if (n == 8) {
-          _mm256_storeu_ps(a.y + (rt + r) * a.out + o0, acc[r]);
-        } else {
-          alignas(32) float tmp[8];
-          _mm256_store_ps(tmp, acc[r]);
-          std::memcpy(a.y + (rt + r) * a.out + o0, tmp, n * sizeof(float));
-        }
-      }
+      v_store256(a, acc, rows, rt, o0);
     }
   }
 }

@@ -305,16 +305,7 @@ void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t 
           }
         }
       }
-      const int64_t n = std::min<int64_t>(8, a.out - o0);
-      for (int r = 0; r < rows; ++r) {
-        if (n == 8) {
-          _mm256_storeu_ps(a.y + (rt + r) * a.out + o0, acc[r]);
-        } else {
-          alignas(32) float tmp[8];
-          _mm256_store_ps(tmp, acc[r]);
-          std::memcpy(a.y + (rt + r) * a.out + o0, tmp, n * sizeof(float));
-        }
-      }
+      v_store256(a, acc, rows, rt, o0);
     }
   }
 }
