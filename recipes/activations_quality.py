@@ -1,17 +1,21 @@
 """Integer activations' and a 16-bit KV cache's quality: the embedded target's teacher-forced negative log-likelihood
 with `--activations q8` (and `--kv-cache-dtype float16`) against `fp32` (the fp32 conversion's values), on held-apart text: the docstrings of Python standard-library
 modules (English technical prose, nothing of the Spec-Bench prompts), cut into chunks of --tokens tokens. Also the
-share of positions where the two models' greedy choice agrees. Usage:
-  PYTHONPATH=src python recipes/activations_quality.py --chunks 24 --tokens 256
+share of positions where the two models' greedy choice agrees. `--model` another GGUF file of the same tokenizer
+(e.g. recipes/kquant_smollm2.sh's Q4_K_M); activations `q8-kfp32`: q8 with the K-quant tensors on fp32 activations
+(activations_step_bench.py). Usage:
+  PYTHONPATH=src python recipes/activations_quality.py --chunks 24 --tokens 256 [--model PATH.gguf]
 """
 
 import argparse
 import importlib
 import json
 import math
+from contextlib import nullcontext
 
 import torch
 
+from activations_step_bench import k_quants_on_fp32
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_tokenizer
 from verispec.runtime.model.target import load_target
 from verispec.config import RunnerOptions
@@ -36,6 +40,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--model", default=DEFAULT_TARGET, help="the target (a GGUF file)")
     parser.add_argument("--configs", default="fp32:float32,q8:float32,q8:float16",
                         help="activations:kv-cache-dtype pairs, the first the reference")
     args = parser.parse_args()
@@ -47,7 +52,8 @@ def main() -> None:
     results, choices = {}, {}
     configs = [tuple(c.split(":")) for c in args.configs.split(",")]
     for activations, kv_cache in configs:
-        model = load_target(DEFAULT_TARGET, "gguf", activations=activations)
+        with k_quants_on_fp32() if activations == "q8-kfp32" else nullcontext():
+            model = load_target(args.model, "gguf", activations=activations.removesuffix("-kfp32"))
         options = RunnerOptions(backend="native", compile=False, kv_cache_dtype=kv_cache)
         runner = make_runner(model, args.tokens + 8, 1, options)
         total, count, picks = 0.0, 0, []

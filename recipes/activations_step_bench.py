@@ -1,26 +1,45 @@
 """What width costs on the embedded target's GGUF blocks, `--activations fp32` against `q8` (and the KV cache's dtype:
-`--configs activations:kv,...`), side by side in one process (the two models' forwards by turns, so a busy machine slows both alike): a prefill of N tokens, and forwards
-of ROWS x WIDTH fed tokens on 64 kept entries per row (1x1: a decode step; 1x5: verifying 4 draft tokens; 16x1: a
-batch-16 decode step). Prints ms per forward (best of --repeats) and each width's cost relative to its own one-row
-step. The C++ layer loop runs as in the engine.
+`--configs activations:kv[:model],...`), side by side in one process (the models' forwards by turns, so a busy machine
+slows all alike): a prefill of N tokens, and forwards of ROWS x WIDTH fed tokens on 64 kept entries per row (1x1: a
+decode step; 1x5: verifying 4 draft tokens; 16x1: a batch-16 decode step). Prints ms per forward (best of
+--repeats), each width's cost relative to its own one-row step, and each model's weight bytes (for per-byte
+comparisons of two files, e.g. the embedded Q4_1 against recipes/kquant_smollm2.sh's Q4_K_M). The C++ layer loop
+runs as in the engine. Activations `q8-kfp32`: q8, but the K-quant tensors on fp32 activations (what ran before the
+K-quants had an integer path).
     PYTHONPATH=src python recipes/activations_step_bench.py [--threads 2] [--prefill 128,512]
         [--steps 1x1,1x3,1x5,1x9,16x1,16x5] [--repeats 7] [--configs fp32:float32,q8:float32,q8:float16]
+    PYTHONPATH=src python recipes/activations_step_bench.py --prefill '' --steps 1x1,1x5 \
+        --configs q8:float16,q8:float16:PATH.Q4_K_M.gguf,q8-kfp32:float16:PATH.Q4_K_M.gguf
 """
 
 from __future__ import annotations
 
 import argparse
 import time
+from contextlib import contextmanager, nullcontext
 
 import torch
 
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.config import RunnerOptions
-from verispec.runtime.model.loading import DEFAULT_TARGET
+from verispec.runtime.kernels.quant import K_BLOCKS
+from verispec.runtime.model.loading import DEFAULT_TARGET, model_weight_bytes
 from verispec.runtime.model.target import load_target
 from verispec.runtime.runners.select import make_runner
+from verispec.runtime.weights import gguf
 
 CONTEXT = 64
+
+
+@contextmanager
+def k_quants_on_fp32():
+    """Models loaded inside keep their K-quant tensors on fp32 activations (the others as asked)."""
+    chosen = gguf.tensor_activations
+    gguf.tensor_activations = lambda kind, activations: "fp32" if kind in K_BLOCKS else chosen(kind, activations)
+    try:
+        yield
+    finally:
+        gguf.tensor_activations = chosen
 
 
 def prefill(runner, n: int) -> float:
@@ -55,10 +74,13 @@ def main() -> None:
     slots = max(r for r, _ in steps)
     runners = {}
     for config in args.configs.split(","):
-        activations, kv_cache = config.split(":")
-        model = load_target(DEFAULT_TARGET, "gguf", activations=activations)
-        runners[f"{activations}/{kv_cache}"] = make_runner(
-            model, 2048, slots, RunnerOptions(backend="native", compile=False, kv_cache_dtype=kv_cache))
+        activations, kv_cache, target = (config.split(":", 2) + [DEFAULT_TARGET])[:3]
+        with k_quants_on_fp32() if activations == "q8-kfp32" else nullcontext():
+            model = load_target(target, "gguf", activations=activations.removesuffix("-kfp32"))
+        name = f"{activations}/{kv_cache}" + ("" if target == DEFAULT_TARGET else f" {target.rsplit('/', 1)[-1]}")
+        runners[name] = make_runner(model, 2048, slots,
+                                    RunnerOptions(backend="native", compile=False, kv_cache_dtype=kv_cache))
+        print(f"{name}: {model_weight_bytes(model) / 1e6:.1f} MB of weights")
     print(machine_line(describe_machine("cpu")) + f"; threads {args.threads}")
     for runner in runners.values():  # every slot holds CONTEXT entries
         runner.reset()

@@ -76,18 +76,18 @@ def write_kquant_file(model, path) -> dict[str, torch.Tensor]:
 
 @pytest.fixture(scope="module")
 def kquant_model(tmp_path_factory):
-    """(the float model, its K-quant twin, the file's values by HF name)."""
+    """(the float model, its K-quant twin, the file's values by HF name, the file)."""
     model = tiny_llama(21, hidden=256, layers=2)
     path = tmp_path_factory.mktemp("kquant") / "tiny-q4_k_m.gguf"
     values = write_kquant_file(model, path)
     quantized = copy.deepcopy(model)
     twin = use_quantized_weights(quantized, 128, gguf_file=path)
-    return model, quantized, twin, values
+    return model, quantized, twin, values, path
 
 
 @pytest.mark.kernel("quant")
 def test_every_weight_is_the_files_values_and_the_logits_the_dequantized_models(kquant_model):
-    _, _, twin, values = kquant_model
+    _, _, twin, values, _ = kquant_model
     ours = {name: w.dequantize() if isinstance(w, QuantWeight) else w for name, w in _dense_weights(twin).items()}
     for name, expected in values.items():
         assert torch.equal(ours[name], expected), name
@@ -104,7 +104,7 @@ def test_every_weight_is_the_files_values_and_the_logits_the_dequantized_models(
 def test_kquant_target_speculation_equals_its_target_alone(kquant_model, tokenizer):
     from verispec.drafters.build import model_drafter
 
-    model, quantized, _, _ = kquant_model
+    model, quantized, _, _, _ = kquant_model
     prompts = [tokenizer(t)["input_ids"] for t in ("the dog sat", "Paris is the capital", "one")]
     params = SamplingParams(max_new_tokens=16)
     alone_engine = SpeculativeEngine(quantized, tokenizer, max_len=128, runner=RunnerOptions(compile=False))
@@ -112,3 +112,33 @@ def test_kquant_target_speculation_equals_its_target_alone(kquant_model, tokeniz
     engine = SpeculativeEngine(quantized, tokenizer, model_drafter(quantized, model, 200), max_len=128,
                                runner=RunnerOptions(compile=False))
     assert [r.token_ids for r in engine.generate_batch(prompts, params)] == alone
+
+
+@pytest.mark.kernel("quant")
+def test_kquant_target_on_integer_activations(kquant_model, tokenizer):
+    """--activations q8 runs every block type of the file on integer activations (K-quants included, and in the
+    stacks): another model than the fp32 one, close to it; greedy and coupled seeded speculation equal its target
+    alone, alone and in a batch."""
+    from verispec.drafters.build import model_drafter
+
+    model, _, fp32_twin, _, path = kquant_model
+    quantized = copy.deepcopy(model)
+    twin = use_quantized_weights(quantized, 128, gguf_file=path, activations="q8")
+    weights = [twin.lm_head.weight] + [getattr(layer, name).weight for layer in twin.layers
+                                       for name in ("qkv", "o", "gate_up", "down")]
+    parts = [p for w in weights for p in (w.parts if w.kernel_id == STACK else [w])]
+    assert {p.qtype for p in parts} == {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"}
+    assert all(p.activations == "q8" for p in parts)
+    tokens = torch.tensor([[5, 9, 14, 3, 7, 22, 8]])
+    config = model.config
+    q8 = NativeRunner(twin, config, 64).forward(tokens).logits
+    fp32 = NativeRunner(fp32_twin, config, 64).forward(tokens).logits
+    assert 0 < (q8 - fp32).abs().max() < 0.05 * (fp32.max() - fp32.min())
+    prompts = [tokenizer(t)["input_ids"] for t in ("the dog sat", "Paris is the capital", "one")]
+    for params in (SamplingParams(max_new_tokens=16),
+                   SamplingParams(max_new_tokens=16, temperature=1.0, seed=5, coupled=True)):
+        alone = [SpeculativeEngine(quantized, tokenizer, max_len=128, runner=RunnerOptions(compile=False),
+                                   max_batch_size=1).generate(p, params, use_drafter=False).token_ids for p in prompts]
+        engine = SpeculativeEngine(quantized, tokenizer, model_drafter(quantized, model, 200), max_len=128,
+                                   runner=RunnerOptions(compile=False))
+        assert [r.token_ids for r in engine.generate_batch(prompts, params)] == alone

@@ -10,10 +10,10 @@ import torch.nn.functional as F
 
 from conftest import machine_reason
 from verispec.runtime.kernels import pool
-from verispec.runtime.kernels.quant import (PATHS, V_LAYOUTS, QuantWeight, kernel, pack_v, quantize_gguf,
+from verispec.runtime.kernels.quant import (K_BLOCKS, PATHS, V_LAYOUTS, QuantWeight, kernel, pack_v, quantize_gguf,
                                             unpack_v)
 
-TYPES = sorted(V_LAYOUTS)
+TYPES = sorted(set(V_LAYOUTS) - set(K_BLOCKS))  # blocks of 32 (the K-quants' integer path: test_quant_q8k.py)
 SHAPES = [(37, 64), (100, 576), (16, 1536)]  # out not a multiple of 16, the embedded model's widths
 
 

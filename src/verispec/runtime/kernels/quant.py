@@ -23,7 +23,9 @@ quantized per row in blocks of 32 to int8 (one fp32 scale a block), exact intege
 combined in fp32 in one fixed order: another model than the fp32 conversion (as bf16 is), with the same bits on
 every kernel path and in any batch. Its weights are repacked into the "V" layouts (`pack_v`: channels in groups of
 16, each 32-bit lane 4 consecutive weights of one channel, what vpdpbusd multiplies); it needs the kernel built.
-The K-quants have no V layout yet: under "q8" they keep fp32 activations (weights/gguf.py `tensor_activations`).
+The K-quants take the same activations (one scale per 32 inputs, which each of their sub-blocks of 32 or 16 meets
+whole: quant_q8k.h) from their "VK" layouts (quant_vk.py `pack_vk`: records of 16 channels, the 6-bit scales a byte
+each: 1.03x the file's bytes for Q4_K / Q5_K, 1.00x for Q6_K).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from .ext import build
+from .quant_vk import pack_vk, unpack_vk
 
 # GGML types with blocks of 32 weights -> (bytes per block, kernel id = the GGML type id); INT8 is verispec's own.
 GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q5_0": (22, 6), "Q5_1": (24, 7), "Q8_0": (34, 8)}
@@ -46,7 +49,8 @@ INT8 = ("INT8", 100)
 REPACKED = {"Q4_0": 102, "Q4_1": 103, "Q5_0": 106, "Q5_1": 107}  # block type -> its repacked layout's id (`pack_q4`)
 GROUP = 4  # output channels per row of a repacked weight
 REPACK = True  # False: Q4 weights made from now on keep the file's layout (recipes compare the two side by side)
-V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q5_0": 206, "Q5_1": 207, "Q8_0": 208}  # block type -> the kernel id of its integer-activation layout
+# block type -> the kernel id of its integer-activation layout (V: `pack_v`; the K-quants' VK: quant_vk.py)
+V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q5_0": 206, "Q5_1": 207, "Q8_0": 208, "Q4_K": 212, "Q5_K": 213, "Q6_K": 214}
 V_GROUP = 16  # output channels per row of a V layout
 ACTIVATIONS = ("fp32", "q8")  # fp32: the dequantized weights times the fp32 activations; q8: integer activations
 BLOCK = 32
@@ -295,7 +299,10 @@ def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
     integer-activation kernel's layout (quant_q8.h): per group of 16 channels, for every block its quants as
     [chunks][16 channels][4 bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel) and (Q5) its
     [16 channels] u32 fifth bits (V_Q5_BITS' order), then every block's 16 fp16 d, then (Q4_1, Q5_1) every block's
-    16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never returned)."""
+    16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never returned).
+    K-quants: `pack_vk`'s records."""
+    if qtype in K_BLOCKS:
+        return pack_vk(data, qtype)
     out, size = data.shape[0], GGML_BLOCKS[qtype][0]
     first, count, scales = _v_fields(qtype)
     groups = -(-out // V_GROUP)
@@ -316,6 +323,8 @@ def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
 
 def unpack_v(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     """`pack_v`'s inverse: [ceil(out / 16), 16 * row_bytes] -> [out, row_bytes], the file's bytes."""
+    if qtype in K_BLOCKS:
+        return unpack_vk(packed, qtype, out)
     groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
     first, count, scales = _v_fields(qtype)
     q5 = qtype in ("Q5_0", "Q5_1")

@@ -27,7 +27,7 @@
 // them from there, so a block costs one multiply-add for its table, two shifts, two permutes and the row FMAs.
 #include "quant_common.h"
 #include "quant_gemm512.h"
-#include "quant_q8.h"
+#include "quant_q8k.h"
 
 namespace {
 
@@ -602,13 +602,17 @@ void check_data(const torch::Tensor& data, const torch::Tensor& scales, int64_t 
   TORCH_CHECK(data.dtype() == torch::kUInt8 && data.is_contiguous() && data.dim() == 2, "data must be contiguous uint8 2-d");
   TORCH_CHECK(in % QK == 0, "in must be a multiple of 32");
   TORCH_CHECK(qtype == Q4_0 || qtype == Q4_1 || qtype == Q8_0 || qtype == INT8 || repacked(qtype) || v_layout(qtype) ||
-              kq_family(qtype) || q5_repacked(qtype), "unknown qtype");
-  TORCH_CHECK(!k_quant(qtype) || in % QK_K == 0, "a K-quant weight's input size must be a multiple of 256");
-  const int64_t per_row = repacked(qtype) || q5_repacked(qtype) ? CHANNELS_PER_GROUP : v_layout(qtype) ? VCH : 1;
+              kq_family(qtype) || q5_repacked(qtype) || vk_layout(qtype), "unknown qtype");
+  TORCH_CHECK(!(k_quant(qtype) || vk_layout(qtype)) || in % QK_K == 0,
+              "a K-quant weight's input size must be a multiple of 256");
+  const int64_t per_row = repacked(qtype) || q5_repacked(qtype) ? CHANNELS_PER_GROUP
+                        : v_layout(qtype) || vk_layout(qtype)   ? VCH : 1;
   const int64_t bytes = v_layout(qtype) ? v_block_bytes(qtype) : q5_repacked(qtype) ? kq_bytes(q5_file_type(qtype))
                                                                                      : block_bytes(qtype);
   TORCH_CHECK(data.size(0) == (out + per_row - 1) / per_row, "data has ", data.size(0), " rows for ", out, " channels");
-  TORCH_CHECK(data.size(1) == (kq_family(qtype) ? file_row_bytes(qtype, in) : per_row * (in / QK) * bytes),
+  TORCH_CHECK(data.size(1) == (kq_family(qtype)    ? file_row_bytes(qtype, in)
+                               : vk_layout(qtype) ? VCH * (in / QK_K) * vk_channel_bytes(qtype)
+                                                  : per_row * (in / QK) * bytes),
               "data's row size does not match the type and in");
   TORCH_CHECK(qtype != INT8 || (scales.numel() == out && scales.dtype() == torch::kFloat32 && scales.is_contiguous()),
               "INT8 needs scales [out]");
@@ -654,8 +658,10 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   const Args a{x.data_ptr<float>(), data.data_ptr<uint8_t>(), qtype == INT8 ? scales.data_ptr<float>() : nullptr,
                y.data_ptr<float>(), rows, in, out, data.size(1), in / QK};
   const int64_t chosen = resolve_path(path);
-  if (v_layout(qtype)) {  // integer activations (quant_q8.h): the same bits on every path
-    v_linear(a, qtype, chosen);
+  if (v_layout(qtype) || vk_layout(qtype)) {  // integer activations (quant_q8.h, quant_q8k.h): one bits on every path
+    int64_t per_tile = 16;
+    const VTileFn tile = v_layout(qtype) ? v_tile(qtype, chosen, per_tile) : vk_tile(qtype, chosen, per_tile);
+    v_linear(a, tile, per_tile, chosen);
     return y;
   }
   const Tiles& t = tiles(qtype, chosen);
@@ -733,6 +739,9 @@ torch::Tensor dequantize(torch::Tensor data, torch::Tensor scales, int64_t qtype
     case Q8_0V: run(v_dequant_block<Q8_0V>); break;
     case Q5_0V: run(v_dequant_block<Q5_0V>); break;
     case Q5_1V: run(v_dequant_block<Q5_1V>); break;
+    case Q4_KV: run(vk_dequant_block<Q4_KV>); break;
+    case Q5_KV: run(vk_dequant_block<Q5_KV>); break;
+    case Q6_KV: run(vk_dequant_block<Q6_KV>); break;
     default: run(dequant_block<INT8>); break;
   }
   return w;

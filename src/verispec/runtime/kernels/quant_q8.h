@@ -94,11 +94,12 @@ struct QuantX {
   std::vector<float> dx;   // [rows, blocks]
   std::vector<float> sx;   // [rows, blocks]: dx * sq
   std::vector<int32_t> sq; // [rows, blocks]
+  std::vector<int32_t> sh; // [rows, blocks]: the sum of the block's first 16 q (Q6_K's scales are per 16 inputs)
 };
 
 // One block of 32 activations (the same operations on every path: max, one division, one reciprocal, a product
 // and a rounding to nearest even per element).
-inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
+inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq, int32_t& sh) {
   float amax = 0.0f;
   for (int j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(x[j]));
   dx = amax / 127.0f;
@@ -108,6 +109,7 @@ inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
     const int v = static_cast<int>(std::nearbyint(x[j] * id));  // the default rounding: to nearest even
     q[j] = static_cast<int8_t>(v);
     s += v;
+    if (j == 15) sh = s;
   }
   sq = s;
 }
@@ -115,7 +117,7 @@ inline void quantize_block(const float* x, int8_t* q, float& dx, int32_t& sq) {
 #if defined(VERISPEC_AVX512)
 // quantize_block's operations 16 lanes at a time: the same max, division, reciprocal, products and roundings
 // (vcvtps2dq rounds to nearest even, as nearbyint under the default rounding mode), so the same q, dx and sq.
-inline void quantize_block512(const float* x, int8_t* q, float& dx, int32_t& sq) {
+inline void quantize_block512(const float* x, int8_t* q, float& dx, int32_t& sq, int32_t& sh) {
   const __m512 lo = _mm512_loadu_ps(x), hi = _mm512_loadu_ps(x + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
   dx = amax / 127.0f;
@@ -123,7 +125,8 @@ inline void quantize_block512(const float* x, int8_t* q, float& dx, int32_t& sq)
   const __m512i a = _mm512_cvtps_epi32(_mm512_mul_ps(lo, id)), b = _mm512_cvtps_epi32(_mm512_mul_ps(hi, id));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(a));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(b));
-  sq = _mm512_reduce_add_epi32(_mm512_add_epi32(a, b));
+  sh = _mm512_reduce_add_epi32(a);
+  sq = sh + _mm512_reduce_add_epi32(b);
 }
 #endif
 
@@ -135,15 +138,16 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out,
     out.dx.resize(rows * blocks);
     out.sx.resize(rows * blocks);
     out.sq.resize(rows * blocks);
+    out.sh.resize(rows * blocks);
   }
   auto run = [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
 #if defined(VERISPEC_AVX512)
       if (path == AVX512)
-        quantize_block512(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
+        quantize_block512(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i], out.sh[i]);
       else
 #endif
-        quantize_block(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i]);
+        quantize_block(x + i * QK, out.q.data() + i * QK, out.dx[i], out.sq[i], out.sh[i]);
       out.sx[i] = out.dx[i] * static_cast<float>(out.sq[i]);
     }
   };
@@ -222,6 +226,7 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
     }
     if (v_q5(T)) {  // the fifth bits to bit 4 of each byte (v_q5_bit's order)
       const __m512i qh = _mm512_loadu_si512(q + 4 * 64), bit4 = _mm512_set1_epi32(0x10101010);
+#pragma GCC unroll 4
       for (int i = 0; i < 4; ++i) {
         w[i] = _mm512_or_si512(w[i], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - i), bit4));
         w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(_mm512_srli_epi32(qh, i), bit4));
@@ -260,6 +265,20 @@ void v_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
 #if defined(VERISPEC_AVX2)
 constexpr int V256_ROWS = 4;
 
+// acc[r] -> y's row rt + r, channels o0 .. o0 + 7 (fewer at the weight's end).
+inline void v_store256(const Args& a, const __m256* acc, int rows, int64_t rt, int64_t o0) {
+  const int64_t n = std::min<int64_t>(8, a.out - o0);
+  for (int r = 0; r < rows; ++r) {
+    if (n == 8) {
+      _mm256_storeu_ps(a.y + (rt + r) * a.out + o0, acc[r]);
+    } else {
+      alignas(32) float tmp[8];
+      _mm256_store_ps(tmp, acc[r]);
+      std::memcpy(a.y + (rt + r) * a.out + o0, tmp, n * sizeof(float));
+    }
+  }
+}
+
 template <int64_t T>
 void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
   constexpr int CHUNKS = T == Q8_0V ? 8 : 4;
@@ -287,6 +306,7 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
         if (v_q5(T)) {  // the fifth bits (channels 8h .. 8h + 7: bytes 32h .. of the block's 64 qh bytes)
           const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 4 * 64)),
                         bit4 = _mm256_set1_epi32(0x10101010);
+#pragma GCC unroll 4
           for (int i = 0; i < 4; ++i) {
             w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_slli_epi32(qh, 4 - i), bit4));
             w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(_mm256_srli_epi32(qh, i), bit4));
@@ -315,16 +335,7 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
           if (v_has_m(T)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sx[at]), acc[r]);
         }
       }
-      const int64_t n = std::min<int64_t>(8, a.out - o0);
-      for (int r = 0; r < rows; ++r) {
-        if (n == 8) {
-          _mm256_storeu_ps(a.y + (rt + r) * a.out + o0, acc[r]);
-        } else {
-          alignas(32) float tmp[8];
-          _mm256_store_ps(tmp, acc[r]);
-          std::memcpy(a.y + (rt + r) * a.out + o0, tmp, n * sizeof(float));
-        }
-      }
+      v_store256(a, acc, rows, rt, o0);
     }
   }
 }
@@ -350,19 +361,23 @@ VTileFn v_tile_for(int64_t path, int64_t& rows_per_tile) {
   return v_tile_scalar<T>;
 }
 
-// y [rows, out] = the integer-activation linear of x [rows, in] on V-layout weights.
-inline void v_linear(const Args& a, int64_t qtype, int64_t path) {
+// The tile of V-layout type `qtype` on `path`, and the rows it takes at most.
+inline VTileFn v_tile(int64_t qtype, int64_t path, int64_t& per_tile) {
+  return qtype == Q4_0V ? v_tile_for<Q4_0V>(path, per_tile)
+       : qtype == Q4_1V ? v_tile_for<Q4_1V>(path, per_tile)
+       : qtype == Q5_0V ? v_tile_for<Q5_0V>(path, per_tile)
+       : qtype == Q5_1V ? v_tile_for<Q5_1V>(path, per_tile)
+                        : v_tile_for<Q8_0V>(path, per_tile);
+}
+
+// y [rows, out] = the integer-activation linear of x [rows, in], `tile` run on each group of 16 channels (the V
+// layouts' here, the K-quants' in quant_q8k.h) and every tile of at most per_tile rows.
+inline void v_linear(const Args& a, VTileFn tile, int64_t per_tile, int64_t path) {
   // The calling thread's buffers, reused. The tiles on other threads read them through this reference (a
   // thread_local named inside the lambda would be each worker's own, empty, instance).
   static thread_local QuantX buffers;
   QuantX& xq = buffers;
   quantize_rows(a.x, a.rows, a.in, xq, path);
-  int64_t per_tile = 16;
-  VTileFn tile = qtype == Q4_0V ? v_tile_for<Q4_0V>(path, per_tile)
-               : qtype == Q4_1V ? v_tile_for<Q4_1V>(path, per_tile)
-               : qtype == Q5_0V ? v_tile_for<Q5_0V>(path, per_tile)
-               : qtype == Q5_1V ? v_tile_for<Q5_1V>(path, per_tile)
-                                : v_tile_for<Q8_0V>(path, per_tile);
   const int64_t groups = (a.out + VCH - 1) / VCH;
   verispec_pool::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g)

@@ -75,13 +75,9 @@ def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.
         return "fp32", why + f"the GGUF file holds {', '.join(other)} blocks, which the GGUF kernel does not run"
     if quant.kernel() is None:
         return "fp32", why + "the GGUF kernel is not built here (no C++ compiler?)"
-    integer = [kind for kind in runs if kind in quant.V_LAYOUTS]
-    no_q8 = [kind for kind in runs if kind not in quant.V_LAYOUTS]
-    q8_note = (f"; integer activations (q8) run its {', '.join(integer) or 'no'} blocks, its {', '.join(no_q8)} "
-               "blocks keep fp32 activations") if no_q8 else ""
     return "gguf", (f"gguf: the target's GGUF file as stored ({', '.join(runs) or 'float'} blocks, every one run "
-                    "natively): the fp32 conversion's weight values at a fraction of the bytes (--weights fp32 runs "
-                    f"the conversion){q8_note}")
+                    "natively, on fp32 or integer activations): the fp32 conversion's weight values at a fraction of the "
+                    "bytes (--weights fp32 runs the conversion)")
 
 
 def resolve_activations(activations: str, weights: str) -> tuple[str, str]:

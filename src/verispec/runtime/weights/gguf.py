@@ -41,8 +41,8 @@ def unsupported_types(path: str | Path) -> tuple[list[str], list[str]]:
 
 def tensor_activations(kind: str, activations: str) -> str:
     """What a tensor of block type `kind` computes with when the model asks for `activations`: integer activations
-    ("q8") run the types with a V layout (quant.V_LAYOUTS); the others keep fp32 activations (the fp32 conversion's
-    values; runtime/model/target.py's reason says which)."""
+    ("q8") run the types with an integer layout (quant.V_LAYOUTS: every native type, the K-quants included); a type
+    without one would keep fp32 activations (the fp32 conversion's values)."""
     return activations if kind in V_LAYOUTS else "fp32"
 
 

@@ -1,0 +1,336 @@
+// Integer activations for the K-quants (Q4_K, Q5_K, Q6_K): quant_q8.h's activations (int8 per block of 32, one fp32
+// scale dx a block, sq = sum q, sh = the sum of its first 16, sx = dx * sq) against the weights' own sub-blocks,
+// which are 32 inputs (Q4_K, Q5_K: a 6-bit scale and min each) or 16 (Q6_K: an int8 scale each), so every
+// sub-block meets exactly one activation block and its sum is an exact integer.
+//
+// Per output o and row r, unit by unit u = 0, 1, ... (a super-block's 8 units of 32 in order, nothing else in the sum,
+// whatever the tile, rows or thread; k the unsigned quants, xq the activations' int8):
+//   Q4_K, Q5_K (w = (d sc) k - dmin mn):  isum = sum k xq,
+//       acc = fma((d sc) * dx, isum, acc); acc = fma(-(dmin mn), sx, acc)
+//   Q6_K (w = (d sc_h) (k - 32), h the half of 16):  isum_0 = sum_{e<16} k xq - 32 sh, isum_1 = sum_{e>=16} k xq - 32 (sq - sh),
+//       acc = fma((d sc_0) * dx, isum_0, acc); acc = fma((d sc_1) * dx, isum_1, acc)
+// d sc and dmin mn are exact in fp32 (an fp16 times an integer of <= 8 bits), |isum| < 2^17 (exact in fp32), each
+// product with dx and each fma rounds once: the same integers and fp32 operations in the same order on every path
+// (AVX-512 VNNI, AVX2 maddubs + madd or vpdpbusd, scalar), so the same bits, row- and width-invariant by construction.
+// (llama.cpp's Q8_K activations take one scale per 256 inputs; one per 32, as here, is a finer rounding of the same
+// values, and one activation format serves every block type of a file, stacks included: docs/runner.md.)
+//
+// Weights in the "VK" layouts (repacked at load by quant.py `pack_vk`: the file's values, its scales unpacked to a
+// byte each): channels in groups of 16, each group one contiguous run of super-block records, each record
+//   Q4_K, Q5_K: [16] fp16 d, [16] fp16 dmin, [8 units][16 channels] u8 sc, [8][16] u8 mn, then per unit
+//               [4 chunks i][16 channels c][4 bytes k] nibbles (low: element 4i + k, high: 16 + 4i + k) and (Q5_K)
+//               [16] u32 fifth bits in quant_q8.h v_q5_bit's order
+//   Q6_K:       [16] fp16 d, [8 units][2 halves][16 channels] i8 sc, then per unit the nibbles as above (the quants'
+//               low 4 bits), [16] u32 high 2 bits of elements 0..15, [16] u32 of elements 16..31 (element 4i + k's
+//               at bits 8k + 2i, 8k + 2i + 1: chunk i's are shifted to bits 8k + 4, 8k + 5)
+// so a unit's nibbles are quant_q8.h's Q4 V chunks: one 64-byte load is a chunk of 16 channels for vpdpbusd.
+// Bytes per channel and super-block: Q4_K 148 (the file: 144), Q5_K 180 (176), Q6_K 210 (210).
+#pragma once
+#include "quant_q8.h"
+
+namespace {
+
+enum QTypeVK : int64_t { Q4_KV = 212, Q5_KV = 213, Q6_KV = 214 };
+constexpr bool vk_layout(int64_t t) { return t == Q4_KV || t == Q5_KV || t == Q6_KV; }
+constexpr int64_t vk_file_type(int64_t t) { return t == Q4_KV ? Q4_K : t == Q5_KV ? Q5_K : Q6_K; }
+constexpr int64_t vk_head(int64_t t) { return t == Q6_KV ? 32 + 256 : 64 + 256; }  // a record's bytes before unit 0
+constexpr int64_t vk_unit(int64_t t) { return t == Q4_KV ? 256 : t == Q5_KV ? 256 + 64 : 256 + 128; }
+constexpr int64_t vk_channel_bytes(int64_t t) { return (vk_head(t) + 8 * vk_unit(t)) / VCH; }  // per super-block
+
+// Group g's super-block sb: its record.
+inline const uint8_t* vk_record(const Args& a, int64_t t, int64_t g, int64_t sb) {
+  return a.w + g * a.row_bytes + sb * VCH * vk_channel_bytes(t);
+}
+
+// Unit s of channel c in a record: its 32 unsigned quants (the reference path and `dequantize`).
+template <int64_t T>
+inline void vk_quants(const uint8_t* rec, int64_t s, int64_t c, int* k) {
+  const uint8_t* u = rec + vk_head(T) + s * vk_unit(T);
+  uint32_t h0 = 0, h1 = 0;
+  if (T != Q4_KV) std::memcpy(&h0, u + 256 + 4 * c, 4);
+  if (T == Q6_KV) std::memcpy(&h1, u + 320 + 4 * c, 4);
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 4; ++j) {
+      const uint8_t byte = u[(i * VCH + c) * 4 + j];
+      int lo = byte & 0x0F, hi = byte >> 4;
+      if (T == Q5_KV) {
+        lo |= ((h0 >> (8 * j + i)) & 1) << 4;
+        hi |= ((h0 >> (8 * j + 4 + i)) & 1) << 4;
+      } else if (T == Q6_KV) {
+        lo |= ((h0 >> (8 * j + 2 * i)) & 3) << 4;
+        hi |= ((h1 >> (8 * j + 2 * i)) & 3) << 4;
+      }
+      k[4 * i + j] = lo;
+      k[16 + 4 * i + j] = hi;
+    }
+}
+
+// Unit s of channel c's affine form, quant_k.h's KUnit (the same exact products as the file's layout gives).
+template <int64_t T>
+inline KUnit vk_unit_form(const uint8_t* rec, int64_t s, int64_t c) {
+  const float d = half_at(rec + 2 * c);
+  if (T == Q6_KV) {
+    const auto* sc = reinterpret_cast<const int8_t*>(rec + 32 + 32 * s);
+    return KUnit{{d * static_cast<float>(sc[c]), d * static_cast<float>(sc[VCH + c])}, 0.0f, 32};
+  }
+  const float a = d * static_cast<float>(rec[64 + VCH * s + c]);
+  return KUnit{{a, a}, -(half_at(rec + 32 + 2 * c) * static_cast<float>(rec[192 + VCH * s + c])), 0};
+}
+
+// Block b (unit b % 8 of super-block b / 8) of channel o: its 32 weights, kq_dequant_scalar's values.
+template <int64_t T>
+inline void vk_dequant_block(const Args& a, int64_t o, int64_t b, float* w) {
+  const uint8_t* rec = vk_record(a, T, o / VCH, b / 8);
+  const int64_t c = o % VCH, s = b % 8;
+  const KUnit u = vk_unit_form<T>(rec, s, c);
+  int k[32];
+  vk_quants<T>(rec, s, c, k);
+  for (int e = 0; e < 32; ++e) {
+    const float v = u.a[e / 16] * static_cast<float>(k[e] - u.offset);  // exact
+    w[e] = T == Q6_KV ? v : v + u.c;                                     // the one rounding
+  }
+}
+
+// ---- scalar: the reference --------------------------------------------------------------------------------------
+
+template <int64_t T>
+void vk_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  for (int64_t c = 0; c < VCH; ++c) {
+    const int64_t o = g * VCH + c;
+    if (o >= a.out) return;
+    for (int64_t r = r0; r < r0 + nr; ++r) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const uint8_t* rec = vk_record(a, T, g, b / 8);
+        const KUnit u = vk_unit_form<T>(rec, b % 8, c);
+        int k[32];
+        vk_quants<T>(rec, b % 8, c, k);
+        const int8_t* x = xq.q.data() + r * a.in + b * QK;
+        const int64_t at = r * a.blocks + b;
+        int32_t sum[2] = {0, 0};
+        for (int e = 0; e < 32; ++e) sum[e / 16] += k[e] * x[e];
+        if (T == Q6_KV) {
+          acc = std::fma(u.a[0] * xq.dx[at], static_cast<float>(sum[0] - 32 * xq.sh[at]), acc);
+          acc = std::fma(u.a[1] * xq.dx[at], static_cast<float>(sum[1] - 32 * (xq.sq[at] - xq.sh[at])), acc);
+        } else {
+          acc = std::fma(u.a[0] * xq.dx[at], static_cast<float>(sum[0] + sum[1]), acc);
+          acc = std::fma(u.c, xq.sx[at], acc);  // u.c = -(dmin mn)
+        }
+      }
+      a.y[r * a.out + o] = acc;
+    }
+  }
+}
+
+// ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
+#if defined(VERISPEC_VNNI512)
+// Unit s's 8 registers of unsigned quants (w[j] multiplies activations 4j .. 4j + 3), as v_tile512_rows builds them.
+template <int64_t T>
+VERISPEC_KQ_INLINE void vk_weights512(const uint8_t* u, __m512i* w) {
+  const __m512i low4 = _mm512_set1_epi8(0x0F);
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    const __m512i v = _mm512_loadu_si512(u + 64 * i);
+    w[i] = _mm512_and_si512(v, low4);
+    w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+  }
+  if (T == Q5_KV) {
+    const __m512i qh = _mm512_loadu_si512(u + 256), bit4 = _mm512_set1_epi32(0x10101010);
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      w[i] = _mm512_or_si512(w[i], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - i), bit4));
+      w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(_mm512_srli_epi32(qh, i), bit4));
+    }
+  } else if (T == Q6_KV) {
+    const __m512i h0 = _mm512_loadu_si512(u + 256), h1 = _mm512_loadu_si512(u + 320);
+    const __m512i bits = _mm512_set1_epi32(0x30303030);
+    auto to_bit4 = [](__m512i h, int i) {  // chunk i's bits (8k + 2i) to bits 8k + 4
+      return i < 2 ? _mm512_slli_epi32(h, 4 - 2 * i) : i == 2 ? h : _mm512_srli_epi32(h, 2);
+    };
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; ++i) {
+      w[i] = _mm512_or_si512(w[i], _mm512_and_si512(to_bit4(h0, i), bits));
+      w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(to_bit4(h1, i), bits));
+    }
+  }
+}
+
+inline __m512 vk_bytes512(const uint8_t* p, bool sign) {  // 16 bytes -> 16 floats (exact)
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
+}
+
+template <int64_t T, int NR>
+void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < a.blocks / 8; ++sb) {
+    const uint8_t* rec = vk_record(a, T, g, sb);
+    const char* ahead = reinterpret_cast<const char*>(rec + PREFETCH_TILES * a.row_bytes);
+    for (int64_t i = 0; i < VCH * vk_channel_bytes(T); i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
+    [[maybe_unused]] const __m512 dmin =
+        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
+#pragma GCC unroll 8
+    for (int s = 0; s < 8; ++s) {
+      __m512i w[8];
+      vk_weights512<T>(rec + vk_head(T) + s * vk_unit(T), w);
+      const int64_t b = sb * 8 + s;
+      if constexpr (T == Q6_KV) {
+        const __m512 a0 = _mm512_mul_ps(d, vk_bytes512(rec + 32 + 32 * s, true));  // exact
+        const __m512 a1 = _mm512_mul_ps(d, vk_bytes512(rec + 48 + 32 * s, true));
+        for (int r = 0; r < NR; ++r) {
+          const int64_t row = r0 + r, at = row * a.blocks + b;
+          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
+          __m512i s0 = _mm512_set1_epi32(-32 * xq.sh[at]), s1 = _mm512_set1_epi32(-32 * (xq.sq[at] - xq.sh[at]));
+          for (int j = 0; j < 4; ++j) {
+            s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x4[j]));
+            s1 = _mm512_dpbusd_epi32(s1, w[4 + j], _mm512_set1_epi32(x4[4 + j]));
+          }
+          const __m512 dx = _mm512_set1_ps(xq.dx[at]);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(a0, dx), _mm512_cvtepi32_ps(s0), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(a1, dx), _mm512_cvtepi32_ps(s1), acc[r]);
+        }
+      } else {
+        const __m512 dsc = _mm512_mul_ps(d, vk_bytes512(rec + 64 + VCH * s, false));     // exact
+        const __m512 dmn = _mm512_mul_ps(dmin, vk_bytes512(rec + 192 + VCH * s, false));  // exact
+        for (int r = 0; r < NR; ++r) {
+          const int64_t row = r0 + r, at = row * a.blocks + b;
+          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
+          __m512i isum = _mm512_setzero_si512();
+          for (int j = 0; j < 8; ++j) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(x4[j]));
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dsc, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
+          acc[r] = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(xq.sx[at]), acc[r]);  // -(dmin mn) sx + acc, one rounding
+        }
+      }
+    }
+  }
+  const int64_t o0 = g * VCH;
+  const __mmask16 keep = a.out - o0 >= VCH ? __mmask16(0xFFFF) : __mmask16((1u << (a.out - o0)) - 1);
+  for (int r = 0; r < NR; ++r) _mm512_mask_storeu_ps(a.y + (r0 + r) * a.out + o0, keep, acc[r]);
+}
+
+template <int64_t T>
+void vk_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  using Fn = void (*)(const Args&, const QuantX&, int64_t, int64_t);
+  static constexpr Fn by_rows[V512_ROWS + 1] = {
+      nullptr, vk_tile512_rows<T, 1>, vk_tile512_rows<T, 2>, vk_tile512_rows<T, 3>, vk_tile512_rows<T, 4>,
+      vk_tile512_rows<T, 5>, vk_tile512_rows<T, 6>, vk_tile512_rows<T, 7>, vk_tile512_rows<T, 8>,
+      vk_tile512_rows<T, 9>, vk_tile512_rows<T, 10>, vk_tile512_rows<T, 11>, vk_tile512_rows<T, 12>,
+      vk_tile512_rows<T, 13>, vk_tile512_rows<T, 14>, vk_tile512_rows<T, 15>, vk_tile512_rows<T, 16>};
+  by_rows[nr](a, xq, g, r0);
+}
+#endif
+
+// ---- AVX2: 8 channels a register (each chunk's halves), maddubs + madd or 256-bit vpdpbusd ----------------------
+#if defined(VERISPEC_AVX2)
+template <int64_t T>
+void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // (maddubs + madd only)
+  auto floats = [](const uint8_t* p, bool sign) {  // 8 bytes -> 8 floats (exact)
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    return _mm256_cvtepi32_ps(sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
+  };
+  for (int h = 0; h < 2; ++h) {  // channels 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte chunk
+    const int64_t o0 = g * VCH + 8 * h;
+    if (o0 >= a.out) return;
+    for (int64_t rt = r0; rt < r0 + nr; rt += V256_ROWS) {
+      const int rows = static_cast<int>(std::min<int64_t>(V256_ROWS, r0 + nr - rt));
+      __m256 acc[V256_ROWS];
+      for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < a.blocks; ++b) {
+        const uint8_t* rec = vk_record(a, T, g, b / 8);
+        const int64_t s = b % 8;
+        const uint8_t* u = rec + vk_head(T) + s * vk_unit(T) + 32 * h;
+        __m256i w[8];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; ++i) {
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 64 * i));
+          w[i] = _mm256_and_si256(v, low4);
+          w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+        if (T == Q5_KV) {  // the fifth bits (channels 8h .. 8h + 7: bytes 32h .. of the unit's 64 qh bytes)
+          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 256)),
+                        bit4 = _mm256_set1_epi32(0x10101010);
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_slli_epi32(qh, 4 - i), bit4));
+            w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(_mm256_srli_epi32(qh, i), bit4));
+          }
+        } else if (T == Q6_KV) {
+          const __m256i h0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 256));
+          const __m256i h1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 320));
+          const __m256i bits = _mm256_set1_epi32(0x30303030);
+          auto to_bit4 = [](__m256i h, int i) {  // chunk i's bits (8k + 2i) to bits 8k + 4
+            return i < 2 ? _mm256_slli_epi32(h, 4 - 2 * i) : i == 2 ? h : _mm256_srli_epi32(h, 2);
+          };
+#pragma GCC unroll 4
+          for (int i = 0; i < 4; ++i) {
+            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(to_bit4(h0, i), bits));
+            w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(to_bit4(h1, i), bits));
+          }
+        }
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
+        // Q4_K, Q5_K: d sc and dmin mn; Q6_K: d sc of each half (all exact)
+        const __m256 s0 = T == Q6_KV ? _mm256_mul_ps(d, floats(rec + 32 + 32 * s + 8 * h, true))
+                                     : _mm256_mul_ps(d, floats(rec + 64 + VCH * s + 8 * h, false));
+        const __m256 s1 =
+            T == Q6_KV ? _mm256_mul_ps(d, floats(rec + 48 + 32 * s + 8 * h, true))
+                       : _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h))),
+                                       floats(rec + 192 + VCH * s + 8 * h, false));
+        for (int r = 0; r < rows; ++r) {
+          const int64_t row = rt + r, at = row * a.blocks + b;
+          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
+          __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+          for (int j = 0; j < 8; ++j) {
+            const __m256i x = _mm256_set1_epi32(x4[j]);
+#if defined(VERISPEC_DPBUSD256)
+            isum[j / 4] = VERISPEC_DPBUSD256(isum[j / 4], w[j], x);  // 4 products a lane summed exactly into it
+#else
+            // k <= 63 unsigned: a pair's |sum| <= 2 * 63 * 127, no saturation
+            isum[j / 4] = _mm256_add_epi32(isum[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], x), ones));
+#endif
+          }
+          const __m256 dx = _mm256_set1_ps(xq.dx[at]);
+          if (T == Q6_KV) {
+            const __m256i i0 = _mm256_sub_epi32(isum[0], _mm256_set1_epi32(32 * xq.sh[at]));
+            const __m256i i1 = _mm256_sub_epi32(isum[1], _mm256_set1_epi32(32 * (xq.sq[at] - xq.sh[at])));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(i0), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(i1), acc[r]);
+          } else {
+            const __m256i i = _mm256_add_epi32(isum[0], isum[1]);
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(i), acc[r]);
+            acc[r] = _mm256_fnmadd_ps(s1, _mm256_set1_ps(xq.sx[at]), acc[r]);
+          }
+        }
+      }
+      v_store256(a, acc, rows, rt, o0);
+    }
+  }
+}
+#endif
+
+template <int64_t T>
+VTileFn vk_tile_for(int64_t path, int64_t& rows_per_tile) {
+  rows_per_tile = 16;
+#if defined(VERISPEC_VNNI512)
+  if (path == AVX512) {
+    rows_per_tile = V512_ROWS;
+    return vk_tile512<T>;
+  }
+#endif
+#if defined(VERISPEC_AVX2)
+  if (path == AVX2 || path == AVX512) return vk_tile256<T>;  // an AVX-512 build without VNNI: the same bits
+#endif
+  return vk_tile_scalar<T>;
+}
+
+// The tile of VK-layout type `qtype` on `path`, and the rows it takes at most (v_linear runs it).
+inline VTileFn vk_tile(int64_t qtype, int64_t path, int64_t& per_tile) {
+  return qtype == Q4_KV ? vk_tile_for<Q4_KV>(path, per_tile)
+       : qtype == Q5_KV ? vk_tile_for<Q5_KV>(path, per_tile)
+                        : vk_tile_for<Q6_KV>(path, per_tile);
+}
+
+}  // namespace
