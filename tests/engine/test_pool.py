@@ -90,18 +90,24 @@ def splits():
         yield "openmp 2"
 
 
-@pytest.mark.kernel("quant")
-def test_quant_linears_give_the_same_bits_on_any_split():
-    """Every integer-activation type and the fp32 K-quant-free types, every path, 1, 5 and 40 rows."""
-    cases = [(weight(qtype, 100, 576), path) for qtype in TYPES for path in paths_here()]
-    x = torch.randn(40, 576)
+def assert_same_bits_on_every_split(compute) -> None:
+    """compute() -> a list of tensors: bitwise the same under every split of `splits()`."""
     want = None
     for split in splits():
-        got = [w.linear(x[:rows], None, path) for w, path in cases for rows in (1, 5, 40)]
+        got = compute()
         if want is None:
             want = got
         for a, b in zip(got, want, strict=True):
             assert torch.equal(a, b), split
+
+
+@pytest.mark.kernel("quant")
+def test_quant_linears_give_the_same_bits_on_any_split():
+    """Every 32-weight type on integer activations, every path, 1, 5 and 40 rows."""
+    cases = [(weight(qtype, 100, 576), path) for qtype in TYPES for path in paths_here()]
+    x = torch.randn(40, 576)
+    assert_same_bits_on_every_split(lambda: [w.linear(x[:rows], None, path) for w, path in cases
+                                             for rows in (1, 5, 40)])
 
 
 @pytest.mark.kernel("dense")
@@ -110,13 +116,8 @@ def test_dense_linears_give_the_same_bits_on_any_split():
     weight_, x = torch.randn(160, 576, generator=g) / 24, torch.randn(40, 576, generator=g)
     packed = dense.pack(weight_)
     paths = list(dense.kernel().paths()["float32"])
-    want = None
-    for split in splits():
-        got = [dense.linear(x[:rows], packed, None, path) for path in paths for rows in (1, 7, 40)]
-        if want is None:
-            want = got
-        for a, b in zip(got, want, strict=True):
-            assert torch.equal(a, b), split
+    assert_same_bits_on_every_split(lambda: [dense.linear(x[:rows], packed, None, path) for path in paths
+                                             for rows in (1, 7, 40)])
 
 
 @pytest.mark.kernel("layer")
@@ -127,13 +128,6 @@ def test_attention_gives_the_same_bits_on_any_split():
     keys, values = cache(b, Hk, 256, d, torch.float32, gen)
     q = torch.randn(b, H, 64, d, generator=gen)
     lengths = torch.tensor([0, 37, 120])
-    want = None
-    for split in splits():
-        got = []
-        for n in (1, 5, 64):
-            mask = attention_mask(lengths, n, int(lengths.max()) + n, torch.float32)
-            got += [fused.kernel().attention(q[:, :, :n], keys, values, mask, path) for path in paths_built()]
-        if want is None:
-            want = got
-        for a, b_ in zip(got, want, strict=True):
-            assert torch.equal(a, b_), split
+    masks = {n: attention_mask(lengths, n, int(lengths.max()) + n, torch.float32) for n in (1, 5, 64)}
+    assert_same_bits_on_every_split(lambda: [fused.kernel().attention(q[:, :, :n], keys, values, mask, path)
+                                             for n, mask in masks.items() for path in paths_built()])

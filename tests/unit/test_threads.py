@@ -33,7 +33,7 @@ def fake_pool(monkeypatch):
 
 
 def auto(cpu: FakeCpu, cores: int = 2) -> ThreadGovernor:
-    g = ThreadGovernor("auto", cores=cores, sample=cpu)
+    g = ThreadGovernor("auto", cores=cores, sample=cpu, clock=lambda: cpu.now.wall)
     g.measure()  # the first window starts
     return g
 

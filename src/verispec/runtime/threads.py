@@ -115,8 +115,10 @@ class ThreadGovernor:
     """The threads of the process's steps (see the module docstring). One per process: `GOVERNOR`."""
 
     def __init__(self, setting: int | str | None = None, cores: int | None = None,
-                 sample: Callable[[], CpuSample | None] = read_cpu_sample) -> None:
+                 sample: Callable[[], CpuSample | None] = read_cpu_sample,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._sample = sample
+        self._clock = clock  # the clock of the samples' `wall`
         self.configure(setting, cores)
 
     def configure(self, setting: int | str | None = AUTO, cores: int | None = None) -> None:
@@ -155,17 +157,16 @@ class ThreadGovernor:
         """Under 'auto': at most every WINDOW_S, the free cores from the CPU time others used -> the threads."""
         if self.setting != AUTO:
             return
+        last = self._window
+        if last is not None and self._clock() - last.wall < WINDOW_S:
+            return  # within the window: /proc/stat is read once a window, not once a step
         now = self._sample()
         if now is None:
             return
-        last = self._window
+        self._window = now
         if last is None:
-            self._window = now
             return
         wall = now.wall - last.wall
-        if wall < WINDOW_S:
-            return
-        self._window = now
         others = max(0.0, (now.busy - last.busy) - (now.own - last.own)) / wall
         free = self.cores - others
         n = max(1, min(self.cores, round(free)))

@@ -7,7 +7,6 @@
 // region runs as at::parallel_for (OpenMP) / on the calling thread.
 #pragma once
 #include <ATen/Parallel.h>
-#include <algorithm>
 #include <cstdint>
 #include "pool_api.h"
 
@@ -15,6 +14,9 @@ namespace verispec_pool {
 
 // The pool's table, set once by `use_pool` as the extension loads (one per extension: each is its own library).
 inline const PoolApi* g_pool = nullptr;
+
+// For PYBIND11_MODULE: `m.def("use_pool", &verispec_pool::use_pool)`; ext.py passes pool.cpp's table address.
+inline void use_pool(int64_t address) { g_pool = reinterpret_cast<const PoolApi*>(address); }
 
 template <typename F>
 void run_chunk(void* ctx, int64_t begin, int64_t end) {
@@ -36,9 +38,4 @@ void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& f) {
   g_pool->run(const_cast<void*>(static_cast<const void*>(&shifted)), &run_chunk<decltype(shifted)>, n, grain);
 }
 
-}  // namespace verispec_pool
-
-// For PYBIND11_MODULE: `m.def("use_pool", &verispec_pool::use_pool)`; ext.py passes pool.cpp's table address.
-namespace verispec_pool {
-inline void use_pool(int64_t address) { g_pool = reinterpret_cast<const PoolApi*>(address); }
 }  // namespace verispec_pool

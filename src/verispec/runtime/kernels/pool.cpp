@@ -260,8 +260,9 @@ int api_threads() { return pool().threads(); }
 
 const PoolApi API = {&api_run, &api_threads};
 
-// Test hook: a region over n items whose chunk c sleeps `sleep_us[c % len]` microseconds and writes its chunk's
-// first item into out[item] (so a test sees every item covered once, whatever the threads did).
+// Test hook: a region over out's n items (chunks of at least `grain`) that adds 1 to every item it runs, so a test
+// sees every item run exactly once whatever the threads did; the chunk starting at item b first sleeps
+// `sleep_us[(b / grain) % len]` microseconds (a negative value: it throws instead).
 void test_region(at::Tensor out, int64_t grain, std::vector<int64_t> sleep_us) {
   int64_t* o = out.data_ptr<int64_t>();
   const int64_t n = out.numel();
