@@ -55,6 +55,24 @@ def pytest_runtest_setup(item):
 # way and ~95 s with torch's default under load. Set at import so every test file sees the same weights.
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def _threads_as_the_suite_set_them():
+    """A CLI command run in process configures the process's threads (`--threads`, default 'auto': every free core,
+    re-measured as it runs: runtime/threads.py); the next test gets back the threads it would have had, and the
+    governor unconfigured (following torch's threads, as the API's default does)."""
+    before = torch.get_num_threads()
+    yield
+    from verispec.runtime import threads
+    from verispec.runtime.kernels import ext
+
+    if threads.governor().setting is not None:
+        threads.configure_threads(None)
+    if torch.get_num_threads() != before:
+        torch.set_num_threads(before)
+    if ext._BUILT.get("pool") is not None and not isinstance(ext._BUILT["pool"], Exception):
+        ext._BUILT["pool"].set_threads(before)
+
 # VERISPEC_TEST_RUNNER=hf | native | compiled runs the whole suite on that runner (default: "auto", native for the
 # Llama family); .ci/run repeats the equality and exactness tests on each.
 _RUNNERS = {"hf": dict(backend="hf"), "native": dict(backend="auto", compile=False),

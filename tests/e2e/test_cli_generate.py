@@ -66,6 +66,19 @@ def test_json_says_which_kv_cache_dtype_ran(capsys, model_dirs):
     assert code == 0 and runner["kv_cache_dtype"] == "float16" and runner["kv_cache_dtype_reason"] == "float16: asked for"
 
 
+def test_json_says_which_threads_ran(capsys, model_dirs):
+    """--threads reaches the governor and --json: a fixed N, and 'auto' (the default) with its steps counted."""
+    common = ["--model", model_dirs["target"], "--prompt", "hi", "--max-new-tokens", 2, "--json", "--draft-model",
+              "none"]
+    code, out, _ = run_cli(capsys, *common, "--threads", "1")
+    threads = json.loads(out)["threads"]
+    assert code == 0 and threads["setting"] == 1 and threads["threads"] == 1 and threads["reason"] == "--threads 1"
+    code, out, _ = run_cli(capsys, *common)
+    threads = json.loads(out)["threads"]
+    assert code == 0 and threads["setting"] == "auto" and threads["reason"].startswith("auto")
+    assert sum(threads["steps_by_threads"].values()) >= 1
+
+
 def test_streams_text_then_stats(capsys, model_dirs):
     code, out, err = run_cli(capsys, "--model", model_dirs["target"], "--draft-model", model_dirs["draft"],
                              "--prompt", "hello", "--chat", "--max-new-tokens", 12, "--temperature", 0.8, "--seed", 3)
@@ -84,6 +97,7 @@ BAD_INPUT = [
     (["--draft-model", "ngram+head:/no/such/head"], "holds no draft head"),
     (["--draft-model", "self:int3"], "unknown twin format 'int3'; choose from self:int8"),
     (["--kv-cache-dtype", "int8"], "--kv-cache-dtype"),
+    (["--threads", "0"], "'auto' or a positive integer"),
     (["--chat-template", "/no/such/template.jinja"], "cannot read the chat template file"),
 ]
 
