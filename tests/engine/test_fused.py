@@ -188,7 +188,7 @@ def test_long_chunks_equal_one_query_steps(dtype, heads, threads):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("d", [32, 40, 64, 128])  # the tiled path's head dims, and 40: one query at a time
+@pytest.mark.parametrize("d", [32, 40, 64, 128, 256])  # the tiled path's head dims, and 40: one query at a time
 def test_attention_paths_agree_on_trees_and_head_dims(dtype, d):
     """Tree masks (holes inside the attended range) and every head dim: all paths give the same bits, which stay
     close to the fp64 reference."""
@@ -204,6 +204,32 @@ def test_attention_paths_agree_on_trees_and_head_dims(dtype, d):
     for out in outs[1:]:
         assert torch.equal(out, outs[0])
     assert (outs[0].double() - reference(q, keys, values, mask)).abs().max() < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 256])
+def test_sliding_window_masks_equal_one_query_steps(dtype, d):
+    """A sliding window's mask (Gemma 3's local layers: the entries more than `window` positions back hidden) on a
+    chunk far past the window: the tiled path skips the blocks every query of a tile has masked, and each query
+    still equals its one-query step on every path, bitwise, and the fp64 reference."""
+    gen = torch.Generator().manual_seed(d)
+    b, H, Hk, n, window = 2, 4, 1, 40, 24
+    lengths = torch.tensor([150, 37])  # row 0: the chunk starts far past the window; row 1: inside it
+    mask = attention_mask(lengths, n, int(lengths.max()) + n, dtype)  # [b, 1, n, L]
+    positions = lengths[:, None] + torch.arange(n)  # [b, n]
+    far = torch.arange(mask.shape[-1]) <= positions[..., None] - window  # [b, n, L]
+    mask = mask.masked_fill(far.unsqueeze(1), torch.finfo(dtype).min)
+    q = torch.randn(b, H, n, d, generator=gen).to(dtype)
+    keys, values = cache(b, Hk, 256, d, dtype, gen)
+    ext = fused.kernel()
+    for path in paths_built():
+        out = ext.attention(q, keys, values, mask, path)
+        for r in range(b):
+            for t in (0, 1, 17, n - 1):
+                step = ext.attention(q[r : r + 1, :, t : t + 1], keys[r : r + 1], values[r : r + 1],
+                                     mask[r : r + 1, :, t : t + 1], fused.PATHS["vector"])
+                assert torch.equal(out[r, :, t], step[0, :, 0]), (path, r, t)
+        assert (out.double() - reference(q, keys, values, mask)).abs().max() < TOLERANCE[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -242,7 +268,7 @@ def test_a_build_without_avx512_gives_the_same_bits():
         pytest.skip(f"the kernel could not be built without AVX-512 here; {REQUIRE_ENV}=1 makes this an error")
     gen = torch.Generator().manual_seed(5)
     for dtype in DTYPES:
-        for H, Hk, d in [(9, 3, 64), (4, 4, 32), (4, 2, 128), (2, 1, 40)]:
+        for H, Hk, d in [(9, 3, 64), (4, 4, 32), (4, 2, 128), (2, 1, 40), (4, 1, 256)]:
             for n in (1, 17, 40):
                 lengths = torch.tensor([5, 70])
                 mask = attention_mask(lengths, n, int(lengths.max()) + n + 3, dtype)

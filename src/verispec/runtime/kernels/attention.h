@@ -89,47 +89,56 @@ inline void prefetch_entry(const void* at, int64_t bytes) {
 struct TileScratch {
   std::vector<float> q, k, v, m, s;  // the tile's queries, keys, values, masks, scores (then p)
   std::vector<int64_t> len;  // per query: 1 + its last unmasked entry (0: none)
+  int64_t from = 0;  // the tile's first block that any query sees (a multiple of 16): the entries before it are
+                     // masked for every query (a sliding window's far past), so p = 0 there and they are skipped
 };
 
 // Queries q0 .. q0 + R - 1 of a tile (scores already exponentiated in w.s): sum_j p_j v_j and sum_j p_j in j order,
 // p_j = 0 skipped (a masked add: what the one-query loop's `continue` does), then acc / total into the output.
 // The values come from `v` (stride `vstride` between entries): the tile's fp32 copy, or the cache itself (V).
+// The head dim's channels go in passes of CP vectors (d = 256: at most 16 sums, R x CP, stay in registers; up to 8
+// queries share each value vector loaded);
+// each channel's sum is the same j-ordered chain whichever pass holds it. Entries before w.from have p = 0 for
+// every query (sum_j p_j starting there adds the same numbers).
 template <int NC, int R, typename T, typename V>
 void weigh_values(TileScratch& w, const V* v, int64_t vstride, const std::vector<float>& top, int64_t q0, int64_t Lp,
                   const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0,
                   bool prefetch = false) {  // prefetch: v is the cache (else the tile's copy, in cache already)
   constexpr int64_t d = 16 * NC;
+  constexpr int CP = NC <= 8 ? NC : R == 1 ? 16 : R == 2 ? 8 : R <= 4 ? 4 : 2;  // vectors a pass sums (divides NC)
   int64_t Lr = 0;
   for (int r = 0; r < R; ++r) Lr = std::max(Lr, w.len[q0 + r]);
-  __m512 acc[R][NC];
-  float total[R];
-  const float* p[R];
-#pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    total[r] = 0.0f;
-    p[r] = w.s.data() + (q0 + r) * Lp;
-    for (int c = 0; c < NC; ++c) acc[r][c] = _mm512_setzero_ps();
-  }
-  for (int64_t j = 0; j < Lr; ++j) {
-    const V* vj = v + j * vstride;
-    if (prefetch && j + PREFETCH_ENTRIES < Lr) prefetch_entry(vj + PREFETCH_ENTRIES * vstride, d * sizeof(V));
+  float sums[R * d], totals[R];  // out of the registers with constant indices (else the sums live in memory)
+  for (int c0 = 0; c0 < NC; c0 += CP) {
+    __m512 acc[R][CP];
+    float total[R];
+    const float* p[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const float pj = p[r][j];
-      total[r] += pj;
-      const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_set1_ps(pj), _mm512_setzero_ps(), _CMP_NEQ_UQ);
-      const __m512 pv = _mm512_set1_ps(pj);
-#pragma GCC unroll 16
-      for (int c = 0; c < NC; ++c)
-        acc[r][c] = _mm512_mask3_fmadd_ps(pv, load16(vj + 16 * c, 0xffff), acc[r][c], keep);
+      total[r] = 0.0f;
+      p[r] = w.s.data() + (q0 + r) * Lp;
+      for (int c = 0; c < CP; ++c) acc[r][c] = _mm512_setzero_ps();
     }
-  }
-  float sums[R * d], totals[R];  // out of the registers with constant indices (else the sums live in memory)
+    for (int64_t j = w.from; j < Lr; ++j) {
+      const V* vj = v + j * vstride + 16 * c0;
+      if (prefetch && j + PREFETCH_ENTRIES < Lr) prefetch_entry(vj + PREFETCH_ENTRIES * vstride, 16 * CP * sizeof(V));
 #pragma GCC unroll 16
-  for (int r = 0; r < R; ++r) {
-    totals[r] = total[r];
+      for (int r = 0; r < R; ++r) {
+        const float pj = p[r][j];
+        total[r] += pj;
+        const __mmask16 keep = _mm512_cmp_ps_mask(_mm512_set1_ps(pj), _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        const __m512 pv = _mm512_set1_ps(pj);
 #pragma GCC unroll 16
-    for (int c = 0; c < NC; ++c) _mm512_storeu_ps(sums + r * d + 16 * c, acc[r][c]);
+        for (int c = 0; c < CP; ++c)
+          acc[r][c] = _mm512_mask3_fmadd_ps(pv, load16(vj + 16 * c, 0xffff), acc[r][c], keep);
+      }
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      totals[r] = total[r];
+#pragma GCC unroll 16
+      for (int c = 0; c < CP; ++c) _mm512_storeu_ps(sums + r * d + 16 * (c0 + c), acc[r][c]);
+    }
   }
   const auto os = out.strides();
   for (int r = 0; r < R; ++r) {
@@ -163,41 +172,45 @@ template <int NC, typename T, typename C>
 void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                  const at::Tensor& out, int64_t row, int64_t kh, int64_t t0, int64_t t1, TileScratch& w) {
   constexpr int64_t d = 16 * NC;
-  constexpr int QR = NC >= 8 ? 2 : 20 / NC;  // queries whose sums stay in registers together
+  constexpr int QR = NC > 8 ? 8 : NC == 8 ? 2 : 20 / NC;  // queries whose sums stay in registers together
   const int64_t H = q.size(1), g = H / keys.size(1), L = mask.size(3), nt = t1 - t0, Q = g * nt;
   const auto qs = q.strides(), ks = keys.strides(), vs = values.strides(), ms = mask.strides(), os = out.strides();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
   const float inf = std::numeric_limits<float>::infinity();
-  // masks as fp32 [nt][Lp] (past L: masked) and each position's visible length
-  int64_t Lt = 0;
+  // masks as fp32 [nt][Lp] (past L: masked) and each position's visible length; the tile's first block that any
+  // query sees (w.from: entries before it are masked for all, a sliding window's far past, and are never read)
+  int64_t Lt = 0, first = L;
   std::vector<int64_t> lenT(nt);
   for (int64_t tl = 0; tl < nt; ++tl) {
     const T* mrow = ptr<T>(mask) + row * ms[0] + (t0 + tl) * ms[2];
-    int64_t last = L;
+    int64_t last = L, begin = 0;
     while (last > 0 && to_f(mrow[(last - 1) * ms[3]]) <= MASKED) --last;
+    while (begin < std::min(last, first) && to_f(mrow[begin * ms[3]]) <= MASKED) ++begin;
     lenT[tl] = last;
     Lt = std::max(Lt, last);
+    if (last > 0) first = std::min(first, begin);
   }
-  const int64_t Lp = (Lt + 15) / 16 * 16;
-  w.m.resize(nt * Lp), w.k.resize(Lp * d), w.v.resize(Lt * d), w.q.resize(Q * d), w.s.resize(Q * Lp);
-  w.len.resize(Q);
-  for (int64_t tl = 0; tl < nt; ++tl) {
-    const T* mrow = ptr<T>(mask) + row * ms[0] + (t0 + tl) * ms[2];
-    float* mt = w.m.data() + tl * Lp;
-    for (int64_t j = 0; j < Lt; ++j) mt[j] = to_f(mrow[j * ms[3]]);
-    std::fill(mt + Lt, mt + Lp, -inf);
-  }
-  const C* krow = ptr<C>(keys) + row * ks[0] + kh * ks[1];
-  const C* vrow = ptr<C>(values) + row * vs[0] + kh * vs[1];
-  for (int64_t j = 0; j < std::min(Lt, PREFETCH_ENTRIES); ++j) {  // the first entries, all at once
-    prefetch_entry(krow + j * ks[2], d * sizeof(C));
-    prefetch_entry(vrow + j * vs[2], d * sizeof(C));
-  }
+  const int64_t Lp = (Lt + 15) / 16 * 16, F = std::min(first, Lt) / 16 * 16;
   // Keys with contiguous entries: whole blocks of 16 are read where they are (fp32) or converted a block at a time
   // into `block` (a 16-bit cache: exact, so the bits are the same); the last partial block is copied, zero-padded
   // (never read past the cache's end).
   const int64_t Lc = ks[2] == d ? Lt / 16 * 16 : 0;  // keys read in place
-  for (int64_t j = Lc; j < Lt; ++j) {
+  w.from = F;
+  w.m.resize(nt * Lp), w.k.resize((Lp - Lc) * d), w.v.resize(Lt * d), w.q.resize(Q * d), w.s.resize(Q * Lp);
+  w.len.resize(Q);
+  for (int64_t tl = 0; tl < nt; ++tl) {
+    const T* mrow = ptr<T>(mask) + row * ms[0] + (t0 + tl) * ms[2];
+    float* mt = w.m.data() + tl * Lp;
+    for (int64_t j = F; j < Lt; ++j) mt[j] = to_f(mrow[j * ms[3]]);
+    std::fill(mt + Lt, mt + Lp, -inf);
+  }
+  const C* krow = ptr<C>(keys) + row * ks[0] + kh * ks[1];
+  const C* vrow = ptr<C>(values) + row * vs[0] + kh * vs[1];
+  for (int64_t j = F; j < std::min(Lt, F + PREFETCH_ENTRIES); ++j) {  // the first entries, all at once
+    prefetch_entry(krow + j * ks[2], d * sizeof(C));
+    prefetch_entry(vrow + j * vs[2], d * sizeof(C));
+  }
+  for (int64_t j = std::max(Lc, F); j < Lt; ++j) {
     const C* kj = krow + j * ks[2];
     if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(kj + PREFETCH_ENTRIES * ks[2], d * sizeof(C));
     float* kw = w.k.data() + (j - Lc) * d;
@@ -205,7 +218,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   }
   std::fill(w.k.data() + (Lt - Lc) * d, w.k.data() + (Lp - Lc) * d, 0.0f);
   const bool copy_v = Q > QR;  // values read in more than one pass: an fp32 copy (else read where they are)
-  for (int64_t j = 0; copy_v && j < Lt; ++j) {
+  for (int64_t j = F; copy_v && j < Lt; ++j) {
     const C* vj = vrow + j * vs[2];
     if (j + PREFETCH_ENTRIES < Lt) prefetch_entry(vj + PREFETCH_ENTRIES * vs[2], d * sizeof(C));
     float* vw = w.v.data() + j * d;
@@ -220,7 +233,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
   // scores, key blocks of 16 outside (in L1 for every query), then max, exp; p = 0 past a query's length
   std::vector<float> tops(Q * 16, -inf);  // per query, the lanes' maxima (exact: the maximum in any order)
   alignas(64) float block[16 * d];  // a 16-bit cache's block of 16 keys in fp32
-  for (int64_t j0 = 0; j0 < Lp; j0 += 16) {
+  for (int64_t j0 = F; j0 < Lp; j0 += 16) {
     const float* kb = w.k.data() + (j0 - Lc) * d;
     if (j0 < Lc) {
       const C* kc = krow + j0 * d;
@@ -235,11 +248,19 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     }
     for (int64_t qi = 0; qi < Q; ++qi) {
       if (j0 >= w.len[qi]) continue;
-      __m512 qv[NC], acc[16];
-      for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(w.q.data() + qi * d + 16 * c);
+      __m512 acc[16];
       for (int k = 0; k < 16; ++k) acc[k] = _mm512_setzero_ps();
-      for (int c = 0; c < NC; ++c)
-        for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + k * d + 16 * c), acc[k]);
+      if constexpr (NC <= 8) {  // the query's vectors held in registers beside the 16 sums
+        __m512 qv[NC];
+        for (int c = 0; c < NC; ++c) qv[c] = _mm512_loadu_ps(w.q.data() + qi * d + 16 * c);
+        for (int c = 0; c < NC; ++c)
+          for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kb + k * d + 16 * c), acc[k]);
+      } else {  // d = 256: one query vector at a time (the same operations in the same order)
+        for (int c = 0; c < NC; ++c) {
+          const __m512 qc = _mm512_loadu_ps(w.q.data() + qi * d + 16 * c);
+          for (int k = 0; k < 16; ++k) acc[k] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kb + k * d + 16 * c), acc[k]);
+        }
+      }
       const __m512 mv = _mm512_loadu_ps(w.m.data() + (qi % nt) * Lp + j0);
       __m512 sv = _mm512_add_ps(reduce16(acc), mv);
       sv = _mm512_mask_mov_ps(sv, _mm512_cmp_ps_mask(mv, _mm512_set1_ps(MASKED), _CMP_LE_OQ), _mm512_set1_ps(-inf));
@@ -255,7 +276,7 @@ void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& 
     const int64_t done = (w.len[qi] + 15) / 16 * 16;
     if (top[qi] != -inf) {
       const __m512 shift = _mm512_set1_ps(top[qi]);
-      for (int64_t j = 0; j < done; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift)));
+      for (int64_t j = F; j < done; j += 16) _mm512_storeu_ps(s + j, fexp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), shift)));
     }
     std::fill(s + std::min(done, Lp), s + Lp, 0.0f);
   }
@@ -280,7 +301,7 @@ void attention_tiled(const at::Tensor& q, const at::Tensor& keys, const at::Tens
   // Deals of items, several per thread: whichever thread is running takes the next deal.
   const int64_t deals = std::min(items, threads * 4);
   verispec_pool::parallel_for(0, deals, attention_grain(deals, macs), [&](int64_t begin, int64_t end) {
-    TileScratch w;
+    thread_local TileScratch w;  // each thread's own, kept across calls (grown, never zero-filled again)
     for (int64_t deal = begin; deal < end; ++deal)
       for (int64_t item = deal; item < items; item += deals) {
         const int64_t r = item / (b * Hk), row = item % (b * Hk) / Hk, kh = item % Hk;
@@ -296,13 +317,14 @@ bool attention_tiled_if(const at::Tensor& q, const at::Tensor& keys, const at::T
     case 32: attention_tiled<2, T, C>(q, keys, values, mask, out); return true;
     case 64: attention_tiled<4, T, C>(q, keys, values, mask, out); return true;
     case 128: attention_tiled<8, T, C>(q, keys, values, mask, out); return true;
+    case 256: attention_tiled<16, T, C>(q, keys, values, mask, out); return true;
     default: return false;
   }
 }
 #endif
 
 // The paths (argument `path`; fused.py picks one, VERISPEC_ATTENTION_PATH forces one): 2 tiles of queries per KV
-// head (AVX-512, d = 32, 64 or 128; else path 1), 1 one query at a time in AVX-512 (else path 0), 0 scalar. Every
+// head (AVX-512, d = 32, 64, 128 or 256; else path 1), 1 one query at a time in AVX-512 (else path 0), 0 scalar. Every
 // path gives the same bits.
 enum { SCALAR = 0, VECTOR = 1, TILED = 2 };
 

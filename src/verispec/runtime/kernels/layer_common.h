@@ -175,6 +175,7 @@ template <typename T> inline void accumulate(const float* p, const T* v, int64_t
     case 32: return accumulate16<2>(p, v, stride, L, out);
     case 64: return accumulate16<4>(p, v, stride, L, out);
     case 128: return accumulate16<8>(p, v, stride, L, out);
+    case 256: return accumulate16<16>(p, v, stride, L, out);
     default: break;
   }
 #endif
