@@ -35,7 +35,7 @@ ENABLED = True  # False: the torch formulas run (llama.py's fallbacks), for meas
 MAX_QUERIES = 16
 DTYPES = (torch.float32, torch.bfloat16)
 # Attention's code paths, all giving the same bits: "tiled" (many queries of one KV head share each key and value
-# vector: AVX-512, head dims 32 / 64 / 128), "vector" (one query at a time, AVX-512), "scalar" (what a CPU without
+# vector: AVX-512, head dims 32 / 64 / 128 / 256), "vector" (one query at a time, AVX-512), "scalar" (what a CPU without
 # AVX-512 runs). "auto": tiled from TILE_QUERIES fed tokens a row, else vector. VERISPEC_ATTENTION_PATH forces one
 # (read at start-up), so a CI machine with AVX-512 tests the others too. TILE_QUERIES is 1: since the tiled path reads
 # a KV head's values once for its g query heads, it beats the one-query path at every width (one thread, thread CPU
