@@ -9,6 +9,7 @@ children carry the draft's q instead of the renormalised q they were drawn from.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -93,6 +94,19 @@ def test_trees_only_for_rows_whose_processing_allows_them(trained_pair, tokenize
     both = [step for step in seen if len(step) == 2]
     assert any(step[0].is_tree for step in both)
     assert not any(step[1].is_tree for step in both) and any(step[1].token_ids.numel() for step in both)
+
+
+def test_sampled_tree_shape_is_fixed_from_what_is_known_before_drawing():
+    """`_slots`: an even share of the budget per depth, to the (node, rank) pairs of highest estimated score, each
+    node's ranks in order; with measured verify costs, only while a pair raises tokens per verify cost."""
+    top_p = [[0.6, 0.3, 0.1, 0.0], [0.5, 0.5, 0.0, 0.0]]  # q's sorted top probabilities below two frontier nodes
+    scores = [math.log(0.5), math.log(0.25)]  # their paths' scores: pair values 0.3, 0.15, 0.05 and 0.125, 0.125
+    assert model_tree._slots(top_p, scores, 8, 2, 4, [], None) == [2, 2]  # share 4 of 8 over 2 depths
+    assert model_tree._slots(top_p, scores, 8, 4, 4, [], None) == [2, 0]  # share 2
+    assert model_tree._slots(top_p, scores, 8, 2, 1, [], None) == [1, 1]  # branch 1: rank 0 only
+    assert model_tree._slots(top_p, scores, 8, 2, 4, [], lambda width: 1.0) == [2, 2]  # width is free: all
+    assert model_tree._slots(top_p, scores, 8, 2, 4, [], lambda width: float(width)) == [0, 0]  # none pays
+    assert model_tree._slots(top_p, scores, 8, 2, 4, [], lambda width: None) == [2, 2]  # not measured yet
 
 
 # -- sampling: the distribution ------------------------------------------------------------------------------------

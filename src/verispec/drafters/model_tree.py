@@ -16,10 +16,10 @@ distribution q there:
   (acceptance.tree_rejection_verify, SpecInfer / SpecTr multi-draft). That is exact when each child's token
   follows the q it carries given everything drawn before it, independently of the verification noise. So no
   drawn node is pruned afterwards, and how many children a node gets is fixed before they are drawn, from what is
-  known then (`_slots`: the q of the nodes expanded at that depth, their paths' scores, the budget left): each
-  depth gets an even share of the budget left over the depths left, given to the (node, rank) pairs with the
-  highest estimated score (path score + log of q's rank-th largest probability); a node's ranks are taken in
-  order. Such a row draws one uniform from its own generator per node, in depth, node, rank order (at most its
+  known then (`_slots`: the q of the nodes expanded at that depth, the scores of the nodes drawn so far, the
+  budget left): each depth gets an even share of the budget left over the depths left, given to the (node, rank)
+  pairs with the highest estimated score (path score + log of q's rank-th largest probability), and with measured
+  verify costs only while a pair raises the estimated tokens per verify cost; a node's ranks are taken in order. Such a row draws one uniform from its own generator per node, in depth, node, rank order (at most its
   `tree_nodes` per round, before the verifier's nodes + 1).
 - chain rows of the same step (no tree offered): one child per depth, as the chain loop drafts them (sampled rows
   draw from q and carry it, one uniform per depth), with the draft-confidence cut-off.
@@ -87,7 +87,8 @@ def grow_trees(forward: Forward, batch: DraftBatch, ks: list[int], kept: list[in
             if sampled[i]:
                 scores = [nodes[i][n - 1][2] if n else 0.0 for n in frontier[i]]
                 ranks[i][: len(scores)] = _slots([p[chosen:] for p in top_p[i]], scores, left[i], ks[i] - depth + 1,
-                                                 TREE_BRANCH if trees[i] else 1)
+                                                 TREE_BRANCH if trees[i] else 1, nodes[i],
+                                                 row.verify_cost if trees[i] else None)
                 left[i] -= sum(ranks[i])
                 continue
             for f, parent in enumerate(frontier[i]):
@@ -141,15 +142,24 @@ def _add(nodes: list[tuple], paths: dict[int, list[int]], token: int, parent: in
     return len(nodes)
 
 
-def _slots(top_p: list[list[float]], scores: list[float], left: int, depths_left: int, branch: int) -> list[int]:
+def _slots(top_p: list[list[float]], scores: list[float], left: int, depths_left: int, branch: int,
+           drawn: list[tuple], verify_cost: Callable[[int], float | None] | None) -> list[int]:
     """Children to draw below each frontier node of a sampled row (decided before any is drawn): the best
-    min(left, ceil(left / depths_left)) (node, rank) pairs by path score + log of q's rank-th largest probability.
-    A node's ranks are taken in order (its probabilities are sorted), so rank j is drawn only after ranks < j."""
+    min(left, ceil(left / depths_left)) (node, rank) pairs by estimated score, path score + log of q's rank-th
+    largest probability; with measured verify costs, only while each pair raises the estimated rate (1 + sum of the
+    row's node scores, `drawn` ones and these) / verify cost(nodes + 1), as `best_nodes` sizes a tree of point
+    masses. A node's ranks are taken in order (its probabilities are sorted), so rank j is drawn after ranks < j."""
     share = min(left, -(-left // depths_left))
     pairs = sorted((-(score + math.log(p)), f, j) for f, score in enumerate(scores)
                    for j, p in enumerate(top_p[f][:branch]) if p > 0.0)
     counts = [0] * len(scores)
-    for _, f, _ in pairs[:share]:
+    value, nodes = 1.0 + sum(math.exp(node[2]) for node in drawn), len(drawn)
+    for neg_score, f, _ in pairs[:share]:
+        gain = math.exp(-neg_score)
+        now, more = (verify_cost(nodes + 1), verify_cost(nodes + 2)) if verify_cost is not None else (None, None)
+        if now is not None and more is not None and (value + gain) / max(more, 1e-9) <= value / max(now, 1e-9):
+            break
+        value, nodes = value + gain, nodes + 1
         counts[f] += 1
     return counts
 
