@@ -126,10 +126,16 @@ class ModelDrafter(Drafter):
     same forward), then one token per draft step; shorter rows are padded, and every row's kept length is set back
     to what it really holds. `observe` truncates to the part the target kept. Nothing is re-encoded.
 
+    Token trees: a row offered one (`DraftRow.tree_nodes` > k) gets one from `model_tree.grow_trees`, one forward per
+    depth over every row's frontier after this first forward; afterwards each slot is set back to seq[:N], so the
+    next round feeds the accepted path and the next token (up to `IN_BATCH_TREE` tokens in the batched forward).
+
     Devices: the draft model may live on another device than the target (`--draft-device`). Per `propose`, the
     committed tokens a round feeds cross to the draft's device in one copy ([batch, width]), the sampled rows'
     uniforms in one ([batch, K]) and the rows' sampling tensors (SamplingBatch.to); the draft tokens ([batch, K])
-    and q ([batch, K, vocab]) come back to the target's device in one copy each: proposals are views of those.
+    and q ([batch, K, vocab]) come back to the target's device in one copy each: proposals are views of those. A
+    tree round crosses per depth its fed nodes, positions, mask and the sampled rows' uniforms (one copy each), and
+    each sampled row's q comes back in one copy.
     """
 
     name = "model"
@@ -256,10 +262,10 @@ class ModelDrafter(Drafter):
         # Room in the cache: the k draft tokens must fit after the committed sequence.
         ks = [min(row.k, self.max_len - row.token_ids.numel()) if row.member else 0 for row in rows]
         trees = [row.tree_nodes > k > 0 for row, k in zip(rows, ks)]
-        catch_up = [self._catch_up(row) if k > 0 and (row.slot in self._unstarted or row.token_ids.numel()
-                                                      - lengths[row.slot] > (self.IN_BATCH_TREE if tree else
-                                                                             self.IN_BATCH))
-                    else 0.0 for row, k, tree in zip(rows, ks, trees)]  # seconds of each row's own catch-up
+        in_batch = [self.IN_BATCH_TREE if tree else self.IN_BATCH for tree in trees]
+        catch_up = [self._catch_up(row) if k > 0 and (row.slot in self._unstarted or
+                                                      row.token_ids.numel() - lengths[row.slot] > most)
+                    else 0.0 for row, k, most in zip(rows, ks, in_batch)]  # seconds of each row's own catch-up
         start = time.perf_counter()
         feeds = [row.token_ids[lengths[row.slot] :] if k > 0 else row.token_ids.new_empty(0)
                  for row, k in zip(rows, ks)]
