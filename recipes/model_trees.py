@@ -2,9 +2,9 @@
 SmolLM2 target, greedy, batch 1, every method interleaved prompt by prompt (docs/speculation.md, "Token trees").
 Usage: python recipes/model_trees.py THREADS PROMPTS NEW_TOKENS [TEMPERATURE] (e.g. 2 6 64): the first prompt of the
 first PROMPTS categories of the bench's prompts file (Spec-Bench), as chat; TEMPERATURE > 0 samples (rejection
-sampling, seed 0, not coupled: sampled rows' siblings are drawn without replacement) instead of greedy. Prints one JSON line per method: tokens/s, speedup
-over the target alone (same run), mean accepted length, draft and verify milliseconds per round, outputs equal to
-the target's."""
+sampling, seed 0, not coupled: sampled rows' siblings are drawn without replacement) instead of greedy. Prints one
+JSON line per method: tokens/s, speedup over the target alone (same run), mean accepted length, draft and verify
+milliseconds per round, outputs equal to the target's; then a draft forward's cost by the tokens it feeds."""
 import json
 import sys
 import time

@@ -13,7 +13,6 @@ import math
 from dataclasses import replace
 
 import pytest
-import torch
 
 from test_sampling_exactness import (NEW_TOKENS, VOCAB, CharTokenizer, _sample, exact_joint, peaky_llama,
                                      tvd_bound)

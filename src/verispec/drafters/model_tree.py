@@ -19,7 +19,8 @@ distribution q there:
   known then (`_slots`: the q of the nodes expanded at that depth, the scores of the nodes drawn so far, the
   budget left): each depth gets an even share of the budget left over the depths left, given to the (node, rank)
   pairs with the highest estimated score (path score + log of q's rank-th largest probability), and with measured
-  verify costs only while a pair raises the estimated tokens per verify cost; a node's ranks are taken in order. Such a row draws one uniform from its own generator per node, in depth, node, rank order (at most its
+  verify costs only while a pair raises the estimated tokens per verify cost; a node's ranks are taken in order.
+  Such a row draws one uniform from its own generator per node, in depth, node, rank order (at most its
   `tree_nodes` per round, before the verifier's nodes + 1).
 - chain rows of the same step (no tree offered): one child per depth, as the chain loop drafts them (sampled rows
   draw from q and carry it, one uniform per depth), with the draft-confidence cut-off.
