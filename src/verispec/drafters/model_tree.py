@@ -71,8 +71,8 @@ def grow_trees(forward: Forward, batch: DraftBatch, ks: list[int], kept: list[in
         processed = process_logits(logits, sampling, pending, start=depth - 1, depths=at_depth)  # [b, width, vocab]
         q = stable_softmax(processed)  # [b, width, vocab]
         top_p, top_ids = q.topk(widest, dim=-1)  # [b, width, widest]
-        chosen = int(any(sampling.coupled))  # the rows' own choices lead the top tokens (coupled rows need theirs)
-        if chosen:
+        choice_first = int(any(sampling.coupled))  # the rows' own choices lead the top tokens (a coupled row's)
+        if choice_first:
             choice = row_choices(processed, sampling, start=depth - 1, depths=at_depth)  # [b, width]
             top_ids = torch.cat([choice.unsqueeze(-1), top_ids], dim=-1)  # [b, width, 1 + widest]
             top_p = torch.cat([q.gather(-1, choice.unsqueeze(-1)), top_p], dim=-1)
@@ -87,14 +87,14 @@ def grow_trees(forward: Forward, batch: DraftBatch, ks: list[int], kept: list[in
                 continue
             if sampled[i]:
                 scores = [nodes[i][n - 1][2] if n else 0.0 for n in frontier[i]]
-                ranks[i][: len(scores)] = _slots([p[chosen:] for p in top_p[i]], scores, left[i], ks[i] - depth + 1,
-                                                 TREE_BRANCH if trees[i] else 1, nodes[i],
-                                                 row.verify_cost if trees[i] else None)
+                top = [p[choice_first:] for p in top_p[i]]  # q's sorted top probabilities per frontier node
+                ranks[i][: len(scores)] = _slots(top, scores, left[i], ks[i] - depth + 1, TREE_BRANCH if trees[i] else 1,
+                                                 nodes[i], row.verify_cost if trees[i] else None)
                 left[i] -= sum(ranks[i])
                 continue
             for f, parent in enumerate(frontier[i]):
                 options = list(zip(top_ids[i][f], top_p[i][f]))
-                if chosen:  # the row's choice (a coupled row's coupled choice, else the argmax), then the others
+                if choice_first:  # the row's choice (a coupled row's coupled choice, else the argmax), then the others
                     options = options[:1] + [o for o in options[1:] if o[0] != options[0][0]]
                 for token, prob in options[: TREE_BRANCH if trees[i] else 1]:
                     if prob > 0.0:
