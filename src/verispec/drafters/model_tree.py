@@ -88,8 +88,9 @@ def grow_trees(forward: Forward, batch: DraftBatch, ks: list[int], kept: list[in
             if sampled[i]:
                 scores = [nodes[i][n - 1][2] if n else 0.0 for n in frontier[i]]
                 top = [p[choice_first:] for p in top_p[i]]  # q's sorted top probabilities per frontier node
-                ranks[i][: len(scores)] = _slots(top, scores, left[i], ks[i] - depth + 1, TREE_BRANCH if trees[i] else 1,
-                                                 nodes[i], row.verify_cost if trees[i] else None)
+                branch = TREE_BRANCH if trees[i] else 1
+                ranks[i][: len(scores)] = _slots(top, scores, left[i], ks[i] - depth + 1, branch, nodes[i],
+                                                 row.verify_cost if trees[i] else None)
                 left[i] -= sum(ranks[i])
                 continue
             for f, parent in enumerate(frontier[i]):
