@@ -159,6 +159,24 @@ def test_token_tree_step(tokenizer, trained_pair, counter, drafts_seen, mix):
         assert engine_syncs(sites) == 1, sites
 
 
+@pytest.mark.parametrize("mix", ["greedy", "rejection", "coupled"])
+def test_model_tree_step(tokenizer, trained_pair, counter, drafts_seen, mix):
+    """Token trees from a draft model: the engine's one sync, one NaN check per forward (the verify pass, the draft's
+    root forward and one per depth below the deepest), and the tree drafter's own: one read of which rows sample,
+    two per depth (the top tokens and their probabilities), one more per depth where a sampled row draws."""
+    target, draft = trained_pair
+    engine = SpeculativeEngine(target, tokenizer, ModelDrafter(draft, 256 + CACHE_SLACK),
+                               SpeculativeConfig(num_draft_tokens=K, tree_nodes=10), max_len=256, max_batch_size=ROWS)
+    run_rows(engine, tokenizer, MIXES[mix])
+    for _ in range(3):
+        sites = counter.step(engine)
+        assert drafts_seen[-1].tree is not None  # the step verified trees
+        assert engine_syncs(sites) == 1, sites
+        assert sites["sampling/processors.py"] == 1 + K, sites
+        assert sites["drafters/model_tree.py"] == 1 + 2 * K + (K if mix == "rejection" else 0), sites
+        assert sum(sites.values()) == 1 + (1 + K) + sites["drafters/model_tree.py"], sites
+
+
 def test_no_draft_probability_tensor_without_q(tokenizer, trained_pair, monkeypatch, drafts_seen):
     """No row carries q (greedy rows of a model drafter, sampled rows of prompt lookup): no [batch, width, vocab]
     tensor is allocated for it; a sampled model-drafter row carries q, and then it is."""

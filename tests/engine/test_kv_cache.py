@@ -28,6 +28,14 @@ def test_mask_with_a_tree():
     assert got.tolist() == [[True, True, False, False], [True, True, True, False], [True, True, False, True]]
 
 
+def test_mask_with_a_tree_grown_over_two_forwards():
+    # 1 kept entry; an earlier forward wrote children a, b (cache indices 1, 2); now a's child c and b's child d
+    # are fed (indices 3, 4): c sees a, not b; d sees b, not a (m = 4 columns: the 2 earlier entries and the 2 fed)
+    tree = torch.tensor([[[1, 0, 1, 0], [0, 1, 0, 1]]], dtype=torch.bool)
+    got = allowed(attention_mask(torch.tensor([3]), 2, 5, torch.float32, tree))[0]
+    assert got.tolist() == [[True, True, False, True, False], [True, False, True, False, True]]
+
+
 @pytest.mark.parametrize("arch", sorted(BUILDERS))
 def test_truncate_then_refeed_matches_fresh_forward(arch):
     model = BUILDERS[arch](0)

@@ -2,8 +2,8 @@
 
 Families (`--methods`): 'target' (our engine, drafter off: the baseline), 'verispec' (our speculative loop, one
 method per K), 'adaptive' (our loop choosing K per round), 'tree' / 'adaptive-tree' (the same with token trees of up
-to --tree-nodes draft tokens, for drafters that propose trees: a draft head; 'tree' is per K = the tree's depth),
-'hf-assisted' (transformers assisted generation, one method per K, constant schedule, no confidence cut-off: the
+to --tree-nodes draft tokens, for drafters that propose trees: a draft head or a draft model; 'tree' is per K = the
+tree's depth), 'hf-assisted' (transformers assisted generation, one method per K, constant schedule, no confidence cut-off: the
 anchor), 'hf-target' (transformers greedy `generate`).
 
 Every method produces exactly `max_new_tokens` tokens: end-of-sequence ids are masked until then
@@ -241,9 +241,10 @@ def adaptive_supported(engine: SpeculativeEngine) -> bool:
 
 def _proposes_trees(drafter) -> bool:
     from ..drafters.head import HeadDrafter
+    from ..drafters.model import model_drafters
 
     stages = getattr(drafter, "stages", [drafter])
-    return any(isinstance(stage, HeadDrafter) for stage in stages)
+    return any(isinstance(stage, HeadDrafter) for stage in stages) or bool(model_drafters(drafter))
 
 
 def parse_methods(text: str) -> list[str]:

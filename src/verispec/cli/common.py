@@ -51,9 +51,9 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                    help="draft tokens per round (default 4, or the pair's K with --draft-model auto); with adaptive "
                         "speculation, the K of the first rounds")
     g.add_argument("--tree-nodes", type=int, default=0, metavar="N", action=_ExplicitStore,
-                   help="token trees for drafters that propose them (a draft head): up to N draft tokens verified "
-                        "per round as a tree, its shape chosen per round from the draft's confidences (default 0: "
-                        "chains of K)")
+                   help="token trees for drafters that propose them (a draft head, a draft model): up to N draft "
+                        "tokens verified per round as a tree, its shape chosen per round from the draft's confidences "
+                        "(default 0: chains of K)")
     g.add_argument("--max-len", type=positive_int, default=2048, help="longest prompt + output in tokens")
     g.add_argument("--dtype", choices=DTYPE_CHOICES, default="auto",
                    help="weights dtype; 'auto' (default): bfloat16 where the device computes it natively and "

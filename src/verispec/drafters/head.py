@@ -42,12 +42,11 @@ from ..runtime.caches.kv_cache import SlotCache
 from ..runtime.model.llama import Block, LlamaSpec, Linear, layer_step, rms_norm
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, Drafter, row_uniforms
+from .tree import TREE_BEAM, TREE_BRANCH, as_tree, best_nodes
 
 HEAD_CONFIG = "head_config.json"
 HEAD_WEIGHTS = "head.safetensors"
 HEAD_PREFIX = "head:"
-TREE_BRANCH = 4  # children tried per expanded node
-TREE_BEAM = 4  # nodes expanded per depth
 # The head's own slack past the cache length it is given: a round feeds the pending pairs (below the committed
 # length), then per depth below the deepest one forward of at most TREE_BEAM expanded nodes (rows padded to the
 # widest), so draft nodes take at most (K - 1) x TREE_BEAM entries, K <= MAX_DRAFT_TOKENS (config.py).
@@ -353,26 +352,8 @@ class HeadDrafter(Drafter):
             # Sampled rows carry q (their tokens were drawn from it); greedy verification needs none.
             probs = torch.stack([n[4] for n in nodes]) if nodes[0][4] is not None else None  # [k, vocab]
             return DraftProposal(tokens, probs)
-        # The N best nodes by score (a parent scores at least its child and sorts first: closed under ancestors).
-        order = sorted(range(len(nodes)), key=lambda n: (-nodes[n][2], nodes[n][3], n))
-        budget = min(row.tree_nodes, len(nodes))
-        if row.verify_cost is not None:
-            best, best_rate, value = budget, -1.0, 1.0
-            for count, n in enumerate(order[:budget], start=1):
-                value += math.exp(nodes[n][2])
-                cost = row.verify_cost(count + 1)
-                if cost is None:
-                    break
-                rate = value / max(cost, 1e-9)
-                if rate > best_rate:
-                    best, best_rate = count, rate
-            budget = best
-        keep = sorted(order[:budget])  # creation order: parents before children
-        number = {n + 1: j + 1 for j, n in enumerate(keep)}  # old node number -> new (0 = root stays 0)
-        tokens = torch.tensor([nodes[n][0] for n in keep], dtype=torch.long, device=row.token_ids.device)
-        parents = torch.tensor([number.get(nodes[n][1], 0) for n in keep], dtype=torch.long,
-                               device=row.token_ids.device)
-        return DraftProposal(tokens, None, parents=parents)
+        keep = best_nodes([n[2] for n in nodes], [n[3] for n in nodes], row.tree_nodes, row.verify_cost)
+        return as_tree(row, [n[0] for n in nodes], [n[1] for n in nodes], keep)
 
 
 def _self_visible(write_index: torch.Tensor, kv_len: int) -> torch.Tensor:

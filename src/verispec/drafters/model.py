@@ -10,12 +10,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..config import RunnerOptions
+from ..config import MAX_DRAFT_TOKENS, RunnerOptions
 from ..runtime.caches.prefix_cache import PrefixCache
 from ..runtime.model.native_lm import is_causal_lm
 from ..runtime.runners.select import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
+from .model_tree import grow_trees
+from .tree import TREE_BEAM
 from .twin_head import ReducedHead, draft_vocab_ids, restrict_logits
 
 if TYPE_CHECKING:
@@ -124,10 +126,16 @@ class ModelDrafter(Drafter):
     same forward), then one token per draft step; shorter rows are padded, and every row's kept length is set back
     to what it really holds. `observe` truncates to the part the target kept. Nothing is re-encoded.
 
+    Token trees: a row offered one (`DraftRow.tree_nodes` > k) gets one from `model_tree.grow_trees`, one forward per
+    depth over every row's frontier after this first forward; afterwards each slot is set back to seq[:N], so the
+    next round feeds the accepted path and the next token (up to `IN_BATCH_TREE` tokens in the batched forward).
+
     Devices: the draft model may live on another device than the target (`--draft-device`). Per `propose`, the
     committed tokens a round feeds cross to the draft's device in one copy ([batch, width]), the sampled rows'
     uniforms in one ([batch, K]) and the rows' sampling tensors (SamplingBatch.to); the draft tokens ([batch, K])
-    and q ([batch, K, vocab]) come back to the target's device in one copy each: proposals are views of those.
+    and q ([batch, K, vocab]) come back to the target's device in one copy each: proposals are views of those. A
+    tree round crosses per depth its fed nodes, positions, mask and the sampled rows' uniforms (one copy each), and
+    each sampled row's q comes back in one copy.
     """
 
     name = "model"
@@ -136,6 +144,8 @@ class ModelDrafter(Drafter):
     prefix_tokens = 0  # KV of prompt prefixes kept for later prompts (`keep_prefixes`; 0: off)
     _prefix: PrefixCache | None = None
     IN_BATCH = 2  # tokens a drafting row may feed in the batched forward (a round that accepted all: 2)
+    IN_BATCH_TREE = MAX_DRAFT_TOKENS + 1  # the same for a row offered trees: its cache keeps only the committed
+    # prefix after a tree round (model_tree.py), so the next round feeds the accepted path and the next token
     CATCH_UP_CHUNK = 512  # tokens per forward of a row's own catch-up (a long prompt runs in chunks)
 
     _runner = None
@@ -228,12 +238,20 @@ class ModelDrafter(Drafter):
         self._unstarted.pop(slot, None)
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The runner's logits [batch, 1, vocab], restricted to a reduced head where the runner ran the full one."""
+        """The runner's logits [batch, n, vocab], restricted to a reduced head where the runner ran the full one."""
         if self.vocab_ids is None or getattr(self.model, "_verispec_reduced_head", False):
             return logits
         if self.vocab_ids.device != logits.device:
             self.vocab_ids = self.vocab_ids.to(logits.device)
         return restrict_logits(logits, self.vocab_ids)
+
+    def _tree_forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
+        """One depth of token trees (model_tree.py): tokens, positions [batch, w] and tree_mask [batch, w, m] from
+        the host -> the draft's logits [batch, w, vocab]."""
+        device = self.runner.device
+        out = self.runner.forward(cross(tokens, device), positions=cross(positions, device),
+                                  tree_mask=cross(tree_mask, device))
+        return self._logits(out.logits)
 
     @torch.inference_mode()
     def propose(self, batch: DraftBatch) -> list[DraftProposal]:
@@ -243,9 +261,11 @@ class ModelDrafter(Drafter):
         lengths = self.runner.lengths
         # Room in the cache: the k draft tokens must fit after the committed sequence.
         ks = [min(row.k, self.max_len - row.token_ids.numel()) if row.member else 0 for row in rows]
+        trees = [row.tree_nodes > k > 0 for row, k in zip(rows, ks)]
+        in_batch = [self.IN_BATCH_TREE if tree else self.IN_BATCH for tree in trees]
         catch_up = [self._catch_up(row) if k > 0 and (row.slot in self._unstarted or
-                                                      row.token_ids.numel() - lengths[row.slot] > self.IN_BATCH)
-                    else 0.0 for row, k in zip(rows, ks)]  # seconds of each row's own catch-up
+                                                      row.token_ids.numel() - lengths[row.slot] > most)
+                    else 0.0 for row, k, most in zip(rows, ks, in_batch)]  # seconds of each row's own catch-up
         start = time.perf_counter()
         feeds = [row.token_ids[lengths[row.slot] :] if k > 0 else row.token_ids.new_empty(0)
                  for row, k in zip(rows, ks)]
@@ -266,6 +286,16 @@ class ModelDrafter(Drafter):
         logits = self._logits(self.runner.forward(tokens, logits_at=last).logits)  # [batch, 1, vocab]
         for row, length in zip(rows, kept):
             self.runner.truncate(length, row.slot)  # padding dropped: draft tokens go right after the real ones
+        # Trees where a row is offered one and every depth's entries fit (each depth feeds <= TREE_BEAM per row).
+        if any(trees) and max(kept) + TREE_BEAM * (max(ks) - 1) <= self.max_len:
+            proposals = grow_trees(self._tree_forward, DraftBatch(rows, sampling), ks, kept, trees, logits,
+                                   lambda probs: cross(probs, home))
+            for row, length in zip(rows, kept):
+                self.runner.truncate(length, row.slot)  # the committed prefix: tree entries are stale
+            seconds = time.perf_counter() - start
+            for proposal, own in zip(proposals, catch_up):
+                proposal.seconds, proposal.catch_up_s = seconds, own
+            return proposals
         drafted_k = max(ks)
         drafted: list[torch.Tensor] = []  # per step: [batch]
         probs: list[torch.Tensor | None] = []  # per step: [batch, vocab] or None (all rows greedy)

@@ -191,7 +191,13 @@ def attention_mask(cache_lengths: torch.Tensor, n: int, kv_len: int, dtype: torc
     the n tokens fed now (at cache indices cache_lengths[b] + u), those with tree_mask[b, t, u] (default causal,
     u <= t). Everything else (stale entries, other rows' padding) is hidden.
 
-    cache_lengths: [batch] long; tree_mask: [batch, n, n] bool or None -> [batch, 1, n, kv_len] of dtype (0 / min).
+    A tree_mask of m > n columns also covers the m - n entries right below the fed ones (cache indices
+    cache_lengths[b] - (m - n) + u, an earlier forward's tree nodes): a token tree grown one depth per forward
+    (drafters/model_tree.py) lets each node see its own ancestors there, not their siblings; the prefix below
+    them is seen in full.
+
+    cache_lengths: [batch] long; tree_mask: [batch, n, m] bool (m >= n) or None -> [batch, 1, n, kv_len] of dtype
+    (0 / min).
     """
     device = cache_lengths.device
     batch = cache_lengths.shape[0]
@@ -200,8 +206,9 @@ def attention_mask(cache_lengths: torch.Tensor, n: int, kv_len: int, dtype: torc
         query = torch.arange(n, device=device).view(1, n, 1)  # [1, n, 1]
         allowed = relative <= query  # [b, n, kv]: the prefix (relative < 0) and causal among the new tokens
     else:
-        in_block = (relative >= 0) & (relative < n)  # [b, 1, kv]
-        index = relative.clamp(0, n - 1).expand(batch, n, kv_len)  # [b, n, kv]
-        allowed = (relative < 0) | (in_block & tree_mask.gather(2, index))
+        below = tree_mask.shape[2] - n  # earlier tree entries the mask covers, right below the fed tokens
+        in_block = (relative >= -below) & (relative < n)  # [b, 1, kv]
+        index = (relative + below).clamp(0, below + n - 1).expand(batch, n, kv_len)  # [b, n, kv]
+        allowed = (relative < -below) | (in_block & tree_mask.gather(2, index))
     mask = torch.zeros(batch, 1, n, kv_len, dtype=dtype, device=device)
     return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)

@@ -63,7 +63,7 @@ class HFRunner(SlotRunner):
         *,
         start_slot: int = 0,
         positions: torch.Tensor | None = None,  # [batch, n] long; default lengths[slot] + t
-        tree_mask: torch.Tensor | None = None,  # [batch, n, n] bool: which fed tokens each fed token sees
+        tree_mask: torch.Tensor | None = None,  # [batch, n, m >= n] bool (kv_cache.attention_mask)
         logits_at: torch.Tensor | None = None,  # [batch, m] long: fed-token indices whose logits are wanted
         last_only: bool = False,  # logits of the last fed token only (prefill)
         want_hidden: bool = False,

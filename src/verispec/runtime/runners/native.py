@@ -222,7 +222,7 @@ class NativeRunner(SlotRunner):
         *,
         start_slot: int = 0,
         positions: torch.Tensor | None = None,  # [batch, n] long
-        tree_mask: torch.Tensor | None = None,  # [batch, n, n] bool
+        tree_mask: torch.Tensor | None = None,  # [batch, n, m >= n] bool (kv_cache.attention_mask)
         logits_at: torch.Tensor | None = None,  # [batch, m] long
         last_only: bool = False,
         want_hidden: bool = False,
