@@ -9,13 +9,15 @@ import pytest
 import torch
 from conftest import CORPUS, tiny_llama
 
-from verispec.config import RunnerOptions, cache_len
+from verispec.config import RunnerOptions, SamplingParams, SpeculativeConfig, cache_len
 from verispec.distill import head_pipeline, head_shards, pipeline, shard_data
+from verispec.distill.head import HeadNet
 from verispec.distill.head_shards import heldout_head_metrics, load_shard_features
 from verispec.distill.recipe import DistillRecipe
 from verispec.distill.shard_data import held_apart
 from verispec.distill.shards import TeacherSample, encode_shard, read_shard, sha256, write_manifest
-from verispec.drafters.head import load_head
+from verispec.drafters.head import HeadDrafter, load_head
+from verispec.engine import SpeculativeEngine
 from verispec.runtime.runners.select import make_runner
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -194,3 +196,43 @@ def test_accepted_length_by_hand():
     flat = SimpleNamespace(**{**vars(net), "unrolled": lambda tokens, feats, steps: [outputs[0]] * steps})
     assert heldout_head_metrics(flat, [sample], [torch.zeros(p + n, vocab)], k)["accepted_length_k4"] != \
         got["accepted_length_k4"]
+
+
+def test_accepted_length_is_the_engines(trained_pair, tokenizer, trained_head):
+    """The metric's accepted draft tokens from each first draft token, read at the rounds the engine really ran
+    (greedy chains of 4 with the same head on the same target), are the tokens each round accepted; the
+    teacher-forced proxy (no unrolled chain) is not."""
+    target, _ = trained_pair
+    config, weights = load_head(trained_head)
+    net = HeadNet(config, target, weights["vocab"].long())
+    net.load_export(weights)
+    drafter = HeadDrafter(config, weights, target, 300)
+    engine = SpeculativeEngine(target, tokenizer, drafter, max_len=256, max_batch_size=1,
+                               spec=SpeculativeConfig(num_draft_tokens=4))
+    ids = tokenizer(CORPUS)["input_ids"]
+    unrolled = net.unrolled
+    teacher_forced = SimpleNamespace(**{**{k: getattr(net, k) for k in ("embed", "vocab", "lm", "config")},
+                                        "training": False, "eval": lambda: None, "train": lambda: None,
+                                        "unrolled": lambda t, f, steps: unrolled(t, f, 1) * steps})
+    compared = accepted_total = differ = 0
+    for start in (3, 40, 77):
+        prompt = ids[start: start + 12]
+        origins, answer = [], []
+        for chunk in engine.generate_iter(prompt, SamplingParams(max_new_tokens=40)):
+            origins += chunk.origins
+            answer += chunk.token_ids
+        sample = SimpleNamespace(prompt_ids=torch.tensor(prompt), response_ids=torch.tensor(answer), answer_ids=answer)
+        runs, proxy = {}, {}
+        heldout_head_metrics(net, [sample], [one_row_features(target, sample)], 4, runs=runs)
+        heldout_head_metrics(teacher_forced, [sample], [one_row_features(target, sample)], 4, runs=proxy)
+        firsts = [a for a in range(len(answer)) if a == 0 or origins[a].round != origins[a - 1].round]
+        for a, nxt in zip(firsts, firsts[1:]):  # whole rounds (the last may be cut by max_new_tokens)
+            if origins[a].drafted:
+                accepted = sum(o.origin == "accepted" for o in origins[a:nxt])
+                assert int(runs[0][a]) == accepted, (start, a, runs[0].tolist(), origins[a:nxt])
+                compared += 1
+                accepted_total += accepted
+                differ += int(proxy[0][a]) != accepted
+    assert compared > 10 and accepted_total > 0
+    # Negative control: the teacher-forced proxy (every draft step on the target's real features) misses rounds.
+    assert differ > 0, (compared, accepted_total)

@@ -97,7 +97,7 @@ def load_shard_features(folders: list[Path], target_name: str, cache_dir: Path, 
 
 @torch.no_grad()
 def heldout_head_metrics(net: HeadNet, samples: list[Sample], features: list[torch.Tensor], k: int = 4,
-                         batch_tokens: int = 4096) -> dict:
+                         batch_tokens: int = 4096, runs: dict | None = None) -> dict:
     """The head on held-apart samples (whole, untrimmed), teacher forced, unrolled k steps: the cross-entropy of the
     greedy answer token at the first draft token (over the draft vocabulary; a token outside it adds no loss), top-1
     agreement with it (outside the vocabulary: a miss), and the mean accepted length of greedy chains of k.
@@ -107,7 +107,9 @@ def heldout_head_metrics(net: HeadNet, samples: list[Sample], features: list[tor
     then its own chain), whose input token is the true x_{m+s}; the drafted token there equals it whenever the
     draft was accepted so far, so draft token s + 1 is accepted iff steps 0..s all hit. A round drafting answer token
     a first (position P + a - 2, P the prompt's length) commits 1 + the hits in a row, at most min(k, n - a);
-    averaged over the n answer tokens as rounds' first draft, as `train.heldout_metrics` does for a draft model."""
+    averaged over the n answer tokens as rounds' first draft, as `train.heldout_metrics` does for a draft model.
+    `runs`, where given, receives per sample index the draft tokens accepted from each first draft token [n] (what
+    the tests compare with the engine's rounds)."""
     was_training = net.training
     net.eval()
     index = torch.full((len(net.embed),), -1, dtype=torch.long)  # [vocab]: target id -> draft row, -1 outside
@@ -148,6 +150,8 @@ def heldout_head_metrics(net: HeadNet, samples: list[Sample], features: list[tor
                     agree += int(hits[0].sum())
             run = torch.cumprod(hits.int(), dim=0).sum(0)  # [n]: hits in a row from each first draft token
             committed += int((1 + run).sum())
+            if runs is not None:
+                runs[i] = run
             tokens += n
     if was_training:
         net.train()
