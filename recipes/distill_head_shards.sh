@@ -8,7 +8,8 @@
 # 2. the head: an 8,192-token draft vocabulary, unrolled 3 steps over its own predicted features, the held-apart
 #    curve (loss, agreement, exact greedy accepted length at K = 4) at every checkpoint (WORK/curve.json, .png);
 # 3. export to OUT (fp16, ~9 MB), then recipes/heldout_compare.py: the new head, the shipped head and the shipped
-#    draft model on the same held-apart answers (OUT/heldout_compare.json).
+#    draft model on the same held-apart answers (OUT/heldout_compare.json): those of the first 7 shards, on which
+#    the draft models of docs/distill.md ("Training on the shards") were measured.
 # Resumable: run it again after a kill; it continues at the first shard without features, then at the last
 # checkpoint. Wall time: see docs/distill.md (the run of 2026-11-27). Extra arguments go to `verispec distill`.
 set -euo pipefail
@@ -26,9 +27,9 @@ WORK="${WORK:-build/head-shards.work}"
     --out "$OUT" --work-dir "$WORK" --resume \
     --seed 0 \
     --head-vocab 8192 --head-unroll 3 \
-    --steps 300 --checkpoint-every 60 --lr 1e-3 --batch-tokens 2048 --train-length 768 \
+    --steps 200 --checkpoint-every 40 --lr 1e-3 --batch-tokens 2048 --train-length 768 \
     --storage-dtype float16 --eval-prompts 0 \
     --threads 2 --no-progress \
     "$@"
-exec "$PYTHON" recipes/heldout_compare.py --work "$WORK" --shard-limit "$SHARDS" \
+exec "$PYTHON" recipes/heldout_compare.py --work "$WORK" --heldout-shards 7 \
     --head "$OUT" src/verispec/assets/default_head --out "$OUT/heldout_compare.json"
