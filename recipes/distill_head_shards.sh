@@ -11,7 +11,9 @@
 #    draft model on the same held-apart answers (OUT/heldout_compare.json): those of the first 7 shards, on which
 #    the draft models of docs/distill.md ("Training on the shards") were measured.
 # Resumable: run it again after a kill; it continues at the first shard without features, then at the last
-# checkpoint. Wall time: see docs/distill.md (the run of 2026-11-27). Extra arguments go to `verispec distill`.
+# checkpoint. Wall time of the run of 2026-11-27 (docs/distill.md), 2 cores shared at load average 6-10: features
+# ~25 min (163-245 tokens/s; ~11 min idle), training 23 min, the comparison ~10 min (the 7 shards' held-apart
+# features, 50k tokens, 7 min; then 1-1.5 min a drafter): ~1 hour. Extra arguments go to `verispec distill`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
