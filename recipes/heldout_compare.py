@@ -48,7 +48,8 @@ else:
     target, options = _teacher(DEFAULT_TARGET, read_manifest(args.shards)["identity"])
     clock = time.perf_counter()
     heldout_features = target_features(target, options, rows)
-    print(f"held-apart features: {sum(len(f) for f in heldout_features):,} tokens in {time.perf_counter() - clock:.0f} s")
+    seconds = time.perf_counter() - clock
+    print(f"held-apart features: {sum(len(f) for f in heldout_features):,} tokens in {seconds:.0f} s")
     torch.save(heldout_features, cache)
     del target
 assert [len(f) for f in heldout_features] == [len(s.prompt_ids) + len(s.response_ids) for s in heldout]
@@ -70,7 +71,7 @@ for name in args.draft:
     longest = max(len(s.prompt_ids) + len(s.response_ids) for s in heldout)
     results[f"draft {name}"] = heldout_metrics(draft, heldout, tokenizer.pad_token_id, longest, 4, vocab)
     print(f"draft {name}: {results[f'draft {name}']}")
-print(f"\n| drafter | held-apart loss | agreement | accepted length (K=4) |\n|---|---|---|---|")
+print("\n| drafter | held-apart loss | agreement | accepted length (K=4) |\n|---|---|---|---|")
 for name, row in results.items():
     print(f"| {name} | {row['loss']:.3f} | {row['agreement']:.1%} | {row['accepted_length_k4']:.3f} |")
 if args.out:

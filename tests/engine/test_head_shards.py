@@ -61,6 +61,8 @@ def one_row_features(target, sample) -> torch.Tensor:
 
 
 def test_features_cache_equals_a_direct_forward(trained_pair, shard_dir, model_dirs, tmp_path, monkeypatch):
+    """Each cached answer's features (computed with its neighbours, right-padded in one batch) are bit for bit its
+    own one-row forward's; a second load reads the cache and never loads the target."""
     target, _ = trained_pair
     loads = []
     monkeypatch.setattr(head_shards, "_teacher", lambda name, ident: loads.append(name) or (target, RunnerOptions()))
@@ -80,6 +82,7 @@ def test_features_cache_equals_a_direct_forward(trained_pair, shard_dir, model_d
 
 
 def recipe_for(shard_dir, model_dirs, head: bool, steps: int = 6) -> DistillRecipe:
+    """A tiny run on the shards: a head, or a draft model, checkpointing every 2 steps, a quarter held apart."""
     return DistillRecipe(target=str(model_dirs["target"]), shards=[str(shard_dir)], heldout_fraction=0.25,
                          head=head, head_vocab=40, head_unroll=2, draft_vocab=0 if head else 40, steps=steps,
                          checkpoint_every=2, lr=3e-3, batch_tokens=96, train_length=48, max_new_tokens=20,
