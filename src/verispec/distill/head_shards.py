@@ -2,8 +2,9 @@
 conversation turn, cached per shard, and the held-apart curve on the draft model's scale.
 
 Features: one teacher-forced pass of the target over prompt + answer per sample, run as the shards' teacher ran
-(`shard_data._teacher`: the manifest's weights, activations, dtype and KV cache) on the runner the engine drafts
-with, so they are the hidden states a head reads at generation time (`observe_features`). Cached as
+(`shard_data._teacher`: the manifest's weights, activations, dtype and KV cache) on the native runner: the hidden
+states a head reads at generation time (`observe_features`), up to the activations' rounding (beside a head the
+target runs float weights with fp32 activations; the committed shards' teacher ran q8 activations). Cached as
 `WORK/features/<shard sha256>-features.pt`, one file per shard (a list of float16 [prompt + answer, hidden] tensors in
 the shard's order), written atomically: a killed run recomputes only the shard it was in, and a changed shard never
 reads a stale cache. The held-apart split is `shard_data.held_apart` on the same conversation ids, so the head and the
