@@ -73,10 +73,14 @@ def add_parser(subparsers) -> None:
     g.add_argument("--heldout-fraction", type=float, default=d["heldout_fraction"],
                    help="share of the shards' conversations held apart: their loss, agreement and accepted length "
                         "at every checkpoint make the curve (default %(default)s)")
+    g.add_argument("--shard-limit", type=_non_negative_int, default=d["shard_limit"], metavar="N",
+                   help="train on the first N shards only, in manifest order (default: all); the held-apart "
+                        "split is the same, restricted to them")
     g = p.add_argument_group("draft head (--head: a feature-level head on the target's hidden states, not a model)")
     g.add_argument("--head", action="store_true",
                    help="train a draft head (EAGLE-style, one decoder layer on the target's features) instead of a "
-                        "small draft model; use it with --draft-model head:OUT")
+                        "small draft model; use it with --draft-model head:OUT. With --shards: on the teacher "
+                        "shards, the target's features cached per shard, the draft model's held-apart curve")
     g.add_argument("--head-vocab", type=_positive_int, default=d["head_vocab"],
                    help="draft vocabulary: the most frequent answer tokens (default %(default)s)")
     g.add_argument("--head-unroll", type=_positive_int, default=d["head_unroll"],
@@ -166,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
             kd_weight=args.kd_weight,
             negatives=args.negatives, copy_weight=args.copy_weight,
             storage_dtype=args.storage_dtype, eval_prompts=args.eval_prompts,
-            shards=[str(f) for f in args.shards], heldout_fraction=args.heldout_fraction,
+            shards=[str(f) for f in args.shards], heldout_fraction=args.heldout_fraction, shard_limit=args.shard_limit,
             draft_vocab=args.draft_vocab, checkpoint_every=args.checkpoint_every, train_bf16=args.train_bf16)
     except ValueError as exc:
         raise CliError(str(exc)) from None

@@ -114,16 +114,26 @@ class HeadNet(nn.Module):
             inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)
         return outputs
 
+    def _exported(self) -> dict[str, nn.Parameter]:
+        return {"fc.weight": self.fc, "layer.q_proj.weight": self.q, "layer.k_proj.weight": self.k,
+                "layer.v_proj.weight": self.v, "layer.o_proj.weight": self.o, "layer.gate_proj.weight": self.gate,
+                "layer.up_proj.weight": self.up, "layer.down_proj.weight": self.down,
+                "layer.input_layernorm.weight": self.input_norm,
+                "layer.post_attention_layernorm.weight": self.post_norm, "norm.weight": self.norm}
+
     def export(self) -> dict[str, torch.Tensor]:
         """Weights under the names drafters/head.py loads."""
-        w = {"fc.weight": self.fc, "layer.q_proj.weight": self.q, "layer.k_proj.weight": self.k,
-             "layer.v_proj.weight": self.v, "layer.o_proj.weight": self.o, "layer.gate_proj.weight": self.gate,
-             "layer.up_proj.weight": self.up, "layer.down_proj.weight": self.down,
-             "layer.input_layernorm.weight": self.input_norm,
-             "layer.post_attention_layernorm.weight": self.post_norm, "norm.weight": self.norm}
-        out = {k: v.detach().clone() for k, v in w.items()}
+        out = {k: v.detach().clone() for k, v in self._exported().items()}
         out["vocab"] = self.vocab.clone()
         return out
+
+    @torch.no_grad()
+    def load_export(self, weights: dict[str, torch.Tensor]) -> None:
+        """Take a written head's weights (`load_head`; the vocabulary was given to the constructor), e.g. to measure
+        a shipped head on held-apart data."""
+        assert torch.equal(weights["vocab"].long(), self.vocab), "build the net with the head's own vocabulary"
+        for name, param in self._exported().items():
+            param.copy_(weights[name].float())
 
 
 # -- data ----------------------------------------------------------------------------------------------------------
@@ -148,6 +158,20 @@ def draft_vocabulary(samples, size: int, vocab_size: int, always: set[int]) -> t
     total = sum(counts.values())
     covered = sum(counts[t] for t in chosen)
     return torch.tensor(sorted(chosen), dtype=torch.long), covered / max(total, 1)
+
+
+def draft_vocab_stage(work_dir: Path, samples, size: int, vocab_size: int,
+                      always: set[int]) -> tuple[torch.Tensor, float]:
+    """The draft vocabulary of `size` tokens (head.draft_vocabulary over the training answers), kept in the work
+    folder: a resumed run keeps the rows its checkpoint's head was trained on even if more shards appeared since."""
+    path = work_dir / "draft_vocab.pt"
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        return saved["ids"], float(saved["coverage"])
+    ids, coverage = draft_vocabulary(samples, size, vocab_size, always)
+    torch.save({"ids": ids, "coverage": torch.tensor(coverage)}, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return ids, coverage
 
 
 @torch.inference_mode()
@@ -263,9 +287,13 @@ def heldout_accuracy(net: HeadNet, samples, features: list[torch.Tensor], unroll
 def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: int, lr: float, batch_tokens: int,
                train_length: int, unroll: int, seed: int, checkpoint: Path, prompt_loss: bool = True,
                weight_decay: float = 0.0, holdout: tuple[list, list[torch.Tensor]] | None = None,
-               progress: bool = True, log=print) -> dict:
-    """AdamW with warm-up and cosine decay; resumes from `checkpoint`. With `holdout` (samples, features), the
-    held-out accuracy by unroll step is measured at every checkpoint. -> training figures."""
+               checkpoint_every: int = 100, evaluate=None, on_checkpoint=None, progress: bool = True,
+               log=print) -> dict:
+    """AdamW with warm-up and cosine decay; resumes from `checkpoint` (the batch order is a pure function of
+    (seed, epoch), so a resumed run replays exactly the batches it missed). At every checkpoint: with `holdout`
+    (samples, features), the held-out accuracy by unroll step; with `evaluate` (net -> dict of figures), a point of
+    the held-apart curve, handed with the curve so far to `on_checkpoint(curve)` (head_shards.py). -> training
+    figures."""
     torch.manual_seed(seed)
     sequences = _windows(samples, features, train_length, prompt_loss)
     lengths = [len(t) - 1 for t, _, _ in sequences]  # pairs per sample
@@ -276,20 +304,21 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
     warmup = max(1, steps // 20)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))))
-    step, epoch, history, heldout = 0, 0, [], []
+    step, epoch, done, history, heldout, curve = 0, 0, 0, [], [], []  # done: batches of this epoch trained on
     if checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False)
         net.load_state_dict(state["net"], strict=False)
         optimiser.load_state_dict(state["optimiser"])
         schedule.load_state_dict(state["schedule"])
         step, epoch, history, heldout = state["step"], state["epoch"], state["history"], state.get("heldout", [])
+        done, curve = state.get("done", 0), state.get("curve", [])
         log(f"resumed head training at step {step}")
     weights = [1.0, 0.8, 0.64, 0.5][:unroll] + [0.5] * max(0, unroll - 4)
     bar = tqdm(total=steps, initial=step, desc="head training", unit="step", disable=not progress, dynamic_ncols=True)
     start = time.perf_counter()
     seen = 0
     while step < steps:
-        for batch in _batches(lengths, batch_tokens, seed, epoch):
+        for batch in _batches(lengths, batch_tokens, seed, epoch)[done:]:
             if step >= steps:
                 break
             tokens, inputs, wanted, valid = _collate([sequences[i] for i in batch], net.config.hidden_size)
@@ -314,26 +343,36 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
             optimiser.step()
             schedule.step()
             step += 1
+            done += 1
             seen += int(valid.sum())
             history.append({"step": step, "loss": round(loss.item(), 4), **{k: round(v, 4) for k, v in figures.items()}})
             bar.set_postfix(loss=f"{loss.item():.3f}", acc0=f"{figures['acc0']:.2f}",
                             **({f"acc{unroll - 1}": f"{figures[f'acc{unroll - 1}']:.2f}"} if unroll > 1 else {}))
             bar.update(1)
-            if step % 100 == 0 or step == steps:
+            if step % checkpoint_every == 0 or step == steps:
                 if holdout is not None:
                     heldout.append({"step": step, "accuracy": heldout_accuracy(net, *holdout, unroll, train_length)})
                     log(f"step {step}: held-out accuracy by draft step {heldout[-1]['accuracy']}")
+                if evaluate is not None:
+                    recent = history[-50:]
+                    curve.append({"step": step, "epoch": epoch,
+                                  "train_loss": sum(h["cls0"] for h in recent) / len(recent),
+                                  "train_agreement": sum(h["acc0"] for h in recent) / len(recent), **evaluate(net)})
+                    log(f"step {step}: held-apart {curve[-1]}")
                 torch.save({"net": net.state_dict(), "optimiser": optimiser.state_dict(),
-                            "schedule": schedule.state_dict(), "step": step, "epoch": epoch, "history": history,
-                            "heldout": heldout},
+                            "schedule": schedule.state_dict(), "step": step, "epoch": epoch, "done": done,
+                            "history": history, "heldout": heldout, "curve": curve},
                            checkpoint.with_suffix(".tmp"))
                 checkpoint.with_suffix(".tmp").replace(checkpoint)
+                if on_checkpoint is not None and curve:
+                    on_checkpoint(curve)
         else:
             epoch += 1
+            done = 0
     bar.close()
     seconds = time.perf_counter() - start
     tail = history[-50:]
     return {"steps": step, "epochs_started": epoch + 1, "positions_per_second": round(seen / max(seconds, 1e-9), 1),
             "final": {k: round(sum(h[k] for h in tail) / len(tail), 4) for k in tail[0] if k != "step"} if tail else {},
-            **({"heldout_accuracy_by_step": heldout} if heldout else {}),
+            **({"heldout_accuracy_by_step": heldout} if heldout else {}), **({"curve": curve} if curve else {}),
             "history_every_50": history[::50]}

@@ -2,8 +2,12 @@
 
 Stages after the shared teacher data, each resumable in the work folder:
 
-    work/features/*.pt     the target's features of every sample (teacher-forced, float16), in chunks
+    work/features/*.pt     the target's features of every sample (teacher-forced, float16), in chunks (with
+                           --shards: one file per shard, head_shards.py)
     work/head.pt           head weights, optimiser state and step (training checkpoint)
+
+With `--shards` (`run_head_shards`) the data are the teacher shards, split as the draft model's run splits them, and
+every checkpoint adds a point to the held-apart curve (`curve.json` / `curve.png`) on the draft model's scale.
 
 The evaluation runs the real engine (fp32 target, greedy) with the exported head on held-apart benchmark first
 turns, as a chain of K draft tokens and as token trees, and reports mean accepted length and acceptance by depth.
@@ -22,7 +26,9 @@ from ..config import SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.head import HEAD_CONFIG, HeadConfig, HeadDrafter, load_head, save_head
 from ..runtime.model.loading import load_model
 from . import evaluate as ev
-from .head import HeadNet, draft_vocabulary, extract_features, train_head
+from .head import HeadNet, draft_vocab_stage, draft_vocabulary, extract_features, train_head
+from .head_shards import heldout_head_metrics, load_shard_features
+from .shard_data import write_curve
 from .recipe import DistillRecipe
 
 REPORT = "head_recipe.json"
@@ -58,6 +64,57 @@ def run_head_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, token
         "teacher_data": {"samples": len(samples), "held_out": held_out,
                          "answer_tokens": sum(len(s.response_ids) for s in samples),
                          "prompt_tokens": sum(len(s.prompt_ids) for s in samples)},
+        "head": {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4),
+                 "disk_bytes": disk},
+        "train": train_stats,
+        "timings_s": timings,
+    }
+    if recipe.eval_prompts and eval_data is not None:
+        report["evaluation"] = evaluate_head(out_dir, target, tokenizer, eval_data, recipe.eval_prompts,
+                                             recipe.eval_max_new_tokens, recipe.eval_k, recipe.head_tree_nodes,
+                                             progress, log)
+        timings["evaluate"] = time.perf_counter() - clock - sum(timings.values())
+    timings["total"] = time.perf_counter() - clock
+    (out_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def run_head_shards(recipe: DistillRecipe, out_dir: Path, work_dir: Path, tokenizer, samples, heldout, apart,
+                    data_summary: dict, timings: dict, clock: float, eval_data: Path | None, progress: bool,
+                    log) -> dict:
+    """The head on teacher shards: `samples` / `heldout` as pipeline.shard_data split them, `apart` the split of
+    all of the shards' samples in order (the features cache holds them all)."""
+    features, feature_summary = load_shard_features([Path(f) for f in recipe.shards], recipe.target,
+                                                    work_dir / "features", progress, log, recipe.shard_limit)
+    train_features = [f for f, a in zip(features, apart) if not a]
+    heldout_features = [f for f, a in zip(features, apart) if a]
+    timings["features"] = time.perf_counter() - clock - sum(timings.values())
+    target = load_model(recipe.target, dtype=torch.float32)  # the float embeddings, LM head and last layer
+    vocab_size = target.get_output_embeddings().weight.shape[0]
+    vocab, coverage = draft_vocab_stage(work_dir, samples, min(recipe.head_vocab, vocab_size), vocab_size,
+                                        set(ev._eos_ids(target, tokenizer)))
+    config = HeadConfig.for_target(target.config, str(recipe.target), len(vocab))
+    net = HeadNet(config, target, vocab, seed=recipe.seed)
+    n_params = sum(p.numel() for p in net.parameters())
+    log(f"head: {n_params / 1e6:.2f}M parameters, draft vocabulary {len(vocab)} tokens ({coverage:.1%} of answer "
+        f"tokens); training {recipe.steps} steps, unroll {recipe.head_unroll}, on {len(samples):,} samples "
+        f"({len(heldout):,} held apart)")
+    train_stats = train_head(net, samples, train_features, steps=recipe.steps, lr=recipe.lr,
+                             batch_tokens=recipe.batch_tokens, train_length=recipe.train_length,
+                             unroll=recipe.head_unroll, seed=recipe.seed, checkpoint=work_dir / "head.pt",
+                             prompt_loss=recipe.head_prompt_loss, weight_decay=recipe.weight_decay,
+                             checkpoint_every=recipe.checkpoint_every,
+                             evaluate=lambda n: heldout_head_metrics(n, heldout, heldout_features, recipe.eval_k),
+                             on_checkpoint=lambda curve: write_curve(work_dir, curve), progress=progress, log=log)
+    timings["train"] = time.perf_counter() - clock - sum(timings.values())
+    save_head(out_dir, config, net.export(), getattr(torch, recipe.storage_dtype))
+    write_curve(out_dir, train_stats["curve"])
+    disk = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
+    log(f"wrote {out_dir} ({disk / 1e6:.1f} MB)")
+    report = {
+        "settings": recipe.to_dict(),
+        "teacher_data": data_summary,
+        "features": feature_summary,
         "head": {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4),
                  "disk_bytes": disk},
         "train": train_stats,

@@ -26,10 +26,10 @@ from tqdm import tqdm
 
 import verispec
 from verispec.distill import evaluate as ev
-from verispec.distill.head import draft_vocabulary
+from verispec.distill.head import draft_vocab_stage
 from verispec.distill.prompts import Prompt, build_prompts, material_requests
 from verispec.distill.recipe import DistillRecipe
-from verispec.distill.shard_data import ShardDataError, held_apart, load_shard_samples
+from verispec.distill.shard_data import ShardDataError, held_apart, load_shard_samples, write_curve
 from verispec.distill.student import build_draft, draft_config, export_draft
 from verispec.distill.teacher import Sample, engine_answers, generate_batch, length_batches
 from verispec.engine import SpeculativeEngine
@@ -41,7 +41,7 @@ CHUNK_PROMPTS = 192  # prompts per answers file: the unit of resumption while ge
 # chunk by chunk in a fixed prompt order, so a larger budget extends the data and a smaller one uses a prefix.)
 DATA_FIELDS = ("target", "corpus", "seed", "max_new_tokens", "documents", "document_tokens",
                "document_temperature", "topk", "max_length", "teacher_dtype", "shards", "heldout_fraction",
-               "draft_vocab")
+               "shard_limit", "draft_vocab")
 
 
 class DistillError(ValueError):
@@ -60,11 +60,13 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     heldout: list[Sample] = []
     data_summary = None
     if recipe.shards:
-        if recipe.head:
-            raise DistillError("--shards trains a draft model; a draft head distils from its own teacher data: "
-                               "drop --head or --shards")
-        tokenizer, samples, heldout, pad_id, timings, clock, data_summary = shard_data(
+        tokenizer, samples, heldout, pad_id, timings, clock, data_summary, apart = shard_data(
             recipe, work_dir, resume, progress, log)
+        if recipe.head:
+            from .head_pipeline import run_head_shards
+
+            return run_head_shards(recipe, out_dir, work_dir, tokenizer, samples, heldout, apart, data_summary,
+                                   timings, clock, eval_data, progress, log)
     else:
         tokenizer, samples, pad_id, timings, clock = teacher_data(recipe, work_dir, resume, progress, log, device)
     if recipe.head:
@@ -79,8 +81,8 @@ def run_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, resume: bo
     draft = build_draft(target, config, recipe.seed)
     vocab_ids = None
     if recipe.draft_vocab:
-        vocab_ids, coverage = _draft_vocab_stage(recipe, work_dir, samples, config.vocab_size,
-                                                 set(ev._eos_ids(target, tokenizer)))
+        vocab_ids, coverage = draft_vocab_stage(work_dir, samples, recipe.draft_vocab, config.vocab_size,
+                                                set(ev._eos_ids(target, tokenizer)))
         draft.config.draft_vocab = vocab_ids.tolist()  # exported in config.json: the drafter's d2t map
         log(f"draft vocabulary: the {len(vocab_ids):,} most frequent answer tokens cover {coverage:.2%} of them")
     n_params = sum(p.numel() for p in draft.parameters())
@@ -159,16 +161,17 @@ def teacher_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: 
 def shard_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: bool, log):
     """The data of a `--shards` run: the teacher shards' answers (with the target's top-k where the loss uses it,
     computed once into `work_dir/topk`), split into training and held-apart samples by conversation
-    (shard_data.py). -> (tokenizer, training samples, held-apart samples, pad id, timings, clock start, summary)."""
+    (shard_data.py). -> (tokenizer, training samples, held-apart samples, pad id, timings, clock start, summary,
+    whether each of the shards' samples, in order, is held apart)."""
     _prepare_work_dir(recipe, work_dir, resume)
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     tokenizer = load_tokenizer(recipe.target)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    k = recipe.topk if recipe.kd_weight > 0 else 0
+    k = recipe.topk if recipe.kd_weight > 0 and not recipe.head else 0  # a head learns from the target's features
     try:
         samples, conversations, summary = load_shard_samples(
-            [Path(f) for f in recipe.shards], recipe.target, work_dir / "topk", k, progress, log)
+            [Path(f) for f in recipe.shards], recipe.target, work_dir / "topk", k, progress, log, recipe.shard_limit)
     except ShardDataError as exc:
         raise DistillError(str(exc)) from None
     apart = [held_apart(c, recipe.heldout_fraction) for c in conversations]
@@ -178,48 +181,7 @@ def shard_data(recipe: DistillRecipe, work_dir: Path, resume: bool, progress: bo
     timings["topk"] = time.perf_counter() - clock
     log(f"teacher shards: {summary['samples']:,} answers, {summary['answer_tokens']:,} answer tokens; "
         f"{len(heldout):,} answers held apart")
-    return tokenizer, train_samples, heldout, pad_id, timings, clock, summary
-
-
-def _draft_vocab_stage(recipe, work_dir, samples, vocab_size: int, always: set[int]) -> tuple[torch.Tensor, float]:
-    """The draft vocabulary (head.draft_vocabulary over the training answers), kept in the work folder: a resumed
-    run keeps the rows its checkpoint's head was trained on even if more shards appeared since."""
-    path = work_dir / "draft_vocab.pt"
-    if path.is_file():
-        saved = torch.load(path, weights_only=True)
-        return saved["ids"], float(saved["coverage"])
-    ids, coverage = draft_vocabulary(samples, recipe.draft_vocab, vocab_size, always)
-    torch.save({"ids": ids, "coverage": torch.tensor(coverage)}, path.with_suffix(".tmp"))
-    path.with_suffix(".tmp").replace(path)
-    return ids, coverage
-
-
-def write_curve(folder: Path, curve: list[dict]) -> None:
-    """The training curve as `curve.json`, and `curve.png` (held-apart loss and accepted length by step) where
-    matplotlib is installed."""
-    tmp = folder / "curve.json.tmp"
-    tmp.write_text(json.dumps(curve, indent=1) + "\n")
-    tmp.replace(folder / "curve.json")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    steps = [p["step"] for p in curve]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
-    left.plot(steps, [p["loss"] for p in curve], "o-", label="held apart")
-    left.plot(steps, [p["train_loss"] for p in curve], ".--", label="training (moving average)")
-    left.set_xlabel("step")
-    left.set_ylabel("cross-entropy")
-    left.legend()
-    right.plot(steps, [p["accepted_length_k4"] for p in curve], "o-", color="C2")
-    right.set_xlabel("step")
-    right.set_ylabel("accepted length, K=4 (held apart)")
-    fig.tight_layout()
-    fig.savefig(folder / "curve.png", dpi=100)
-    plt.close(fig)
+    return tokenizer, train_samples, heldout, pad_id, timings, clock, summary, apart
 
 
 def _prepare_work_dir(recipe: DistillRecipe, work_dir: Path, resume: bool) -> None:

@@ -27,6 +27,7 @@ class DistillRecipe:
     # --- teacher shards instead (`verispec distill teacher`'s output: shard_data.py)
     shards: list[str] = field(default_factory=list)  # folders of teacher shards to train on (skips the data stages)
     heldout_fraction: float = 0.05  # share of the shards' conversations held apart for the curve
+    shard_limit: int = 0  # train on the first N shards only (manifest order; 0 = all)
     # --- a draft head instead of a draft model (`--head`: drafters/head.py, distill/head.py)
     head: bool = False  # train a feature-level draft head on the target's hidden states
     head_vocab: int = 8192  # the head's draft vocabulary: the most frequent answer tokens
@@ -67,7 +68,7 @@ class DistillRecipe:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
-        for name in ("documents", "eval_prompts", "negatives", "head_holdout", "draft_vocab"):
+        for name in ("documents", "eval_prompts", "negatives", "head_holdout", "draft_vocab", "shard_limit"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
         if self.hidden_size % self.num_heads:

@@ -14,6 +14,7 @@ data and the same at every resume.
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from pathlib import Path
 
@@ -35,21 +36,11 @@ def held_apart(conversation: int, fraction: float) -> bool:
 
 
 def load_shard_samples(folders: list[Path], target_name: str, cache_dir: Path, k: int, progress: bool = True,
-                       log=print) -> tuple[list[Sample], list[int], dict]:
-    """Every answer of the shards in `folders` (manifest order) as `Sample`s with the target's top-`k` (k = 0: the
-    greedy token alone, no teacher pass) -> (samples, their conversation ids (unique across folders: folder index
-    * 10^9 + conversation), the data summary)."""
-    entries = []
-    for f, folder in enumerate(folders):
-        manifest = read_manifest(folder)
-        if not manifest.get("shards"):
-            raise ShardDataError(f"--shards {folder}: no teacher shards there (a manifest.json listing them); "
-                                 f"write them with `verispec distill teacher --out {folder}`")
-        ident = manifest["identity"]
-        if Path(ident["target"]).name != Path(target_name).name:
-            raise ShardDataError(f"--shards {folder} holds the answers of {ident['target']!r}, not of --target "
-                                 f"{target_name!r}: distil that target, or write its own shards")
-        entries += [(f, folder, ident, entry) for entry in manifest["shards"]]
+                       log=print, limit: int = 0) -> tuple[list[Sample], list[int], dict]:
+    """Every answer of the shards in `folders` (manifest order; `limit` > 0: the first `limit` shards alone) as
+    `Sample`s with the target's top-`k` (k = 0: the greedy token alone, no teacher pass) -> (samples, their
+    conversation ids (unique across folders: folder index * 10^9 + conversation), the data summary)."""
+    entries = shard_entries(folders, target_name, limit)
     if k:
         cache_dir.mkdir(parents=True, exist_ok=True)
     target = None  # loaded on the first shard without a cache: a resumed run never loads it
@@ -92,6 +83,51 @@ def load_shard_samples(folders: list[Path], target_name: str, cache_dir: Path, k
         log(f"teacher top-{k}: {computed:,} tokens teacher-forced in {seconds:.0f} s "
             f"({computed / max(seconds, 1e-9):,.0f} tok/s)")
     return samples, conversations, summary
+
+
+def shard_entries(folders: list[Path], target_name: str, limit: int = 0) -> list[tuple]:
+    """The shards of `folders` in manifest order (`limit` > 0: the first `limit`), checked to hold `target_name`'s
+    answers -> (folder index, folder, the manifest's identity, the shard's manifest entry) per shard."""
+    entries = []
+    for f, folder in enumerate(folders):
+        manifest = read_manifest(folder)
+        if not manifest.get("shards"):
+            raise ShardDataError(f"--shards {folder}: no teacher shards there (a manifest.json listing them); "
+                                 f"write them with `verispec distill teacher --out {folder}`")
+        ident = manifest["identity"]
+        if Path(ident["target"]).name != Path(target_name).name:
+            raise ShardDataError(f"--shards {folder} holds the answers of {ident['target']!r}, not of --target "
+                                 f"{target_name!r}: distil that target, or write its own shards")
+        entries += [(f, folder, ident, entry) for entry in manifest["shards"]]
+    return entries[:limit] if limit else entries
+
+
+def write_curve(folder: Path, curve: list[dict]) -> None:
+    """The training curve as `curve.json`, and `curve.png` (held-apart loss and accepted length by step) where
+    matplotlib is installed."""
+    tmp = folder / "curve.json.tmp"
+    tmp.write_text(json.dumps(curve, indent=1) + "\n")
+    tmp.replace(folder / "curve.json")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    steps = [p["step"] for p in curve]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+    left.plot(steps, [p["loss"] for p in curve], "o-", label="held apart")
+    left.plot(steps, [p["train_loss"] for p in curve], ".--", label="training (moving average)")
+    left.set_xlabel("step")
+    left.set_ylabel("cross-entropy")
+    left.legend()
+    right.plot(steps, [p["accepted_length_k4"] for p in curve], "o-", color="C2")
+    right.set_xlabel("step")
+    right.set_ylabel("accepted length, K=4 (held apart)")
+    fig.tight_layout()
+    fig.savefig(folder / "curve.png", dpi=100)
+    plt.close(fig)
 
 
 def _teacher(target_name: str, ident: dict):
