@@ -162,16 +162,18 @@ class GemmaLoop : LoopKernels {
   int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
 
   // x [b, n, hidden] (the scaled embedding); rope: (cos, sin) of the global layers, then of the sliding ones, each
-  // [b, 1, n, d] (an unused kind's may be empty); index [b, n] cache indices; keys / values per layer
-  // [b, Hk, max_len, d] (written at index); masks: global, sliding [b, 1, n, L]; attention's path; the linears'
-  // kernel paths -> (x + normed attention, normed MLP output) of the last layer, as `gemma.layer_parts` returns them.
+  // [b, 1, n, d] (an unused kind's may be empty); indices: global, sliding [b, n] (where a layer of that kind writes
+  // each fed token: its cache index, or its ring index); keys / values per layer [b, Hk, entries, d]; masks: global,
+  // sliding [b, 1, n, L] over that kind's entries; attention's path; the linears' kernel paths -> (x + normed
+  // attention, normed MLP output) of the last layer, as `gemma.layer_parts` returns them.
   std::vector<at::Tensor> run(const at::Tensor& embedded, const std::vector<at::Tensor>& rope,
-                              const at::Tensor& index, const std::vector<at::Tensor>& keys,
+                              const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& keys,
                               const std::vector<at::Tensor>& values, const std::vector<at::Tensor>& masks,
                               int64_t path, int64_t quant_path, int64_t dense_path) const {
     TORCH_CHECK(static_cast<int64_t>(keys.size()) == num_layers() && keys.size() == values.size(),
                 "GemmaLoop.run: one key and one value buffer per layer");
-    TORCH_CHECK(rope.size() == 4 && masks.size() == 2, "GemmaLoop.run: two rotary tables (cos, sin) and two masks");
+    TORCH_CHECK(rope.size() == 4 && indices.size() == 2 && masks.size() == 2,
+                "GemmaLoop.run: two rotary tables (cos, sin), two indices and two masks");
     const int64_t b = embedded.size(0), n = embedded.size(1);
     at::Tensor x = embedded.contiguous(), out;
     std::optional<at::Tensor> pending;  // the previous layer's normed MLP output, added by this layer's input norm
@@ -182,7 +184,8 @@ class GemmaLoop : LoopKernels {
       x = normed[0];
       at::Tensor qkv = qk_norm(linear(normed[1], w.qkv, quant_path, dense_path), w.q_norm, w.k_norm, num_heads_,
                                num_kv_heads_, eps_);  // [b, n, (H + 2 Hk) d]
-      at::Tensor q = rotary_write(qkv, rope[2 * kind], rope[2 * kind + 1], index, keys[i], values[i], num_heads_);
+      at::Tensor q = rotary_write(qkv, rope[2 * kind], rope[2 * kind + 1], indices[kind], keys[i], values[i],
+                                  num_heads_);
       at::Tensor attn = attention(q, keys[i], values[i], masks[kind], path);  // [b, H, n, d]
       at::Tensor o = linear(attn.transpose(1, 2).reshape({b, n, -1}), w.o, quant_path, dense_path);
       normed = rms_norm(rms_norm(o, std::nullopt, w.post_attn_norm, eps_)[1], x, w.pre_mlp_norm, eps_);

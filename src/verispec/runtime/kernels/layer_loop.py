@@ -126,15 +126,15 @@ def run_gemma(
     loop: Loop,
     x: torch.Tensor,  # [b, n, hidden]: the scaled embedding
     rope: dict[bool, tuple[torch.Tensor, torch.Tensor]],  # sliding -> (cos, sin) [b, 1, n, d], the kinds present
-    index: torch.Tensor,  # [b, n] long cache indices
-    keys: tuple[torch.Tensor, ...],  # per layer [b, Hk, max_len, d], written at index
-    values: tuple[torch.Tensor, ...],  # per layer [b, Hk, max_len, d]
-    masks: dict[bool, torch.Tensor],  # sliding -> [b, 1, n, L] additive
+    index: dict[bool, torch.Tensor],  # sliding -> [b, n] long: where such a layer writes each fed token
+    keys: tuple[torch.Tensor, ...],  # per layer [b, Hk, entries, d], written at its kind's index
+    values: tuple[torch.Tensor, ...],  # per layer, as keys
+    masks: dict[bool, torch.Tensor],  # sliding -> [b, 1, n, L] additive, over that kind's entries
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (x + normed attention, normed MLP output) [b, n, hidden] of the last layer
     """`gemma.layer_parts` over every layer (`pending` starting as None), where `serves`."""
     dense_path = None if loop.dense_dtype is None else dense.default_path(loop.dense_dtype)
     tables = [t for kind in (False, True) for t in rope.get(kind, (_EMPTY, _EMPTY))]
-    return tuple(loop.ext.run(x, tables, index, keys, values, [masks[False], masks[True]],
+    return tuple(loop.ext.run(x, tables, [index[False], index[True]], keys, values, [masks[False], masks[True]],
                               fused.attention_path(x.shape[1]), quant.KERNEL_PATH,
                               dense.PATHS["avx512"] if dense_path is None else dense_path))
 
