@@ -21,7 +21,7 @@ those forwards and changes nothing else (fp32 greedy tokens are identical; the p
 agree to float rounding until the forward is width-invariant).
 
 A cache whose sliding-window layers keep rings (kv_cache.py: only a layer's latest window + slack entries) gets no
-prefix caching (capacity 0, said once in the log): a prompt's blocks would have to be copied out of those layers
+prefix caching (capacity 0, said in the log): a prompt's blocks would have to be copied out of those layers
 before later tokens overwrite them, which a prefill in one forward longer than the ring already does.
 """
 
