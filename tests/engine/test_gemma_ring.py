@@ -17,6 +17,7 @@ from conftest import VOCAB, tiny_llama
 from test_gemma import tiny_gemma
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.engine import SpeculativeEngine
+from verispec.runtime.kernels import layer_loop
 from verispec.runtime.runners import native
 from verispec.runtime.runners.native import NativeRunner
 
@@ -73,7 +74,9 @@ def script(runner: NativeRunner) -> list[torch.Tensor]:
     return out
 
 
-def test_rings_give_the_unbounded_caches_logits(small_rings, monkeypatch):
+@pytest.mark.parametrize("loop", ["cpp", "python"])
+def test_rings_give_the_unbounded_caches_logits(loop, small_rings, monkeypatch):
+    monkeypatch.setattr(layer_loop, "ENABLED", loop == "cpp")
     full, ring = runners(tiny_gemma(3, window=WINDOW), monkeypatch)
     assert ring.ring == WINDOW + SLACK and full.ring is None
     assert [layer.capacity for layer in ring.cache.layers] == [16, 128, 16, 128]  # sliding, global, ...
