@@ -1,8 +1,8 @@
 """Gemma 3's sliding-window layers on rings (runtime/caches/kv_cache.py, `NativeRunner.ring`): the same logits as the
 unbounded cache (every entry kept) on a tiny Gemma whose window is 8 and ring 16 (the slack patched from
 MAX_VERIFY_WIDTH to 8), far past the ring: a prefill in pieces, decode steps, verify chains rolled back after
-rejections, token trees (`keep_path`), slot moves in a batch; bitwise until a ring wraps, within 1e-5 after (the
-attention then sums the window in ring order); greedy speculation equals the target alone with a prompt past the
+rejections, token trees (`keep_path`), slot moves in a batch, the layers looped in C++ and in Python; bitwise until
+a ring wraps, within 1e-5 after (the attention then sums the window in ring order); greedy speculation equals the target alone with a prompt past the
 ring; prefix caching is off on rings (said in the log) and changes no token; a ring one entry short of the window
 (negative control) must differ; Llama models keep every entry."""
 
