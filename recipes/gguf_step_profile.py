@@ -1,6 +1,8 @@
 """Where a decode step on GGUF weights goes (`--weights gguf`, the embedded default's own Q4_1 / Q8_0 blocks).
 
     PYTHONPATH=src python recipes/gguf_step_profile.py [--tokens 32] [--threads 2] [--gbps G] [--profile]
+        [--model gemma-3-270m]      (another target with a GGUF file: its own blocks, `load_target(weights="gguf")`)
+        [--activations q8]          (with --weights gguf: integer activations (`--activations auto`'s default))
         [--layouts repacked,file]   (Q4 blocks repacked at load (the default) or in the file's layout: alternating)
         [--loops python,cpp]        (the layers looped in Python or in one C++ call (`runtime/kernels/layer_loop.py`, the
                                      default): alternating, side by side)
@@ -23,7 +25,7 @@ import torch
 
 from verispec.bench.machine import measure_bandwidth
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
-from verispec.runtime.model.target import quantize_target
+from verispec.runtime.model.target import load_target
 from verispec.runtime.kernels import layer_loop, quant
 from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
 
@@ -58,15 +60,17 @@ def main() -> None:
     ap.add_argument("--loops", default="cpp", help="comma-separated: python, cpp (side by side)")
     ap.add_argument("--weights", default="gguf", help="gguf (the file's blocks), or a quantization of the "
                     "target's linears: int8, Q4_1, Q4_0, Q8_0")
+    ap.add_argument("--model", default=DEFAULT_TARGET, help="the target (default: the embedded SmolLM2)")
+    ap.add_argument("--activations", default="fp32", help="with --weights gguf: fp32 or q8 (integer activations)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     runners = {}
     for layout in args.layouts.split(","):
         quant.REPACK = layout == "repacked"
-        hf = load_model(DEFAULT_TARGET, dtype=torch.float32)
         if args.weights == "gguf":
-            quantize_target(hf, DEFAULT_TARGET, weights="gguf")
+            hf = load_target(args.model, weights="gguf", activations=args.activations)
         else:
+            hf = load_model(args.model, dtype=torch.float32)
             use_quantized_weights(hf, 2048, quantization=args.weights)
         runners[layout] = NativeRunner.from_hf(hf, 2048)
         decode(runners[layout], 4)  # warm-up (and the kernel's build)

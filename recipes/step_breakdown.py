@@ -7,6 +7,7 @@ a step is the part "layer loop" (every layer's linears and small ops), the LM he
     PYTHONPATH=src python recipes/step_breakdown.py [--dtype bfloat16] [--context 160] [--steps 16] [--repeats 3]
         [--loops python,cpp] [--weights gguf] [--widths 1,5] [--kv-cache-dtype float16]   (the embedded GGUF's own Q4_1 / Q8_0 blocks, `--weights auto`'s default; --dtype ignored)
         [--activations q8]   (with --weights gguf: integer activations, `--activations auto`'s default)
+        [--model gemma-3-270m]   (another target: with --weights gguf its file's blocks, `load_target`)
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import time
 import torch
 
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
-from verispec.runtime.model.target import quantize_target
+from verispec.runtime.model.target import load_target
 from verispec.runtime.kernels import fused, layer_loop
-from verispec.runtime.model import llama
+from verispec.runtime.model import gemma, llama
 from verispec.runtime.runners.native import NativeRunner
 
 SPENT: dict[str, float] = collections.defaultdict(float)  # part -> thread CPU seconds
@@ -53,16 +54,20 @@ def main() -> None:
     parser.add_argument("--weights", default="fp32", help="fp32 (the conversion, in --dtype) or gguf (its blocks)")
     parser.add_argument("--kv-cache-dtype", default="float32", help="the KV cache's entries: float32, float16, auto")
     parser.add_argument("--activations", default="q8", help="with --weights gguf: q8 (integer, the default) or fp32")
+    parser.add_argument("--model", default=DEFAULT_TARGET, help="the target (default: the embedded SmolLM2)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     timed(llama, "linear", "linears")
-    for name in ("attention", "rotary_write", "rms_norm", "silu_mul"):
+    timed(gemma, "linear", "linears")  # (gemma.py's own name for llama.linear)
+    for name in ("attention", "rotary_write", "rms_norm", "silu_mul", "qk_norm", "gelu_mul"):
         timed(fused, name, name)
     timed(layer_loop, "run", "layer loop")
+    timed(layer_loop, "run_gemma", "layer loop")
     gguf = args.weights == "gguf"
-    hf = load_model(DEFAULT_TARGET, dtype=torch.float32 if gguf else getattr(torch, args.dtype))
     if gguf:
-        quantize_target(hf, DEFAULT_TARGET, weights="gguf", activations=args.activations)
+        hf = load_target(args.model, weights="gguf", activations=args.activations)
+    else:
+        hf = load_model(args.model, dtype=getattr(torch, args.dtype))
     runners = {rows: NativeRunner.from_hf(hf, 2048, rows, batch_invariant=True, kv_cache_dtype=args.kv_cache_dtype)
                for rows in map(int, args.rows.split(","))}
     configs = [(rows, width, loop) for rows in runners for width in map(int, args.widths.split(","))

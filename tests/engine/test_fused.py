@@ -129,6 +129,34 @@ def test_silu_mul_within_an_ulp_of_torch(dtype):
     assert ((out - expect).abs() <= 4 * ulp * expect.abs() + 1e-30).all()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gelu_mul_within_a_few_ulps_of_torch(dtype):
+    """gelu_tanh as g / (1 + exp(-2u)) against torch's 0.5 g (1 + tanh(u)): within a few ulps of |g up| (torch's
+    1 + tanh(u) cancels for negative g, where it is the less exact of the two: it gives 0 far left, we a tiny value)."""
+    gen = torch.Generator().manual_seed(5)
+    gate_up = (torch.randn(3, 2, 2 * 1536, generator=gen) * 4).to(dtype)
+    gate, up = gate_up.chunk(2, -1)
+    expect = (F.gelu(gate, approximate="tanh") * up).float()
+    out = fused.gelu_mul(gate_up).float()
+    ulp = 2.0 ** (-23 if dtype == torch.float32 else -7)
+    assert ((out - expect).abs() <= 4 * ulp * (gate.float() * up.float()).abs() + 1e-30).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_qk_norm_is_rms_norm_per_head(dtype):
+    """Each q head normed by q_norm, each k head by k_norm: bitwise `rms_norm` of the head rows; v as it is."""
+    gen = torch.Generator().manual_seed(6)
+    H, Hk, d = 4, 2, 64
+    qkv = torch.randn(2, 3, (H + 2 * Hk) * d, generator=gen).to(dtype)
+    q_norm, k_norm = torch.randn(2, d, generator=gen).to(dtype)
+    out = fused.qk_norm(qkv, q_norm, k_norm, H, Hk, 1e-6)
+    q, k, v = qkv.split([H * d, Hk * d, Hk * d], -1)
+    assert torch.equal(out[..., : H * d], fused.rms_norm(q.reshape(2, 3, H, d), q_norm, 1e-6)[1].view(2, 3, -1))
+    assert torch.equal(out[..., H * d : (H + Hk) * d],
+                       fused.rms_norm(k.reshape(2, 3, Hk, d), k_norm, 1e-6)[1].view(2, 3, -1))
+    assert torch.equal(out[..., (H + Hk) * d :], v)
+
+
 def test_the_custom_ops_pass_opcheck():
     """The ops torch.compile sees: schemas, fakes (shapes and strides) and mutation declarations."""
     gen = torch.Generator().manual_seed(4)
@@ -145,6 +173,8 @@ def test_the_custom_ops_pass_opcheck():
         (torch.ops.verispec.rms_norm, (x, x.clone(), torch.randn(32, generator=gen), 1e-6)),
         (torch.ops.verispec.rms_norm, (x, None, torch.randn(32, generator=gen), 1e-6)),
         (torch.ops.verispec.silu_mul, (x,)),
+        (torch.ops.verispec.gelu_mul, (x,)),
+        (torch.ops.verispec.qk_norm, (qkv, torch.randn(16, generator=gen), torch.randn(16, generator=gen), 4, 2, 1e-6)),
     ]:
         torch.library.opcheck(op, args, test_utils=("test_schema", "test_faketensor"))
 

@@ -9,6 +9,15 @@ sequence; everything at or past lengths[s] is stale. A forward over slots [start
 new entries of row b at lengths[start + b] + t (t = 0..n-1) and attends over [0, kv_len) under a 4D mask that
 hides every stale entry (see `attention_mask`), so stale entries (rejected drafts, padding of shorter rows) are
 never attended to and are overwritten by later forwards. Discarding rejected tokens moves a length back.
+
+Rings (sliding-window layers, `NativeRunner` on Gemma 3): such a layer keeps R = window + slack entries a slot
+(slack: the most tokens one forward writes a row; wider forwards run in pieces), cache index i at ring index
+i mod R. Ring index j holds the largest cache index below the slot's written length congruent to j (`ring_mask`
+gathers the runner's mask onto the ring that way; nothing there yet: hidden). Invariant: R >= window + n - 1 for
+a forward of n tokens a row, so no entry a fed query may see (its window) was overwritten in that forward, and a
+rollback stays bookkeeping: the rejected tokens overwrote only entries older than the window of every later
+query. Slot moves copy the ring as it is (the same cache indices map to the same ring indices); `keep_path`
+moves entries ring-aware. A layer without a ring keeps every entry (Llama models, global layers).
 """
 
 from __future__ import annotations
@@ -26,19 +35,25 @@ class SlotLayer(CacheLayerMixin):
     is_sliding = False
     is_croppable = False
 
-    def __init__(self, cache: SlotCache) -> None:
+    def __init__(self, cache: SlotCache, ring: int | None = None) -> None:
         super().__init__()
         self.cache = cache
+        self.ring = ring  # entries of a ring (cache index i at i mod ring: module docstring), None: every entry
+
+    @property
+    def capacity(self) -> int:
+        """Entries a slot's buffer holds: the ring's, else max_len."""
+        return self.ring or self.cache.max_len
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        self.keys = key_states.new_zeros(0, key_states.shape[1], self.cache.max_len, key_states.shape[-1])
-        self.values = value_states.new_zeros(0, value_states.shape[1], self.cache.max_len, value_states.shape[-1])
+        self.keys = key_states.new_zeros(0, key_states.shape[1], self.capacity, key_states.shape[-1])
+        self.values = value_states.new_zeros(0, value_states.shape[1], self.capacity, value_states.shape[-1])
         self.is_initialized = True
 
     def _grow(self, slots: int) -> None:
         """Buffers for at least `slots` slots (doubling, up to num_slots): memory follows the largest batch seen,
-        and a slot's entries never move when the buffers grow. keys, values: [slots, kv_heads, max_len, dim]."""
+        and a slot's entries never move when the buffers grow. keys, values: [slots, kv_heads, capacity, dim]."""
         size = min(max(slots, 2 * self.keys.shape[0]), self.cache.num_slots)
         keys = hugepages.zeros((size, *self.keys.shape[1:]), self.keys.dtype, self.keys.device)  # streamed every step
         values = hugepages.zeros((size, *self.values.shape[1:]), self.values.dtype, self.values.device)
@@ -73,13 +88,22 @@ class SlotLayer(CacheLayerMixin):
         pass
 
     def keep_path(self, slot: int, base: int, nodes: torch.Tensor) -> None:
-        if self.is_initialized and slot < self.keys.shape[0]:
-            src = base + nodes  # [m]
+        if not self.is_initialized or slot >= self.keys.shape[0]:
+            return
+        src = base + nodes  # [m]
+        if self.ring is None:
             self.keys[slot, :, base : base + nodes.numel()] = self.keys[slot, :, src]
             self.values[slot, :, base : base + nodes.numel()] = self.values[slot, :, src]
+            return
+        # ring indices: the path's entries (read before any write) to those of base, base + 1, ... (R >= window +
+        # the tree's width: none of them is an entry a later query's window still needs)
+        dst = (base + torch.arange(nodes.numel(), device=nodes.device)) % self.ring
+        self.keys[slot, :, dst] = self.keys[slot, :, src % self.ring]
+        self.values[slot, :, dst] = self.values[slot, :, src % self.ring]
 
     def move(self, src: int, dst: int, length: int) -> None:
         if self.is_initialized and src < self.keys.shape[0]:
+            length = min(length, self.capacity)  # a ring: all of it, each entry at the same ring index
             self.keys[dst, :, :length] = self.keys[src, :, :length]
             self.values[dst, :, :length] = self.values[src, :, :length]
 
@@ -111,12 +135,19 @@ class StepLayout:
 class SlotCache(Cache):
     """A `transformers` Cache of `SlotLayer`s plus the per-slot lengths (host ints: the loop branches on them)."""
 
-    def __init__(self, num_layers: int, num_slots: int, max_len: int) -> None:
+    def __init__(self, num_layers: int, num_slots: int, max_len: int,
+                 rings: list[int | None] | None = None) -> None:
+        """rings: per layer, the entries of its ring (a sliding-window layer), or None (every entry: the default)."""
         self.num_slots = num_slots
         self.max_len = max_len
         self.lengths = [0] * num_slots  # [slot]: kept entries
         self.step: StepLayout | None = None
-        super().__init__(layers=[SlotLayer(self) for _ in range(num_layers)])
+        super().__init__(layers=[SlotLayer(self, ring) for ring in (rings or [None] * num_layers)])
+
+    @property
+    def has_rings(self) -> bool:
+        """Whether some layer keeps a ring (its older entries are gone: no prefix can be copied out of it)."""
+        return any(layer.ring is not None for layer in self.layers)
 
     def reserve(self, num_slots: int) -> None:
         if num_slots > self.num_slots:
@@ -164,15 +195,17 @@ class SlotCache(Cache):
 
     def read_entries(self, slot: int, start: int, end: int) -> torch.Tensor:
         """A copy of slot's kept entries [start, end) -> [layers, 2 (keys, values), kv_heads, end - start, head_dim]
-        (the prefix cache's copy out, runtime/caches/prefix_cache.py)."""
+        (the prefix cache's copy out, runtime/caches/prefix_cache.py; never on rings)."""
         assert end <= self.lengths[slot], f"slot {slot} keeps {self.lengths[slot]} entries, not {end}"
+        assert not self.has_rings, "a ring keeps only its layer's latest entries"
         return torch.stack([torch.stack((layer.keys[slot, :, start:end], layer.values[slot, :, start:end]))
                             for layer in self.layers])
 
     def write_prefix(self, slot: int, entries: torch.Tensor) -> None:
         """An empty slot gets a cached prefix's entries [layers, 2, kv_heads, n, head_dim] at [0, n) and keeps
-        them (the prefix cache's copy in); buffers are made or grown as a forward would."""
+        them (the prefix cache's copy in; never on rings); buffers are made or grown as a forward would."""
         assert self.lengths[slot] == 0, f"slot {slot} is not empty"
+        assert not self.has_rings, "a ring keeps only its layer's latest entries"
         n = entries.shape[3]
         proto = entries.new_empty(0, entries.shape[2], 0, entries.shape[4])  # [0, kv_heads, 0, head_dim]
         for layer, (keys, values) in zip(self.layers, entries):
@@ -212,3 +245,18 @@ def attention_mask(cache_lengths: torch.Tensor, n: int, kv_len: int, dtype: torc
         allowed = (relative < -below) | (in_block & tree_mask.gather(2, index))
     mask = torch.zeros(batch, 1, n, kv_len, dtype=dtype, device=device)
     return mask.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+
+
+def ring_mask(mask: torch.Tensor, ends: torch.Tensor, ring: int) -> torch.Tensor:
+    """A forward's additive mask over cache indices gathered onto a ring (module docstring): ring index j of row b
+    holds the largest cache index below ends[b] congruent to j mod ring, and gets that index's mask value; a ring
+    index that holds nothing yet is hidden. While ends <= ring, ring index = cache index (the mask unchanged).
+
+    mask: [batch, 1, n, L] (L: the longest row's end); ends: [batch] long, each row's written length after the
+    forward -> [batch, 1, n, min(L, ring)]."""
+    batch, _, n, kv_len = mask.shape
+    columns = min(kv_len, ring)
+    last = ends.view(batch, 1) - 1  # [b, 1]
+    held = last - (last - torch.arange(columns, device=mask.device)) % ring  # [b, columns]: the cache index there
+    gathered = mask.gather(3, held.clamp(min=0).view(batch, 1, 1, columns).expand(batch, 1, n, columns))
+    return gathered.masked_fill_((held < 0).view(batch, 1, 1, columns), torch.finfo(mask.dtype).min)

@@ -19,15 +19,22 @@ it is loaded into the slot, and a chain's blocks from being reused under its cur
 Exactness: the entries copied are the ones a prefill of the same tokens at the same positions wrote; a hit skips
 those forwards and changes nothing else (fp32 greedy tokens are identical; the prefill's widths differ, so logits
 agree to float rounding until the forward is width-invariant).
+
+A cache whose sliding-window layers keep rings (kv_cache.py: only a layer's latest window + slack entries) gets no
+prefix caching (capacity 0, said in the log): a prompt's blocks would have to be copied out of those layers
+before later tokens overwrite them, which a prefill in one forward longer than the ring already does.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 
 import torch
 
 from .kv_cache import SlotCache
+
+logger = logging.getLogger("verispec")
 
 ROOT = -1  # the parent of a prompt's first block
 BLOCK_SIZE = 16  # tokens per block (vLLM's default)
@@ -42,6 +49,10 @@ class PrefixCache:
         self.cache = cache
         self.block_size = block_size
         self.capacity = max(max_tokens, 0) // block_size  # blocks
+        if cache.has_rings and self.capacity:
+            logger.info("prefix caching off for this model: its sliding-window layers keep only their latest entries "
+                        "(a ring), so a prompt's blocks cannot be copied out of them")
+            self.capacity = 0
         self.data: torch.Tensor | None = None  # [blocks, layers, 2 (keys, values), kv_heads, block_size, head_dim]
         self.table: dict[tuple[int, tuple[int, ...]], int] = {}  # (parent block, tokens) -> block
         self.keys: dict[int, tuple[int, tuple[int, ...]]] = {}  # block -> its key

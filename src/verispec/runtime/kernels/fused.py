@@ -1,15 +1,16 @@
 """The native layer's attention and small ops in C++ (`layer_kernel.cpp`, built on first use by `ext.py`).
 
 One call each where torch issues several ops: attention (decode steps, verify passes, token trees and prefill
-chunks alike), rotary on q and k with the k/v cache writes, RMSNorm (with the residual add before it), and
-silu(gate) * up. fp32 and bf16 on CPU. Every result is computed per (row, head, query) in one fixed order, so
-the layer is batch- and width-invariant by construction: the attention replaces `invariant.block_attention`
-where the kernel is built, and torch's SDPA everywhere (decode steps, verify passes, trees and prefill chunks of
-any length), so invariance costs nothing. Long chunks take the tiled path (a KV head's queries share each key and
+chunks alike), rotary on q and k with the k/v cache writes, RMSNorm (with the residual add before it),
+silu(gate) * up, and Gemma's q/k norms per head and gelu_tanh(gate) * up. fp32 and bf16 on CPU. Every result is
+computed per (row, head, query) in one fixed order, so the layer is batch- and width-invariant by construction:
+the attention replaces `invariant.block_attention` where the kernel is built, and torch's SDPA everywhere (decode
+steps, verify passes, trees and prefill chunks of any length), so invariance costs nothing. Long chunks take the tiled path (a KV head's queries share each key and
 value vector loaded once), which does per query exactly what the one-query path does.
 
 Roundings (what `tests/engine/test_fused.py` checks): rotary and the residual add bitwise torch's formulas;
-RMSNorm Hugging Face's roundings with its own order of the sum of squares; silu's exp within an ulp of torch's;
+RMSNorm Hugging Face's roundings with its own order of the sum of squares; silu's exp within an ulp of torch's
+(gelu_tanh as g / (1 + exp(-2u)) on the same exp: within a few ulps of torch's tanh form);
 attention's scores in fp32, the exact maximum, sum_j p_j v_j and sum_j p_j in cache order.
 
 Eager calls go straight to the extension (a custom op's dispatch costs tens of microseconds a call); under
@@ -121,6 +122,23 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 I] -> [..., I]
     return ext.silu_mul(gate_up) if ext else torch.ops.verispec.silu_mul(gate_up)
 
 
+def qk_norm(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, num_heads: int, num_kv_heads: int,
+            eps: float) -> torch.Tensor:
+    """qkv [..., (H + 2 Hk) d] -> the same with each q head RMSNormed by q_norm [d], each k head by k_norm [d] (the
+    roundings of `rms_norm` per head row), v as it is (Gemma's q/k norms)."""
+    ext = _ext()
+    qkv = qkv.contiguous()
+    if ext:
+        return ext.qk_norm(qkv, q_norm, k_norm, num_heads, num_kv_heads, eps)
+    return torch.ops.verispec.qk_norm(qkv, q_norm, k_norm, num_heads, num_kv_heads, eps)
+
+
+def gelu_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 I] -> [..., I]: gelu_tanh(gate) * up (Gemma's MLP)
+    ext = _ext()
+    gate_up = gate_up.contiguous()
+    return ext.gelu_mul(gate_up) if ext else torch.ops.verispec.gelu_mul(gate_up)
+
+
 # -- the custom ops torch.compile sees ------------------------------------------------------------------------------
 
 
@@ -166,5 +184,26 @@ def _silu_op(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @_silu_op.register_fake
+def _(gate_up):
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
+@torch.library.custom_op("verispec::qk_norm", mutates_args=())
+def _qk_norm_op(qkv: torch.Tensor, q_norm: torch.Tensor, k_norm: torch.Tensor, num_heads: int, num_kv_heads: int,
+                eps: float) -> torch.Tensor:
+    return kernel().qk_norm(qkv, q_norm, k_norm, num_heads, num_kv_heads, eps)
+
+
+@_qk_norm_op.register_fake
+def _(qkv, q_norm, k_norm, num_heads, num_kv_heads, eps):
+    return torch.empty_like(qkv)
+
+
+@torch.library.custom_op("verispec::gelu_mul", mutates_args=())
+def _gelu_op(gate_up: torch.Tensor) -> torch.Tensor:
+    return kernel().gelu_mul(gate_up)
+
+
+@_gelu_op.register_fake
 def _(gate_up):
     return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)

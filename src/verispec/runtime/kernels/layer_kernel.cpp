@@ -16,6 +16,8 @@
 //   rotary_write rotary on q and k (Hugging Face's halves layout), k and v written into the cache
 //   rms_norm     (optionally after a residual add) RMSNorm with Hugging Face's rounding
 //   silu_mul     silu(gate) * up
+//   qk_norm      Gemma's RMSNorm of q and k per head
+//   gelu_mul     gelu_tanh(gate) * up (Gemma)
 #include "layer_loop.h"  // layer_ops.h, attention.h, layer_common.h
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -26,10 +28,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rotary_write", &rotary_write, "rotary on q and k, k and v written into the cache -> q");
   m.def("rms_norm", &rms_norm, "RMSNorm (after an optional residual add) -> [sum, normed]");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("qk_norm", &qk_norm, "q and k of a fused projection RMSNormed per head, v copied");
+  m.def("gelu_mul", &gelu_mul, "gelu_tanh(gate) * up");
   py::class_<LayerLoop>(m, "LayerLoop", "every decoder layer of a step in one call (layer_loop.h)")
-      .def(py::init<const std::vector<std::vector<std::tuple<int64_t, at::Tensor, at::Tensor, at::Tensor, int64_t,
-                                                             int64_t, int64_t>>>&,
-                    const std::vector<std::pair<at::Tensor, at::Tensor>>&, int64_t, double, int64_t, int64_t>())
+      .def(py::init<const std::vector<std::vector<LinearArgs>>&, const std::vector<std::pair<at::Tensor, at::Tensor>>&,
+                    int64_t, double, int64_t, int64_t>())
       .def("run", &LayerLoop::run)
       .def_property_readonly("num_layers", &LayerLoop::num_layers);
+  py::class_<GemmaLoop>(m, "GemmaLoop", "every Gemma 3 decoder layer of a step in one call (layer_loop.h)")
+      .def(py::init<const std::vector<std::vector<LinearArgs>>&, const std::vector<std::vector<at::Tensor>>&,
+                    const std::vector<bool>&, int64_t, int64_t, double, int64_t, int64_t>())
+      .def("run", &GemmaLoop::run)
+      .def_property_readonly("num_layers", &GemmaLoop::num_layers);
 }

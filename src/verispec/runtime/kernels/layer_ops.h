@@ -1,5 +1,6 @@
 // The native layer's small ops and the attention entry point as torch sees them (layer_kernel.cpp exports them;
-// layer_loop.h calls them directly): rotary and cache writes, RMSNorm, silu * up.
+// layer_loop.h calls them directly): rotary and cache writes, RMSNorm, silu * up; Gemma's q/k norms per head and
+// gelu_tanh * up.
 #pragma once
 #include "attention.h"
 
@@ -96,9 +97,23 @@ at::Tensor rotary_write(const at::Tensor& qkv, const at::Tensor& cos, const at::
 
 // ---- RMSNorm ---------------------------------------------------------------------------------------------------
 
-// Per row: (s = x + residual, rounded to the dtype, when a residual is given), then
-// weight * (s32 * rsqrt(mean(s32^2) + eps)).to(dtype), as Hugging Face's LlamaRMSNorm rounds; only the order of
-// the sum of squares differs from torch's `mean` (LANES partial sums, then halved pairwise).
+// One row's RMSNorm of v [hidden] (fp32 values, already rounded to T) into o: weight * (v * rsqrt(mean(v^2) +
+// eps)).to(T), as Hugging Face's LlamaRMSNorm rounds; only the order of the sum of squares differs from torch's
+// `mean` (LANES partial sums, then halved pairwise).
+template <typename T>
+inline void rms_row(const float* v, int64_t hidden, const T* weight, float eps, T* o) {
+  float acc[LANES] = {0};
+  const int64_t body = hidden - hidden % LANES;
+  for (int64_t c = 0; c < body; c += LANES)
+    for (int64_t l = 0; l < LANES; ++l) acc[l] += v[c + l] * v[c + l];
+  for (int64_t i = body; i < hidden; ++i) acc[i - body] += v[i] * v[i];
+  for (int64_t w = LANES / 2; w > 0; w /= 2)
+    for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
+  const float inv = 1.0f / std::sqrt(acc[0] / static_cast<float>(hidden) + eps);
+  for (int64_t i = 0; i < hidden; ++i) o[i] = from_f<T>(to_f(weight[i]) * round_to<T>(v[i] * inv));
+}
+
+// Per row: (s = x + residual, rounded to the dtype, when a residual is given), then its RMSNorm (rms_row).
 template <typename T>
 void rms_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor& weight, double eps,
               const at::Tensor& sum, const at::Tensor& out) {
@@ -120,16 +135,7 @@ void rms_impl(const at::Tensor& x, const at::Tensor* residual, const at::Tensor&
       } else {
         for (int64_t i = 0; i < hidden; ++i) v[i] = to_f(xr[i]);
       }
-      float acc[LANES] = {0};
-      const int64_t body = hidden - hidden % LANES;
-      for (int64_t c = 0; c < body; c += LANES)
-        for (int64_t l = 0; l < LANES; ++l) acc[l] += v[c + l] * v[c + l];
-      for (int64_t i = body; i < hidden; ++i) acc[i - body] += v[i] * v[i];
-      for (int64_t w = LANES / 2; w > 0; w /= 2)
-        for (int64_t l = 0; l < w; ++l) acc[l] += acc[l + w];
-      const float inv = 1.0f / std::sqrt(acc[0] / static_cast<float>(hidden) + epsf);
-      T* o = op + r * hidden;
-      for (int64_t i = 0; i < hidden; ++i) o[i] = from_f<T>(to_f(wp[i]) * round_to<T>(v[i] * inv));
+      rms_row<T>(v.data(), hidden, wp, epsf, op + r * hidden);
     }
   });
 }
@@ -153,6 +159,47 @@ std::vector<at::Tensor> rms_norm(const at::Tensor& x, const std::optional<at::Te
     rms_impl<bf16>(x, res, weight, eps, sum, out);
   }
   return {sum, out};
+}
+
+// ---- q and k normed per head (Gemma) --------------------------------------------------------------------------
+
+template <typename T>
+void qk_norm_impl(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm, int64_t H, int64_t Hk,
+                  double eps, const at::Tensor& out) {
+  const int64_t d = q_norm.numel(), width = (H + 2 * Hk) * d, items = qkv.numel() / width;
+  const T *xp = ptr<T>(qkv), *qw = ptr<T>(q_norm), *kw = ptr<T>(k_norm);
+  T* op = mut<T>(out);
+  const float epsf = static_cast<float>(eps);
+  verispec_pool::parallel_for(0, items, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> v(d);
+    for (int64_t item = begin; item < end; ++item) {
+      const T* x = xp + item * width;
+      T* o = op + item * width;
+      for (int64_t head = 0; head < H + Hk; ++head) {
+        for (int64_t i = 0; i < d; ++i) v[i] = to_f(x[head * d + i]);
+        rms_row<T>(v.data(), d, head < H ? qw : kw, epsf, o + head * d);
+      }
+      std::memcpy(o + (H + Hk) * d, x + (H + Hk) * d, Hk * d * sizeof(T));  // v: as it is
+    }
+  });
+}
+
+// qkv [b, n, (H + 2 Hk) d] (contiguous: the fused projection's output), q_norm / k_norm [d] -> the same layout with
+// each q head RMSNormed by q_norm and each k head by k_norm (rms_norm's roundings, per head row), v copied.
+at::Tensor qk_norm(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Tensor& k_norm, int64_t num_heads,
+                   int64_t num_kv_heads, double eps) {
+  const int64_t d = q_norm.numel();
+  TORCH_CHECK(qkv.is_contiguous() && qkv.size(-1) == (num_heads + 2 * num_kv_heads) * d && k_norm.numel() == d &&
+              q_norm.is_contiguous() && k_norm.is_contiguous() && q_norm.scalar_type() == qkv.scalar_type() &&
+              k_norm.scalar_type() == qkv.scalar_type(), "qk_norm: contiguous qkv [..., (H + 2 Hk) d], norms [d]");
+  auto out = at::empty_like(qkv);
+  if (qkv.scalar_type() == at::kFloat) {
+    qk_norm_impl<float>(qkv, q_norm, k_norm, num_heads, num_kv_heads, eps, out);
+  } else {
+    TORCH_CHECK(qkv.scalar_type() == at::kBFloat16, "qk_norm: float32 or bfloat16");
+    qk_norm_impl<bf16>(qkv, q_norm, k_norm, num_heads, num_kv_heads, eps, out);
+  }
+  return out;
 }
 
 // ---- silu(gate) * up -------------------------------------------------------------------------------------------
@@ -185,6 +232,42 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   } else {
     TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "silu_mul: float32 or bfloat16");
     silu_impl<bf16>(gate_up, out);
+  }
+  return out;
+}
+
+// ---- gelu_tanh(gate) * up (Gemma) ------------------------------------------------------------------------------
+
+template <typename T> void gelu_impl(const at::Tensor& x, const at::Tensor& out) {
+  const int64_t width = out.size(-1), rows = out.numel() / width;
+  const T* xp = ptr<T>(x);
+  T* op = mut<T>(out);
+  verispec_pool::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T *gate = xp + r * 2 * width, *up = gate + width;
+      T* o = op + r * width;
+      for (int64_t i = 0; i < width; ++i) {
+        const float g = to_f(gate[i]);
+        const float u = 0.7978845608028654f * (g + 0.044715f * (g * g * g));  // sqrt(2 / pi) (g + 0.044715 g^3)
+        o[i] = from_f<T>(round_to<T>(g / (1.0f + fexp(-2.0f * u))) * to_f(up[i]));
+      }
+    }
+  });
+}
+
+// gate_up [..., 2 I] (contiguous: gate, then up) -> gelu_tanh(gate) * up [..., I]: the tanh-approximated GELU
+// 0.5 g (1 + tanh(u)) computed as g / (1 + exp(-2 u)) (the same function; fexp's exp), rounded to the dtype, then
+// the product (F.gelu(gate, approximate="tanh") * up's roundings; the GELU within a few ulps of torch's).
+at::Tensor gelu_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0, "gelu_mul: contiguous [..., 2 I]");
+  auto shape = gate_up.sizes().vec();
+  shape.back() /= 2;
+  auto out = at::empty(shape, gate_up.options());
+  if (gate_up.scalar_type() == at::kFloat) {
+    gelu_impl<float>(gate_up, out);
+  } else {
+    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "gelu_mul: float32 or bfloat16");
+    gelu_impl<bf16>(gate_up, out);
   }
   return out;
 }

@@ -15,14 +15,23 @@ What differs from the Llama family, each in one place here:
 - layers alternate sliding-window (local) and global attention (`config.layer_types`), each kind with its own
   rotary base. Sliding layers see the `sliding_window` entries up to and including the query's position (Hugging
   Face's `kv_idx > q_idx - window`): the runner's mask with the entries further back hidden, made once a step.
-  The KV cache keeps every entry for every layer (masked, not bounded: rollback and slot moves stay the runner's
-  bookkeeping, unchanged).
+  Where the runner gives `ring` (`NativeRunner.ring`: window + MAX_VERIFY_WIDTH entries, fewer than max_len), a
+  sliding layer's cache is a ring (caches/kv_cache.py: cache index i at ring index i mod ring): its tokens are
+  written at their ring indices and its mask is gathered onto the ring (`kv_cache.ring_mask`); a forward feeding
+  more than ring - window tokens a row (a long prefill) runs its layers in pieces of that many (the same bits as one
+  forward: every op is per token), so no entry a query may see was overwritten. The same logits as a cache of
+  every entry: bitwise until a ring wraps, then within float rounding (the window summed in ring order; tested in
+  tests/engine/test_gemma_ring.py). Global layers keep every entry; prefix caching is off on rings
+  (caches/prefix_cache.py).
 
 The linears, the rotary embedding with the cache writes and the attention are Llama's (`llama.Linear`,
 `llama.attention`: quantized GGUF blocks incl. K-quants, verispec's dense kernel, the fused C++ attention), so a
-row's output is the same alone or in a batch (row-invariant linears, the kernels' fixed order). The layers run in
-Python: the C++ layer loop (`layer_loop.h`) is Llama's layer; Gemma's would need the extra norms, the q/k norms,
-GeGLU and a second rotary table in it. No torch.compile path (eager only).
+row's output is the same alone or in a batch (row-invariant linears, the kernels' fixed order). The q/k norms and
+gelu_tanh * up are one C++ op each (`fused.qk_norm`, `fused.gelu_mul`; the GELU is computed as g / (1 + exp(-2u)),
+within a few ulps of torch's tanh form). The layers run in one C++ call where every linear is a QuantWeight or
+dense-packed (`layer_loop.h`'s GemmaLoop: the same ops in the same order as `layer_parts`, so the same bits; tested
+in tests/engine/test_layer_loop.py), else in Python (`VERISPEC_LAYER_LOOP=python` forces that). No torch.compile
+path (eager only).
 
 Shapes: b = rows, n = tokens fed per row, H / Hk = query / KV heads, d = head dim, L = cache entries attended.
 """
@@ -36,8 +45,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..caches.kv_cache import entry_index
-from ..kernels import fused
+from ..caches.kv_cache import entry_index, ring_mask
+from ..kernels import fused, layer_loop
 from .llama import Linear, UnsupportedModel, attention, linear, onto_huge_pages, own, rms_norm
 
 ARCHITECTURES = ("gemma3_text",)  # model_type of the text model (a GGUF file's "gemma3" is its text model)
@@ -171,21 +180,32 @@ def layer_parts(
     invariant: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (x + normed attention, normed MLP output) [b, n, hidden]
     """One decoder layer, its output as two terms (their sum is the layer's output): the next layer's input norm
-    adds them in one pass (`add_norm`)."""
+    adds them in one pass (`add_norm`). Where the kernels run (`fused.available`), the q/k norms and gelu_tanh * up
+    are one C++ call each (`fused.qk_norm`, `fused.gelu_mul`: the ops the C++ layer loop calls, so both loops give
+    the same bits); else torch's ops."""
     qkv_w, o_w, gate_up_w, down_w, input_norm, post_attn_norm, pre_mlp_norm, post_mlp_norm, q_norm, k_norm = w
     s = spec
     b, n, _ = x.shape
     eps = s.rms_norm_eps
     x, h = (x, rms_norm(x, input_norm, eps)) if pending is None else add_norm(pending, x, input_norm, eps)
-    q, k, v = linear(h, qkv_w, None, packed).split(
-        [s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], dim=-1)
-    qkv = torch.cat([rms_norm(q.reshape(b, n, s.num_heads, s.head_dim), q_norm, eps).view(b, n, -1),
-                     rms_norm(k.reshape(b, n, s.num_kv_heads, s.head_dim), k_norm, eps).view(b, n, -1),
-                     v], dim=-1)  # [b, n, (H + 2 Hk) d]: q and k normed per head
+    kernels = fused.available(x)
+    qkv = linear(h, qkv_w, None, packed)  # [b, n, (H + 2 Hk) d]
+    if kernels and q_norm.dtype == x.dtype:  # q and k normed per head in one call
+        qkv = fused.qk_norm(qkv, q_norm, k_norm, s.num_heads, s.num_kv_heads, eps)
+    else:
+        q, k, v = qkv.split([s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim, s.num_kv_heads * s.head_dim], -1)
+        qkv = torch.cat([rms_norm(q.reshape(b, n, s.num_heads, s.head_dim), q_norm, eps).view(b, n, -1),
+                         rms_norm(k.reshape(b, n, s.num_kv_heads, s.head_dim), k_norm, eps).view(b, n, -1),
+                         v], dim=-1)
     attn = attention(qkv, cos, sin, keys, values, write_index, mask, s, invariant)  # [b, n, H d]
     x, h = add_norm(rms_norm(linear(attn, o_w, None, packed), post_attn_norm, eps), x, pre_mlp_norm, eps)
-    gate, up = linear(h, gate_up_w, None, packed).chunk(2, dim=-1)  # [b, n, I] each
-    out = linear(F.gelu(gate, approximate="tanh") * up, down_w, None, packed)
+    gate_up = linear(h, gate_up_w, None, packed)  # [b, n, 2 I]
+    if kernels:
+        act = fused.gelu_mul(gate_up)  # [b, n, I]
+    else:
+        gate, up = gate_up.chunk(2, dim=-1)
+        act = F.gelu(gate, approximate="tanh") * up
+    out = linear(act, down_w, None, packed)
     return x, rms_norm(out, post_mlp_norm, eps)
 
 
@@ -214,6 +234,20 @@ class GemmaModel(nn.Module):
             setattr(self, name, nn.Buffer(table, persistent=False))
         assert all(layer.packed == self.lm_head.packed for layer in self.layers)
         onto_huge_pages(self.linears())
+        self._loop: list = []  # layer_loop.build_gemma's, made on the first forward (the weights are final then)
+        self._layer_weights: list = []  # every GemmaBlock.weights(), gathered once (nn.Module access costs per call)
+
+    def layer_loop(self) -> layer_loop.Loop | None:
+        """The C++ loop over this model's layers (`layer_loop.py`'s GemmaLoop), or None where it does not serve."""
+        if not self._loop:
+            self._loop.append(layer_loop.build_gemma(self.layer_weights(), self.lm_head.packed, self.spec))
+        return self._loop[0]
+
+    def layer_weights(self) -> tuple[tuple[torch.Tensor, ...], ...]:
+        """Every layer's `GemmaBlock.weights()` (fixed once built)."""
+        if not self._layer_weights:
+            self._layer_weights.append(tuple(layer.weights() for layer in self.layers))
+        return self._layer_weights[0]
 
     def reserve_positions(self, positions: int) -> None:
         """Rotary tables covering `positions` (the runner's max_len) at least: made anew where shorter (each entry is
@@ -240,12 +274,13 @@ class GemmaModel(nn.Module):
         positions: torch.Tensor,  # [b, n] long: rotary positions
         write_index: torch.Tensor,  # [b, n] long: cache index of each fed token
         mask: torch.Tensor,  # [b, 1, n, L] additive
-        keys: list[torch.Tensor],  # per layer [b, Hk, max_len, d]
-        values: list[torch.Tensor],  # per layer [b, Hk, max_len, d]
+        keys: list[torch.Tensor],  # per layer [b, Hk, max_len, d] (a sliding layer's [b, Hk, ring, d] with `ring`)
+        values: list[torch.Tensor],  # per layer, as keys
         select: torch.Tensor | None = None,  # [b, m] long: fed-token indices whose logits are wanted (None: all)
         compiled: tuple | None = None,  # never set: the runner runs this model eager (`compiles`)
         all_hidden: bool = False,  # hidden of all n fed tokens, not only the selected ones
         invariant: bool = False,  # batch- and width-invariant attention (invariant.py)
+        ring: int | None = None,  # the sliding layers' entries per slot where they keep a ring (kv_cache.py)
     ) -> tuple[torch.Tensor, torch.Tensor]:  # logits [b, m, vocab], hidden [b, m or n, hidden]
         assert compiled is None
         s = self.spec
@@ -258,11 +293,19 @@ class GemmaModel(nn.Module):
         # entry i holds position i; fed tokens, even a tree's, are within the window of each other)
         far = torch.arange(mask.shape[-1], device=mask.device) <= (positions.unsqueeze(-1) - s.sliding_window)
         masks = {False: mask, True: mask.masked_fill(far.unsqueeze(1), torch.finfo(mask.dtype).min)}
-        index = write_index if fused.available(x) else entry_index(write_index, s.num_kv_heads, keys[0].shape[2])
-        out = None  # [b, n, hidden]: the last layer's normed MLP output, added to x by the next norm or here
-        for layer, sliding, k, v in zip(self.layers, s.sliding, keys, values):
-            x, out = layer_parts(x, out, *rope[sliding], k, v, index, masks[sliding], layer.weights(), s,
-                                 self.lm_head.packed, invariant)
+        if ring is None:
+            x, out = self._layers(x, rope, {False: write_index, True: write_index}, keys, values, masks, invariant)
+        else:  # the sliding layers' rings: pieces of at most ring - window tokens a row (kv_cache.py's invariant)
+            piece, parts = max(1, ring - s.sliding_window), []
+            for start in range(0, x.shape[1], piece):
+                cut = slice(start, start + piece)
+                index = write_index[:, cut]  # [b, piece]
+                ends = index[:, -1] + 1  # [b]: each row's written length after this piece
+                parts.append(self._layers(
+                    x[:, cut], {kind: (c[:, :, cut], si[:, :, cut]) for kind, (c, si) in rope.items()},
+                    {False: index, True: index % ring}, keys, values,
+                    {False: mask[:, :, cut], True: ring_mask(masks[True][:, :, cut], ends, ring)}, invariant))
+            x, out = parts[0] if len(parts) == 1 else (torch.cat(terms, dim=1) for terms in zip(*parts))
         x = x + out
         if all_hidden:  # normed once, at every position; the selected rows are gathered from it (the norm is per row)
             every = rms_norm(x, self.norm, s.rms_norm_eps)  # [b, n, hidden]
@@ -272,6 +315,30 @@ class GemmaModel(nn.Module):
             x = x.gather(1, select.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [b, m, hidden]
         hidden = rms_norm(x, self.norm, s.rms_norm_eps)
         return self._logits(hidden), hidden
+
+    def _layers(
+        self,
+        x: torch.Tensor,  # [b, n, hidden]
+        rope: dict[bool, tuple[torch.Tensor, torch.Tensor]],  # sliding -> (cos, sin) [b, 1, n, d]
+        index: dict[bool, torch.Tensor],  # sliding -> [b, n] long: where each fed token is written in such a layer
+        keys: list[torch.Tensor],  # per layer [b, Hk, max_len or ring, d]
+        values: list[torch.Tensor],
+        masks: dict[bool, torch.Tensor],  # sliding -> [b, 1, n, L] additive, over that layer's entries
+        invariant: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (x + normed attention, normed MLP output) of the last layer
+        """Every layer: in one C++ call where the loop serves (the same bits), else `layer_parts` one by one."""
+        s = self.spec
+        if not fused.available(x):  # torch's path: the flat entries of each kind's buffers, once a step
+            index = {kind: entry_index(i, s.num_kv_heads, keys[s.sliding.index(kind)].shape[2])
+                     for kind, i in index.items() if kind in s.sliding}
+        loop = self.layer_loop()
+        if layer_loop.serves(loop, x, next(iter(index.values())), invariant):
+            return layer_loop.run_gemma(loop, x, rope, index, keys, values, masks)
+        out = None  # [b, n, hidden]: the last layer's normed MLP output, added to x by the next norm or the caller
+        for w, sliding, k, v in zip(self.layer_weights(), s.sliding, keys, values):
+            x, out = layer_parts(x, out, *rope[sliding], k, v, index[sliding], masks[sliding], w, s,
+                                 self.lm_head.packed, invariant)
+        return x, out
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [b, m, hidden] -> [b, m, vocab]
         logits = self.lm_head(hidden)

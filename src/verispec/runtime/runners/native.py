@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 import weakref
 from pathlib import Path
 
 import torch
 
+from ...config import MAX_VERIFY_WIDTH
 from ..kernels import fused
 from .compile import cache_counts
 from ..caches.kv_cache import SlotCache, attention_mask
@@ -30,6 +32,18 @@ logger = logging.getLogger("verispec")
 
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> (its native model, weights fingerprint)
 NativeModel = LlamaModel | GemmaModel
+# Sliding-window layers keep a ring of their latest entries (kv_cache.py); "off" keeps every entry (side-by-side runs)
+SLIDING_RING = os.environ.get("VERISPEC_SLIDING_RING", "on").lower() != "off"
+
+
+def ring_entries(spec: LlamaSpec | GemmaSpec, max_len: int) -> int | None:
+    """Entries a sliding-window layer keeps per slot: its window + MAX_VERIFY_WIDTH (the widest verify pass; a wider
+    forward runs in pieces of that many tokens: `GemmaModel.forward`), or None where the model has no sliding layer,
+    that is not fewer than max_len, or SLIDING_RING is off."""
+    if not SLIDING_RING or not isinstance(spec, GemmaSpec) or not any(spec.sliding):
+        return None
+    ring = spec.sliding_window + MAX_VERIFY_WIDTH
+    return ring if ring < max_len else None
 
 
 def default_compile(hf_model) -> bool:
@@ -177,7 +191,9 @@ class NativeRunner(SlotRunner):
         # the KV cache's entries (a 16-bit cache halves what attention reads; config.RunnerOptions.kv_cache_dtype)
         self.kv_dtype, self.kv_dtype_reason = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device,
                                                                      model.integer_activations())
-        self.cache = SlotCache(model.spec.num_layers, num_slots, max_len)
+        self.ring = ring_entries(model.spec, max_len)  # sliding layers' entries per slot (None: every entry)
+        rings = [self.ring if sliding else None for sliding in model.spec.sliding] if self.ring else None
+        self.cache = SlotCache(model.spec.num_layers, num_slots, max_len, rings)
         if compile and model.quantized():
             logger.info("native runner: quantized weights run eager (the compiled step takes float weights; eager "
                         "with the C++ kernels is the faster path anyway: docs/runner.md)")
@@ -262,8 +278,9 @@ class NativeRunner(SlotRunner):
             token_ids, positions, write_index, mask = (t.clone(memory_format=torch.contiguous_format) for t in (
                 token_ids, positions, write_index, mask))
             select = None if select is None else select.clone(memory_format=torch.contiguous_format)
+        ring = {"ring": self.ring} if self.ring else {}  # (GemmaModel's: the sliding layers' ring)
         logits, hidden = self.model(token_ids, positions, write_index, mask, keys, values, select,
-                                    compiled=compiled, all_hidden=all_hidden, invariant=self.batch_invariant)
+                                    compiled=compiled, all_hidden=all_hidden, invariant=self.batch_invariant, **ring)
         for slot, length in enumerate(lengths, start_slot):
             self.cache.lengths[slot] = length + n
         if self.device.type == "cuda":
