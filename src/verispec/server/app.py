@@ -68,13 +68,16 @@ class Server:
 
     # -- request -> job ------------------------------------------------------------------------------------------
 
-    def scope(self, request: Request) -> str | None:
-        """The request's suffix-cache scope: a hash of the credentials it sent (one scope per API key), or None (the
-        one shared scope) with --suffix-shared-across-keys. The hash keeps the key itself out of the drafter."""
-        if self.config.suffix_shared_across_keys:
-            return None
+    def key(self, request: Request) -> str:
+        """A hash of the credentials the request sent: one per API key, one for every request that sent none. The
+        hash keeps the key itself out of the drafters."""
         credentials = request.headers.get("authorization", "")
         return hashlib.sha256(credentials.encode()).hexdigest()[:32]
+
+    def scope(self, request: Request) -> str | None:
+        """The request's suffix-cache scope: its key (one scope per API key), or None (the one shared scope) with
+        --suffix-shared-across-keys."""
+        return None if self.config.suffix_shared_across_keys else self.key(request)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.model_names:
@@ -160,7 +163,7 @@ class Server:
         self.worker.submit(Job(
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
             speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
-            arrival=arrival, scope=self.scope(request), tools=tools, progress=progress,
+            arrival=arrival, scope=self.scope(request), key=self.key(request), tools=tools, progress=progress,
             resume=None if resume is None else resume.continuation,
         ))
         try:
