@@ -157,6 +157,9 @@ class HeadDrafter(Drafter):
         self.cache.reserve(num_slots)  # buffers are made on the first forward that uses a slot
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        self._clear(slot)
+
+    def _clear(self, slot: int) -> None:
         self.cache.set_length(slot, 0)
         self.pending[slot] = []
 
@@ -170,7 +173,7 @@ class HeadDrafter(Drafter):
         self.pending[dst], self.pending[src] = self.pending[src], []
 
     def release(self, slot: int) -> None:
-        self.begin(slot, None)
+        self._clear(slot)
 
     def rebind_embeddings(self, embed: torch.Tensor) -> None:
         """Use another copy of the target's embedding matrix (the native twin's, once HF's copy is freed)."""
