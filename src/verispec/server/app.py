@@ -25,6 +25,7 @@ from .config import ServerConfig
 from .errors import APIError, install_error_handlers, invalid, model_not_found
 from .guard import install_guard
 from .metrics import ServerMetrics
+from .online import online_heads
 from .playground import install_playground
 from .protocol import (
     ChatCompletion,
@@ -61,7 +62,7 @@ class Server:
         self.config = config
         self.served = served
         self.metrics = ServerMetrics()
-        self.worker = EngineWorker(served, self.metrics)
+        self.worker = EngineWorker(served, self.metrics, online_heads(config, served, self.metrics))
         self.model_id = config.model_id
         self.model_names = {self.model_id, config.model}  # what a request's `model` may say
         self.created = int(time.time())

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..drafters.head import HeadConfig, HeadDrafter, HeadWeights, pack_head
+from .config import ServerConfig
 
 logger = logging.getLogger("verispec.server")
 
@@ -317,9 +318,9 @@ def _newest(buffer: deque[Traffic], tokens: int) -> list[Traffic]:
     return chosen[::-1]
 
 
-def online_heads(served, metrics=None) -> OnlineHeads | None:
-    """The online heads of a served model (server/served.py `ServedModel`) whose config turns them on, else None."""
-    config = served.config
+def online_heads(config: ServerConfig, served, metrics=None) -> OnlineHeads | None:
+    """The online heads of a served model (server/served.py `ServedModel`, loaded with `config`) when the config
+    turns them on, else None."""
     if config.online_train == "off":
         return None
     from ..drafters.spec import parse_drafter_spec

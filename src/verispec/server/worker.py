@@ -36,7 +36,7 @@ from ..runtime.threads import governor
 from .errors import APIError, invalid, queue_full
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .metrics import ServerMetrics
-from .online import online_heads
+from .online import OnlineHeads
 from .prepare import FrontEnd, PreparedJob, internal_error
 from .responses import annotate, decode_logprobs
 from .served import ServedModel
@@ -81,7 +81,7 @@ class _Active:
 class EngineWorker:
     """Steps every admitted request together on one thread; queued requests join between steps."""
 
-    def __init__(self, served: ServedModel, metrics: ServerMetrics) -> None:
+    def __init__(self, served: ServedModel, metrics: ServerMetrics, online: OnlineHeads | None = None) -> None:
         self.served = served
         self.metrics = metrics
         self._jobs: queue.Queue[PreparedJob | None] = queue.Queue()  # prepared, for the engine thread to take
@@ -92,7 +92,7 @@ class EngineWorker:
         self._lock = threading.Lock()  # guards `queued`: submit runs on the event loop, admission on this thread
         self.queued = 0  # jobs none of whose choices has a slot yet (being prepared, prepared, or waiting)
         self._closing: APIError | None = None  # once set (shutdown), every job still there fails with it
-        self.online = online_heads(served, metrics)  # --online-train: each API key's own head and its trainer
+        self.online = online  # --online-train: each API key's own head and its trainer (server/online.py)
 
     @property
     def engine(self) -> SpeculativeEngine:
