@@ -97,8 +97,8 @@ def test_a_keys_traffic_trains_its_own_head_only_and_never_changes_output(model_
         metrics = scraped(server)
     assert metrics["verispec_online_train_steps_total"] >= 6 and metrics["verispec_online_swaps_total"] >= 6
     assert metrics["verispec_online_keys"] == 2 and metrics["verispec_online_buffer_tokens"] > 0
-    # The weights themselves: a's head moved away from the deployment's, b's (which b's request trained since) too,
-    # but b's never took a's: b's head was trained from b's own request alone, starting from the deployment's.
+    # The heads themselves: a's weights moved away from the deployment's; b drafts with a head of its own (the planted
+    # fault: with a's).
     online = server.online
     head_a, head_b = online.drafter_for(key_of("a")), online.drafter_for(key_of("b"))
     assert not torch.equal(head_a.norm, online.base.norm)

@@ -45,7 +45,8 @@ def test_a_keys_head_records_the_targets_features_at_the_committed_positions(tra
         with torch.no_grad():
             wanted = target.model(input_ids=tokens.unsqueeze(0)).last_hidden_state[0]  # [n, hidden]
         assert traffic.features.shape == wanted.shape
-        assert torch.allclose(traffic.features.float(), wanted, atol=2e-2), (traffic.features.float() - wanted).abs().max()
+        gap = (traffic.features.float() - wanted).abs().max()
+        assert gap < 2e-2, gap
         assert not torch.allclose(traffic.features[1:].float(), wanted[:-1], atol=2e-2)  # one position off: caught
 
 
@@ -70,7 +71,8 @@ def test_a_fork_drafts_as_its_base_until_it_swaps_and_never_changes_the_output(t
     exported = net.export()
     assert all(torch.equal(exported[k], weights[k].float()) for k in weights)  # from_weights -> export: as loaded
     generator = torch.Generator().manual_seed(0)
-    moved = {k: v + 0.05 * torch.randn(v.shape, generator=generator) if k != "vocab" else v for k, v in exported.items()}
+    moved = {k: v if k == "vocab" else v + 0.05 * torch.randn(v.shape, generator=generator)
+             for k, v in exported.items()}
     norm = base.norm.clone()
     fork.swap_weights(pack_head(base.spec, moved, base.dtype, base.device))
     swapped = run(fork)

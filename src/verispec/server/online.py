@@ -32,11 +32,18 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..drafters.head import HeadConfig, HeadDrafter, HeadWeights, pack_head
 from .config import ServerConfig
+from .metrics import ServerMetrics
+
+if TYPE_CHECKING:
+    from ..distill.head import HeadNet
+    from .served import ServedModel
 
 logger = logging.getLogger("verispec.server")
 
@@ -116,7 +123,7 @@ class _KeyState:
     buffer: deque[Traffic] = field(default_factory=deque)
     tokens: int = 0  # tokens the buffer holds
     fresh: int = 0  # answer tokens taken since the key last trained
-    net: torch.nn.Module | None = None  # distill/head.py HeadNet, made at the first training
+    net: HeadNet | None = None  # made at the key's first training round
     optimiser: torch.optim.Optimizer | None = None
     steps: int = 0
     losses: list[float] = field(default_factory=list)  # each training round's mean loss, in order
@@ -137,14 +144,14 @@ class OnlineHeads:
     thread; `_train_loop` on its own; `_lock` guards the keys' states and the published weights between them."""
 
     def __init__(self, base: HeadDrafter, config: HeadConfig, weights: dict[str, torch.Tensor], lm: torch.Tensor,
-                 settings: OnlineSettings, metrics=None, seed: int = 0) -> None:
+                 settings: OnlineSettings, metrics: ServerMetrics | None = None, seed: int = 0) -> None:
         self.base = base  # the deployment's head: what a key starts from
         self._config, self._weights = config, weights  # the head as loaded
         # The frozen tensors every key's trainable head reads, shared (float32 views where the target is float32):
         # detached from the target's parameters, the rotary tables copied out of inference mode (autograd saves them).
         self._frozen = (base.embed.detach().float(), lm, base.cos.float().clone(), base.sin.float().clone())
         self.settings = settings
-        self.metrics = metrics  # server/metrics.py ServerMetrics, or None
+        self.metrics = metrics
         self.seed = seed
         self._drafters: OrderedDict[str, KeyHead] = OrderedDict()  # key -> its drafter, least recently used first
         self._states: dict[str, _KeyState] = {}
@@ -155,7 +162,8 @@ class OnlineHeads:
         self._thread: threading.Thread | None = None
 
     @classmethod
-    def for_head(cls, base: HeadDrafter, head_dir, target, settings: OnlineSettings, metrics=None) -> OnlineHeads:
+    def for_head(cls, base: HeadDrafter, head_dir: Path, target, settings: OnlineSettings,
+                 metrics: ServerMetrics | None = None) -> OnlineHeads:
         """The online heads of `base`, the drafter of the head in `head_dir` on `target`."""
         from ..drafters.head import load_head
 
@@ -318,9 +326,9 @@ def _newest(buffer: deque[Traffic], tokens: int) -> list[Traffic]:
     return chosen[::-1]
 
 
-def online_heads(config: ServerConfig, served, metrics=None) -> OnlineHeads | None:
-    """The online heads of a served model (server/served.py `ServedModel`, loaded with `config`) when the config
-    turns them on, else None."""
+def online_heads(config: ServerConfig, served: ServedModel,
+                 metrics: ServerMetrics | None = None) -> OnlineHeads | None:
+    """The online heads of a served model (loaded with `config`) when the config turns them on, else None."""
     if config.online_train == "off":
         return None
     from ..drafters.spec import parse_drafter_spec
