@@ -8,7 +8,7 @@ accepted tokens, acceptance rate, mean accepted length, tokens/s; and the traine
 Greedy, so every answer must be identical with training off and on (checked).
 
     flock /tmp/verispec-bench.lock env PYTHONPATH=src python recipes/online_train_probe.py [--passes 3]
-        [--prompts 17] [--max-tokens 96] [--every 256] [--lr 1e-4] [--out build/online_train.json]
+        [--prompts 17] [--max-tokens 96] [--every 256] [--lr 3e-4] [--out build/online_train.json]
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=17)
     p.add_argument("--max-tokens", type=int, default=96)
     p.add_argument("--every", type=int, default=256, help="--online-train-every")
-    p.add_argument("--lr", type=float, default=1e-4, help="--online-lr")
+    p.add_argument("--lr", type=float, default=3e-4, help="--online-lr")
     p.add_argument("--out", type=Path, default=Path("build/online_train.json"))
     args = p.parse_args()
 

@@ -99,8 +99,8 @@ def add_parser(sub) -> None:
                         "deployment's head again (default 8)")
     g.add_argument("--online-buffer-tokens", type=positive_int, default=16384, metavar="N",
                    help="tokens of its latest requests each key's training buffer keeps (default 16384)")
-    g.add_argument("--online-lr", type=float, default=1e-4, metavar="LR",
-                   help="the online trainer's learning rate (default 1e-4)")
+    g.add_argument("--online-lr", type=float, default=3e-4, metavar="LR",
+                   help="the online trainer's learning rate (default 3e-4)")
     add_scale_args(p)
     p.set_defaults(run=run)
 

@@ -113,7 +113,7 @@ class ServerConfig:
     deployment's head again (--online-max-keys)."""
     online_buffer_tokens: int = 16384
     """Tokens (prompt + answer) of its latest requests each key's training buffer keeps (--online-buffer-tokens)."""
-    online_lr: float = 1e-4
+    online_lr: float = 3e-4
     """The online trainer's AdamW learning rate (--online-lr)."""
 
     def __post_init__(self) -> None:

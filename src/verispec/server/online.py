@@ -47,9 +47,13 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("verispec.server")
 
-ROUND_STEPS = 4  # optimiser steps a key's head takes each time its buffer has taken `every` new answer tokens
+# A round: ROUND_STEPS steps on up to BATCH_TOKENS tokens, once per `every` (256) answer tokens. With the shipped
+# SmolLM2 head, a round of 400 tokens took 1.0-1.5 s on 2 busy cores (load 8), where 256 tokens take ~15 s to serve
+# (docs/server.md, "Online training"). The trainer runs on what the engine leaves (nice 19) and never queues work: a
+# key that took more tokens meanwhile trains once, on its newest.
+ROUND_STEPS = 1  # optimiser steps a key's head takes each time its buffer has taken `every` new answer tokens
 TRAIN_LENGTH = 256  # tokens of each request's end a training window holds (as distill --head's train_length)
-BATCH_TOKENS = 2048  # most tokens of one training batch: the newest requests of the key's buffer that fit
+BATCH_TOKENS = 512  # most tokens of one training batch: the newest requests of the key's buffer that fit
 UNROLL = 2  # the head's own predicted features fed back once, as the offline training does (distill/head.py)
 FEATURE_DTYPE = torch.float16  # the buffer's features (half the bytes; the loss reads them as float32)
 TRAINER_NICE = 19  # the trainer thread's CPU priority: the engine thread always goes first
