@@ -54,7 +54,7 @@ logger = logging.getLogger("verispec.server")
 ROUND_STEPS = 1  # optimiser steps a key's head takes each time its buffer has taken `every` new answer tokens
 TRAIN_LENGTH = 256  # tokens of each request's end a training window holds (as distill --head's train_length)
 BATCH_TOKENS = 512  # most tokens of one training batch: the newest requests of the key's buffer that fit
-UNROLL = 2  # the head's own predicted features fed back once, as the offline training does (distill/head.py)
+UNROLL = 2  # steps of the unrolled loss (distill/head.py; distill --head's default is 3): a third less per step
 FEATURE_DTYPE = torch.float16  # the buffer's features (half the bytes; the loss reads them as float32)
 TRAINER_NICE = 19  # the trainer thread's CPU priority: the engine thread always goes first
 
