@@ -28,6 +28,7 @@ from .common import (
 )
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+ONLINE_TRAIN = ("off", "head")  # server/config.py's ONLINE_TRAIN (not imported: it loads torch before --help)
 
 
 def add_parser(sub) -> None:
@@ -87,6 +88,19 @@ def add_parser(sub) -> None:
     g.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="on SIGTERM / SIGINT: new requests get 503, running ones get this long to finish before "
                         "they are cancelled with an error; then the server exits 0 (default 30)")
+    g = p.add_argument_group("online training (docs/server.md, \"Online training\")")
+    g.add_argument("--online-train", choices=ONLINE_TRAIN, default="off",
+                   help="head: keep training the served draft head (--draft-model head:DIR) from each API key's own "
+                        "traffic, one copy per key, swapped in between steps; outputs never change (default off)")
+    g.add_argument("--online-train-every", type=positive_int, default=256, metavar="N",
+                   help="new answer tokens of a key between its training rounds (default 256)")
+    g.add_argument("--online-max-keys", type=positive_int, default=8, metavar="M",
+                   help="API keys that keep a trained head; the least recently used one beyond drafts with the "
+                        "deployment's head again (default 8)")
+    g.add_argument("--online-buffer-tokens", type=positive_int, default=16384, metavar="N",
+                   help="tokens of its latest requests each key's training buffer keeps (default 16384)")
+    g.add_argument("--online-lr", type=float, default=3e-4, metavar="LR",
+                   help="the online trainer's learning rate (default 3e-4)")
     add_scale_args(p)
     p.set_defaults(run=run)
 
@@ -145,6 +159,9 @@ def run(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout or None, max_request_bytes=args.max_request_bytes,
         max_choices=args.max_choices, shutdown_timeout=args.shutdown_timeout,
         suffix_cache_tokens=args.suffix_cache_tokens, suffix_shared_across_keys=args.suffix_shared_across_keys,
+        online_train=args.online_train, online_train_every=args.online_train_every,
+        online_max_keys=args.online_max_keys, online_buffer_tokens=args.online_buffer_tokens,
+        online_lr=args.online_lr,
     )
     if config.api_key is None and not _loopback(args.host):
         print(f"[verispec] warning: listening on {args.host} without --api-key: anyone who can reach it can use it",

@@ -114,16 +114,9 @@ class HeadNet(nn.Module):
             inputs = torch.cat([features[:, :1], out[:, :-1]], dim=1)
         return outputs
 
-    def _exported(self) -> dict[str, nn.Parameter]:
-        return {"fc.weight": self.fc, "layer.q_proj.weight": self.q, "layer.k_proj.weight": self.k,
-                "layer.v_proj.weight": self.v, "layer.o_proj.weight": self.o, "layer.gate_proj.weight": self.gate,
-                "layer.up_proj.weight": self.up, "layer.down_proj.weight": self.down,
-                "layer.input_layernorm.weight": self.input_norm,
-                "layer.post_attention_layernorm.weight": self.post_norm, "norm.weight": self.norm}
-
     def export(self) -> dict[str, torch.Tensor]:
         """Weights under the names drafters/head.py loads."""
-        out = {k: v.detach().clone() for k, v in self._exported().items()}
+        out = {name: getattr(self, attr).detach().clone() for name, attr in _EXPORTED.items()}
         out["vocab"] = self.vocab.clone()
         return out
 
@@ -132,8 +125,31 @@ class HeadNet(nn.Module):
         """Take a written head's weights (`load_head`; the vocabulary was given to the constructor), e.g. to measure
         a shipped head on held-apart data."""
         assert torch.equal(weights["vocab"].long(), self.vocab), "build the net with the head's own vocabulary"
-        for name, param in self._exported().items():
-            param.copy_(weights[name].float())
+        for name, attr in _EXPORTED.items():
+            getattr(self, attr).copy_(weights[name].float())
+
+    @classmethod
+    def from_weights(cls, config: HeadConfig, weights: dict[str, torch.Tensor], embed: torch.Tensor,
+                     lm: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> HeadNet:
+        """A trainable head starting from trained weights (`load_head`'s, or `export`'s), on frozen tensors the
+        caller holds and may share between heads (not copied): embed [vocab, hidden] and lm [V', hidden] in float32,
+        cos, sin [max_len, head_dim] (the rotary tables of the target)."""
+        net = cls.__new__(cls)
+        nn.Module.__init__(net)
+        net.config, net.hd = config, config.head_dim
+        for name, tensor in (("embed", embed), ("lm", lm), ("vocab", weights["vocab"].long()), ("cos", cos),
+                             ("sin", sin)):
+            net.register_buffer(name, tensor, persistent=False)
+        for name, attr in _EXPORTED.items():
+            setattr(net, attr, nn.Parameter(weights[name].detach().float().clone()))
+        return net
+
+
+# The trainable weights: the names drafters/head.py loads -> HeadNet's attributes.
+_EXPORTED = {"fc.weight": "fc", "layer.q_proj.weight": "q", "layer.k_proj.weight": "k", "layer.v_proj.weight": "v",
+             "layer.o_proj.weight": "o", "layer.gate_proj.weight": "gate", "layer.up_proj.weight": "up",
+             "layer.down_proj.weight": "down", "layer.input_layernorm.weight": "input_norm",
+             "layer.post_attention_layernorm.weight": "post_norm", "norm.weight": "norm"}
 
 
 # -- data ----------------------------------------------------------------------------------------------------------
@@ -266,6 +282,37 @@ def _scored_at_step(valid: torch.Tensor, s: int) -> torch.Tensor:
     return mask[valid]
 
 
+def head_loss(net: HeadNet, tokens: torch.Tensor, inputs: torch.Tensor, wanted: torch.Tensor, valid: torch.Tensor,
+              unroll: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """The training loss of one batch (tokens [B, T], inputs and wanted features [B, T, hidden], valid [B, T]: the
+    scored pairs, as `_collate` makes them): per unroll step, soft cross-entropy to the target's next-token
+    distribution plus smooth L1 to its next feature, later steps weighted less -> (loss, accuracy and
+    cross-entropy per step)."""
+    weights = [1.0, 0.8, 0.64, 0.5][:unroll] + [0.5] * max(0, unroll - 4)
+    outputs = net.unrolled(tokens, inputs, unroll)
+    with torch.no_grad():
+        target_logp = F.log_softmax(wanted[valid] @ net.lm.T, dim=-1)  # [N, V']
+        target_top = target_logp.argmax(-1)
+    loss = torch.zeros(())
+    figures = {}
+    for s, (out, weight) in enumerate(zip(outputs, weights)):
+        sel = _scored_at_step(valid, s)
+        pred = out[valid][sel]
+        reg = F.smooth_l1_loss(pred, wanted[valid][sel])
+        logp = F.log_softmax(pred @ net.lm.T, dim=-1)
+        cls = -(target_logp[sel].exp() * logp).sum(-1).mean()
+        loss = loss + weight * (cls + reg)
+        figures[f"acc{s}"] = (logp.argmax(-1) == target_top[sel]).float().mean().item()
+        figures[f"cls{s}"] = cls.item()
+    return loss, figures
+
+
+def window_batch(samples, features: list[torch.Tensor], train_length: int, prompt_loss: bool, hidden: int):
+    """Samples (`prompt_ids`, `response_ids`) and their features [T, hidden] -> one training batch of their last
+    train_length + 1 tokens: tokens, inputs, wanted, valid as `head_loss` takes them."""
+    return _collate(_windows(samples, features, train_length, prompt_loss), hidden)
+
+
 @torch.no_grad()
 def heldout_accuracy(net: HeadNet, samples, features: list[torch.Tensor], unroll: int, train_length: int,
                      batch_tokens: int = 4096) -> list[float]:
@@ -313,7 +360,6 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
         step, epoch, history, heldout = state["step"], state["epoch"], state["history"], state.get("heldout", [])
         done, curve = state.get("done", 0), state.get("curve", [])
         log(f"resumed head training at step {step}")
-    weights = [1.0, 0.8, 0.64, 0.5][:unroll] + [0.5] * max(0, unroll - 4)
     bar = tqdm(total=steps, initial=step, desc="head training", unit="step", disable=not progress, dynamic_ncols=True)
     start = time.perf_counter()
     seen = 0
@@ -322,21 +368,7 @@ def train_head(net: HeadNet, samples, features: list[torch.Tensor], *, steps: in
             if step >= steps:
                 break
             tokens, inputs, wanted, valid = _collate([sequences[i] for i in batch], net.config.hidden_size)
-            outputs = net.unrolled(tokens, inputs, unroll)
-            with torch.no_grad():
-                target_logp = F.log_softmax(wanted[valid] @ net.lm.T, dim=-1)  # [N, V']
-                target_top = target_logp.argmax(-1)
-            loss = torch.zeros(())
-            figures = {}
-            for s, (out, weight) in enumerate(zip(outputs, weights)):
-                sel = _scored_at_step(valid, s)
-                pred = out[valid][sel]
-                reg = F.smooth_l1_loss(pred, wanted[valid][sel])
-                logp = F.log_softmax(pred @ net.lm.T, dim=-1)
-                cls = -(target_logp[sel].exp() * logp).sum(-1).mean()
-                loss = loss + weight * (cls + reg)
-                figures[f"acc{s}"] = (logp.argmax(-1) == target_top[sel]).float().mean().item()
-                figures[f"cls{s}"] = cls.item()
+            loss, figures = head_loss(net, tokens, inputs, wanted, valid, unroll)
             optimiser.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -28,6 +28,7 @@ over siblings; a chain (budget <= depth) samples its tokens from q under samplin
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -139,10 +140,7 @@ class HeadDrafter(Drafter):
         self.embed = embed  # the target's (shared, frozen)
         lm = target.get_output_embeddings().weight.detach()[self.vocab]  # [draft_vocab, hidden]
         self.lm_head = Linear(lm.to(self.dtype), None, pack=True)
-        self.fc = Linear(w["fc.weight"].to(self.dtype), None, pack=True)
-        self.block = Block(self.spec, {k.removeprefix("layer."): v.to(self.dtype) for k, v in w.items()
-                                       if k.startswith("layer.")}, pack=True)
-        self.norm = w["norm.weight"].to(self.dtype)
+        self.swap_weights(pack_head(self.spec, w, self.dtype, self.device))
         from ..runtime.runners.native import rope_table
 
         cos, sin = rope_table(target, self.max_len)
@@ -158,6 +156,9 @@ class HeadDrafter(Drafter):
         self.cache.reserve(num_slots)  # buffers are made on the first forward that uses a slot
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
+        self._clear(slot)
+
+    def _clear(self, slot: int) -> None:
         self.cache.set_length(slot, 0)
         self.pending[slot] = []
 
@@ -171,11 +172,28 @@ class HeadDrafter(Drafter):
         self.pending[dst], self.pending[src] = self.pending[src], []
 
     def release(self, slot: int) -> None:
-        self.begin(slot, None)
+        self._clear(slot)
 
     def rebind_embeddings(self, embed: torch.Tensor) -> None:
         """Use another copy of the target's embedding matrix (the native twin's, once HF's copy is freed)."""
         self.embed = embed
+
+    # -- weights that change while serving (server/online.py) ----------------------------------------------------
+
+    def swap_weights(self, weights: HeadWeights) -> None:
+        """Draft with other trained weights from the next forward on. The caller swaps between engine steps, never
+        during one; the pairs already in the head cache keep the keys and values the old weights made (a draft's
+        numerics move only acceptance, never the output)."""
+        self.fc, self.block, self.norm = weights.fc, weights.block, weights.norm
+
+    def fork(self) -> HeadDrafter:
+        """A drafter on the same weights (shared until one of them swaps) and the same frozen target tensors, with
+        slots of its own: the per-API-key copy an online-trained deployment drafts with."""
+        twin = copy.copy(self)
+        twin.cache = SlotCache(1, 0, self.max_len)
+        twin.pending = []
+        twin.reserve(len(self.pending))
+        return twin
 
     # -- the head ------------------------------------------------------------------------------------------------
 
@@ -354,6 +372,26 @@ class HeadDrafter(Drafter):
             return DraftProposal(tokens, probs)
         keep = best_nodes([n[2] for n in nodes], [n[3] for n in nodes], row.tree_nodes, row.verify_cost)
         return as_tree(row, [n[0] for n in nodes], [n[1] for n in nodes], keep)
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """A head's trained weights as its forward runs them (packed linears): made off the engine thread (packing takes
+    a while), then swapped into a drafter between steps (`HeadDrafter.swap_weights`)."""
+
+    fc: Linear
+    block: Block
+    norm: torch.Tensor  # [hidden]
+
+
+def pack_head(spec: LlamaSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype,
+              device: torch.device) -> HeadWeights:
+    """The trainable weights of a head's weight dict (`load_head`'s names; `vocab` is not read) in `dtype`."""
+    w = {k: v.detach().to(device=device, dtype=dtype) for k, v in weights.items() if k != "vocab"}
+    return HeadWeights(Linear(w["fc.weight"], None, pack=True),
+                       Block(spec, {k.removeprefix("layer."): v for k, v in w.items() if k.startswith("layer.")},
+                             pack=True),
+                       w["norm.weight"])
 
 
 def _self_visible(write_index: torch.Tensor, kv_len: int) -> torch.Tensor:

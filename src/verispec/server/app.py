@@ -25,6 +25,7 @@ from .config import ServerConfig
 from .errors import APIError, install_error_handlers, invalid, model_not_found
 from .guard import install_guard
 from .metrics import ServerMetrics
+from .online import online_heads
 from .playground import install_playground
 from .protocol import (
     ChatCompletion,
@@ -61,20 +62,23 @@ class Server:
         self.config = config
         self.served = served
         self.metrics = ServerMetrics()
-        self.worker = EngineWorker(served, self.metrics)
+        self.worker = EngineWorker(served, self.metrics, online_heads(config, served, self.metrics))
         self.model_id = config.model_id
         self.model_names = {self.model_id, config.model}  # what a request's `model` may say
         self.created = int(time.time())
 
     # -- request -> job ------------------------------------------------------------------------------------------
 
-    def scope(self, request: Request) -> str | None:
-        """The request's suffix-cache scope: a hash of the credentials it sent (one scope per API key), or None (the
-        one shared scope) with --suffix-shared-across-keys. The hash keeps the key itself out of the drafter."""
-        if self.config.suffix_shared_across_keys:
-            return None
+    def key(self, request: Request) -> str:
+        """A hash of the credentials the request sent: one per API key, one for every request that sent none. The
+        hash keeps the key itself out of the drafters."""
         credentials = request.headers.get("authorization", "")
         return hashlib.sha256(credentials.encode()).hexdigest()[:32]
+
+    def scope(self, request: Request) -> str | None:
+        """The request's suffix-cache scope: its key (one scope per API key), or None (the one shared scope) with
+        --suffix-shared-across-keys."""
+        return None if self.config.suffix_shared_across_keys else self.key(request)
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name not in self.model_names:
@@ -160,7 +164,7 @@ class Server:
         self.worker.submit(Job(
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
             speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
-            arrival=arrival, scope=self.scope(request), tools=tools, progress=progress,
+            arrival=arrival, scope=self.scope(request), key=self.key(request), tools=tools, progress=progress,
             resume=None if resume is None else resume.continuation,
         ))
         try:

@@ -9,12 +9,13 @@ import torch
 
 from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.placement import check_device
-from ..drafters.spec import NONE, parse_drafter_spec
+from ..drafters.spec import DEFAULT_HEAD, NONE, parse_drafter_spec
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..runtime.model.target import resolve_activations, resolve_target_dtype, resolve_weights
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"
+ONLINE_TRAIN = ("off", "head")  # what --online-train may keep training (a draft model's online training: not built)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,18 @@ class ServerConfig:
     suffix_shared_across_keys: bool = False
     """The suffix cache is shared by every request; by default each API key has its own (--suffix-shared-across-keys;
     docs/server.md, "Suffix decoding and tenants")."""
+    online_train: str = "off"
+    """'head': keep training the served draft head from each API key's own traffic, one copy per key (server/online.py;
+    docs/server.md, "Online training"); 'off': the head stays as loaded (--online-train)."""
+    online_train_every: int = 256
+    """New answer tokens of a key between its training rounds (--online-train-every)."""
+    online_max_keys: int = 8
+    """API keys that keep their own trained head; the least recently used one beyond is forgotten and drafts with the
+    deployment's head again (--online-max-keys)."""
+    online_buffer_tokens: int = 16384
+    """Tokens (prompt + answer) of its latest requests each key's training buffer keeps (--online-buffer-tokens)."""
+    online_lr: float = 3e-4
+    """The online trainer's AdamW learning rate (--online-lr)."""
 
     def __post_init__(self) -> None:
         if self.weights == "auto" or not self.weights_reason:  # 'auto' -> gguf or fp32 (replace() keeps a resolved one)
@@ -153,7 +166,26 @@ class ServerConfig:
             raise ValueError(f"max_choices must be in 1..{MAX_CHOICES}, got {self.max_choices}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        self._check_online()
         _ = self.draft_models  # a bad entry fails here, at start-up, not on the first request naming it
+
+    def _check_online(self) -> None:
+        if self.online_train not in ONLINE_TRAIN:
+            raise ValueError(f"online_train must be one of {', '.join(ONLINE_TRAIN)}, got {self.online_train!r}")
+        if self.online_train_every < 1:
+            raise ValueError(f"online_train_every must be >= 1 answer tokens, got {self.online_train_every}")
+        if self.online_max_keys < 1:
+            raise ValueError(f"online_max_keys must be >= 1, got {self.online_max_keys}")
+        if self.online_buffer_tokens < 1:
+            raise ValueError(f"online_buffer_tokens must be >= 1, got {self.online_buffer_tokens}")
+        if not 0 < self.online_lr < 1:
+            raise ValueError(f"online_lr must be in (0, 1), got {self.online_lr}")
+        if self.online_train == "head":
+            spec = parse_drafter_spec(self.draft_model) if self.draft_model != "auto" else None
+            if spec is None or len(spec.stages) != 1 or spec.stages[0].kind != "head":
+                raise ValueError(f"--online-train head trains the served draft head, and --draft-model "
+                                 f"{self.draft_model!r} is not one: serve a head (--draft-model head:DIR, e.g. "
+                                 f"{DEFAULT_HEAD}) or leave --online-train off")
 
     @property
     def draft_models(self) -> dict[str, str]:

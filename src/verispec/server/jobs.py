@@ -116,6 +116,7 @@ class Job:
     handle: JobHandle
     annotate: bool = False  # the stream carries each token's origin (`speculative.annotate`)
     scope: str | None = None  # whose earlier requests a suffix drafter may draft from (a hash of the API key)
+    key: str = ""  # a hash of the credentials it sent: whose online-trained head drafts for it (server/online.py)
     tools: ToolCalling | None = None  # the answer may be tool calls (their grammar is params.structured)
     progress: bool = False  # the stream reports its tokens for a failover (server/resume.py)
     resume: Continuation | None = None  # output an earlier replica streamed: this job goes on after it

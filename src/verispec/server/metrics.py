@@ -73,6 +73,18 @@ class ServerMetrics:
                                        "being prefilled", registry=r)
         self.threads = Gauge("verispec_step_threads", "Threads the latest engine step ran on (--threads; under "
                              "'auto' fewer while other processes keep cores busy)", registry=r)
+        # --online-train (server/online.py): zero and unchanging without it
+        self.online_train_steps = Counter("verispec_online_train_steps", "Optimiser steps the online trainer took "
+                                          "on the API keys' own draft heads", registry=r)
+        self.online_swaps = Counter("verispec_online_swaps", "Trained weights swapped into a key's draft head "
+                                    "(between engine steps)", registry=r)
+        self.online_evictions = Counter("verispec_online_evictions", "Keys forgotten (their head, buffer and trained "
+                                        "weights) to keep --online-max-keys", registry=r)
+        self.online_buffer_tokens = Gauge("verispec_online_buffer_tokens", "Tokens (prompt + answer) the keys' "
+                                          "training buffers hold, all keys together", registry=r)
+        self.online_keys = Gauge("verispec_online_keys", "API keys with a draft head of their own", registry=r)
+        self.online_loss = Gauge("verispec_online_loss", "Mean training loss of the latest online training round",
+                                 registry=r)
 
     def count_request(self, endpoint: str, status: int, seconds: float | None = None) -> None:
         self.requests.labels(endpoint, str(status)).inc()

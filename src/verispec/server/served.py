@@ -30,6 +30,7 @@ from typing import TypeVar
 from ..config import SamplingParams, cache_len
 from ..drafters.base import Drafter
 from ..drafters.build import build_drafter
+from ..drafters.head import HeadDrafter
 from ..drafters.placement import same_device
 from ..drafters.suffix import shared_cache
 from ..drafters.spec import NONE, parse_drafter_spec
@@ -174,9 +175,17 @@ class ServedModel:
         engine = served.engine
         prepare_tokenizer(tokenizer, engine.target.vocab_size, engine.eos_token_ids)  # ~0.6 s for a 49k vocabulary
         logger.info("tool calling: %s format", served.tool_format.name)
-        if config.speculates_by_default:
+        if config.speculates_by_default or config.online_train != "off":
             served._default = (config.draft_model, served._load_drafter(config.draft_model))
+        if config.online_train != "off" and not isinstance(served._default[1], HeadDrafter):
+            raise ValueError(f"--online-train {config.online_train} trains the served draft head, and "
+                             f"{config.draft_model!r} did not load as one (see the warning above)")
         return served
+
+    @property
+    def default_drafter(self) -> Drafter | None:
+        """The server's --draft-model once loaded (None before, or when it left the target alone)."""
+        return None if self._default is None else self._default[1]
 
     # -- drafters ------------------------------------------------------------------------------------------------
 

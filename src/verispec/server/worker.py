@@ -36,6 +36,7 @@ from ..runtime.threads import governor
 from .errors import APIError, invalid, queue_full
 from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .metrics import ServerMetrics
+from .online import OnlineHeads
 from .prepare import FrontEnd, PreparedJob, internal_error
 from .responses import annotate, decode_logprobs
 from .served import ServedModel
@@ -80,7 +81,7 @@ class _Active:
 class EngineWorker:
     """Steps every admitted request together on one thread; queued requests join between steps."""
 
-    def __init__(self, served: ServedModel, metrics: ServerMetrics) -> None:
+    def __init__(self, served: ServedModel, metrics: ServerMetrics, online: OnlineHeads | None = None) -> None:
         self.served = served
         self.metrics = metrics
         self._jobs: queue.Queue[PreparedJob | None] = queue.Queue()  # prepared, for the engine thread to take
@@ -91,6 +92,7 @@ class EngineWorker:
         self._lock = threading.Lock()  # guards `queued`: submit runs on the event loop, admission on this thread
         self.queued = 0  # jobs none of whose choices has a slot yet (being prepared, prepared, or waiting)
         self._closing: APIError | None = None  # once set (shutdown), every job still there fails with it
+        self.online = online  # --online-train: each API key's own head and its trainer (server/online.py)
 
     @property
     def engine(self) -> SpeculativeEngine:
@@ -103,6 +105,8 @@ class EngineWorker:
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run_forever, name="verispec-engine", daemon=True)
         self._thread.start()
+        if self.online is not None:
+            self.online.start()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Cancel every job (being prepared, queued or running) and end the thread after its current step."""
@@ -118,6 +122,8 @@ class EngineWorker:
         self._jobs.put(None)
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.online is not None:
+            self.online.stop(timeout)
 
     def close(self, error: APIError) -> None:
         """Fail every job, running or queued, with `error` before the next step, and every job submitted later
@@ -163,6 +169,8 @@ class EngineWorker:
             if self._closing is not None:
                 self._fail(list(self._active), self._closing)
             self._drop_cancelled()
+            if self.online is not None:
+                self.online.swap()  # between steps: no step ever runs on half-swapped weights
             if self.engine.has_unfinished:
                 try:
                     stepped = self.engine.step()
@@ -223,6 +231,8 @@ class EngineWorker:
         """Resolve the job's drafter (a 400, 404 or 503 when it cannot be used) and add its prepared sequences."""
         job = prepared.job
         drafter = self.served.drafter(job.drafter_name) if job.speculative else None
+        if self.online is not None and drafter is not None and drafter is self.online.base:
+            drafter = self.online.drafter_for(job.key)  # the request's API key's own head, never another key's
         seqs: list[Sequence] = []
         try:
             for choice in prepared.choices:
