@@ -57,26 +57,12 @@ def run_head_distill(recipe: DistillRecipe, out_dir: Path, work_dir: Path, token
                              holdout=holdout, progress=progress, log=log)
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
     save_head(out_dir, config, net.export(), getattr(torch, recipe.storage_dtype))
-    disk = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
-    log(f"wrote {out_dir} ({disk / 1e6:.1f} MB)")
-    report = {
-        "settings": recipe.to_dict(),
-        "teacher_data": {"samples": len(samples), "held_out": held_out,
-                         "answer_tokens": sum(len(s.response_ids) for s in samples),
-                         "prompt_tokens": sum(len(s.prompt_ids) for s in samples)},
-        "head": {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4),
-                 "disk_bytes": disk},
-        "train": train_stats,
-        "timings_s": timings,
-    }
-    if recipe.eval_prompts and eval_data is not None:
-        report["evaluation"] = evaluate_head(out_dir, target, tokenizer, eval_data, recipe.eval_prompts,
-                                             recipe.eval_max_new_tokens, recipe.eval_k, recipe.head_tree_nodes,
-                                             progress, log)
-        timings["evaluate"] = time.perf_counter() - clock - sum(timings.values())
-    timings["total"] = time.perf_counter() - clock
-    (out_dir / REPORT).write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    data = {"teacher_data": {"samples": len(samples), "held_out": held_out,
+                             "answer_tokens": sum(len(s.response_ids) for s in samples),
+                             "prompt_tokens": sum(len(s.prompt_ids) for s in samples)}}
+    head = {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4)}
+    return _write_report(recipe, out_dir, data, head, train_stats, timings, clock, target, tokenizer, eval_data,
+                         progress, log)
 
 
 def run_head_shards(recipe: DistillRecipe, out_dir: Path, work_dir: Path, tokenizer, samples, heldout, apart,
@@ -109,17 +95,19 @@ def run_head_shards(recipe: DistillRecipe, out_dir: Path, work_dir: Path, tokeni
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
     save_head(out_dir, config, net.export(), getattr(torch, recipe.storage_dtype))
     write_curve(out_dir, train_stats["curve"])
+    head = {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4)}
+    return _write_report(recipe, out_dir, {"teacher_data": data_summary, "features": feature_summary}, head,
+                         train_stats, timings, clock, target, tokenizer, eval_data, progress, log)
+
+
+def _write_report(recipe: DistillRecipe, out_dir: Path, data: dict, head: dict, train_stats: dict, timings: dict,
+                  clock: float, target, tokenizer, eval_data, progress: bool, log) -> dict:
+    """The report of a written head, beside it: the settings, what it learned from (`data`), the head (`head` and
+    its bytes on disk), training, timings and, where the recipe asks, the evaluation on prompts."""
     disk = sum(f.stat().st_size for f in out_dir.iterdir() if f.is_file())
     log(f"wrote {out_dir} ({disk / 1e6:.1f} MB)")
-    report = {
-        "settings": recipe.to_dict(),
-        "teacher_data": data_summary,
-        "features": feature_summary,
-        "head": {"parameters": n_params, "draft_vocab": len(vocab), "answer_token_coverage": round(coverage, 4),
-                 "disk_bytes": disk},
-        "train": train_stats,
-        "timings_s": timings,
-    }
+    report = {"settings": recipe.to_dict(), **data, "head": {**head, "disk_bytes": disk}, "train": train_stats,
+              "timings_s": timings}
     if recipe.eval_prompts and eval_data is not None:
         report["evaluation"] = evaluate_head(out_dir, target, tokenizer, eval_data, recipe.eval_prompts,
                                              recipe.eval_max_new_tokens, recipe.eval_k, recipe.head_tree_nodes,

@@ -17,6 +17,7 @@ greedy token and top-1 agreement at the first draft token, and the exact mean ac
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -38,14 +39,8 @@ def target_features(target, options, rows, batch_tokens: int = 4096) -> list[tor
     the rows' order. A row's values do not depend on the rows beside it (the native runner's invariant), so each
     equals the row's own forward (tested)."""
     seqs = [torch.cat([torch.as_tensor(r.prompt_ids), torch.as_tensor(r.answer_ids)]).long() for r in rows]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
     out: list = [None] * len(seqs)
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and len(seqs[order[end]]) * (end - start + 1) <= batch_tokens:
-            end += 1
-        batch = order[start:end]
+    for batch in length_batches([len(seq) for seq in seqs], batch_tokens):
         width = len(seqs[batch[-1]])  # sorted by length: the last row is the longest
         tokens = torch.zeros(len(batch), width, dtype=torch.long)  # [rows, width], right-padded with id 0
         for i, row in enumerate(batch):
@@ -55,8 +50,20 @@ def target_features(target, options, rows, batch_tokens: int = 4096) -> list[tor
         hidden = runner.forward(tokens, logits_at=last, all_hidden=True).hidden  # [rows, width, hidden]
         for i, row in enumerate(batch):
             out[row] = hidden[i, :len(seqs[row])].to(FEATURE_DTYPE).cpu().clone()
-        start = end
     return out
+
+
+def length_batches(lengths: list[int], batch_tokens: int) -> Iterator[list[int]]:
+    """Row indices in batches of similar length, shortest first: each batch as many rows as fit `batch_tokens`
+    padded to its longest (one row at least)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    start = 0
+    while start < len(order):
+        end = start + 1
+        while end < len(order) and lengths[order[end]] * (end - start + 1) <= batch_tokens:
+            end += 1
+        yield order[start:end]
+        start = end
 
 
 def load_shard_features(folders: list[Path], target_name: str, cache_dir: Path, progress: bool = True,
@@ -117,14 +124,7 @@ def heldout_head_metrics(net: HeadNet, samples: list[Sample], features: list[tor
     index[net.vocab] = torch.arange(len(net.vocab))
     loss, tokens, agree, committed = 0.0, 0, 0, 0
     seqs = [torch.cat([s.prompt_ids, s.response_ids]).long() for s in samples]
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    start = 0
-    while start < len(order):
-        end = start + 1
-        while end < len(order) and len(seqs[order[end]]) * (end - start + 1) <= batch_tokens:
-            end += 1
-        batch = order[start:end]
-        start = end
+    for batch in length_batches([len(seq) for seq in seqs], batch_tokens):
         width = len(seqs[batch[-1]]) - 1  # pairs (f_i, x_{i+1}) of the longest row
         tokens_in = torch.zeros(len(batch), width, dtype=torch.long)  # [B, T]: x_{i+1}
         feats = torch.zeros(len(batch), width, net.config.hidden_size)  # [B, T, hidden]: f_i

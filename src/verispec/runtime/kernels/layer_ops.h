@@ -202,9 +202,23 @@ at::Tensor qk_norm(const at::Tensor& qkv, const at::Tensor& q_norm, const at::Te
   return out;
 }
 
-// ---- silu(gate) * up -------------------------------------------------------------------------------------------
+// ---- gated activations: silu(gate) * up (Llama), gelu_tanh(gate) * up (Gemma) -----------------------------------
 
-template <typename T> void silu_impl(const at::Tensor& x, const at::Tensor& out) {
+// silu(g) = g / (1 + exp(-g)) (fexp's exp, within an ulp of torch's)
+struct Silu {
+  static float of(float g) { return g / (1.0f + fexp(-g)); }
+};
+
+// the tanh-approximated GELU 0.5 g (1 + tanh(u)), u = sqrt(2 / pi) (g + 0.044715 g^3), computed as
+// g / (1 + exp(-2 u)) (the same function; fexp's exp): within a few ulps of torch's
+struct GeluTanh {
+  static float of(float g) {
+    const float u = 0.7978845608028654f * (g + 0.044715f * (g * g * g));
+    return g / (1.0f + fexp(-2.0f * u));
+  }
+};
+
+template <typename Act, typename T> void gated_impl(const at::Tensor& x, const at::Tensor& out) {
   const int64_t width = out.size(-1), rows = out.numel() / width;
   const T* xp = ptr<T>(x);
   T* op = mut<T>(out);
@@ -212,64 +226,28 @@ template <typename T> void silu_impl(const at::Tensor& x, const at::Tensor& out)
     for (int64_t r = begin; r < end; ++r) {
       const T *gate = xp + r * 2 * width, *up = gate + width;
       T* o = op + r * width;
-      for (int64_t i = 0; i < width; ++i) {
-        const float g = to_f(gate[i]);
-        o[i] = from_f<T>(round_to<T>(g / (1.0f + fexp(-g))) * to_f(up[i]));
-      }
+      for (int64_t i = 0; i < width; ++i) o[i] = from_f<T>(round_to<T>(Act::of(to_f(gate[i]))) * to_f(up[i]));
     }
   });
 }
 
-// gate_up [..., 2 I] (contiguous: gate, then up) -> silu(gate) * up [..., I]: silu rounded to the dtype, then the
-// product (F.silu(gate) * up's roundings; silu's exp is fexp's, within an ulp of torch's).
-at::Tensor silu_mul(const at::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0, "silu_mul: contiguous [..., 2 I]");
+// gate_up [..., 2 I] (contiguous: gate, then up) -> act(gate) * up [..., I]: the activation rounded to the dtype,
+// then the product (F.silu(gate) * up's, F.gelu(gate, approximate="tanh") * up's roundings).
+template <typename Act> at::Tensor gated_mul(const at::Tensor& gate_up, const char* name) {
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0, name, ": contiguous [..., 2 I]");
   auto shape = gate_up.sizes().vec();
   shape.back() /= 2;
   auto out = at::empty(shape, gate_up.options());
   if (gate_up.scalar_type() == at::kFloat) {
-    silu_impl<float>(gate_up, out);
+    gated_impl<Act, float>(gate_up, out);
   } else {
-    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "silu_mul: float32 or bfloat16");
-    silu_impl<bf16>(gate_up, out);
+    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, name, ": float32 or bfloat16");
+    gated_impl<Act, bf16>(gate_up, out);
   }
   return out;
 }
 
-// ---- gelu_tanh(gate) * up (Gemma) ------------------------------------------------------------------------------
-
-template <typename T> void gelu_impl(const at::Tensor& x, const at::Tensor& out) {
-  const int64_t width = out.size(-1), rows = out.numel() / width;
-  const T* xp = ptr<T>(x);
-  T* op = mut<T>(out);
-  verispec_pool::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T *gate = xp + r * 2 * width, *up = gate + width;
-      T* o = op + r * width;
-      for (int64_t i = 0; i < width; ++i) {
-        const float g = to_f(gate[i]);
-        const float u = 0.7978845608028654f * (g + 0.044715f * (g * g * g));  // sqrt(2 / pi) (g + 0.044715 g^3)
-        o[i] = from_f<T>(round_to<T>(g / (1.0f + fexp(-2.0f * u))) * to_f(up[i]));
-      }
-    }
-  });
-}
-
-// gate_up [..., 2 I] (contiguous: gate, then up) -> gelu_tanh(gate) * up [..., I]: the tanh-approximated GELU
-// 0.5 g (1 + tanh(u)) computed as g / (1 + exp(-2 u)) (the same function; fexp's exp), rounded to the dtype, then
-// the product (F.gelu(gate, approximate="tanh") * up's roundings; the GELU within a few ulps of torch's).
-at::Tensor gelu_mul(const at::Tensor& gate_up) {
-  TORCH_CHECK(gate_up.is_contiguous() && gate_up.size(-1) % 2 == 0, "gelu_mul: contiguous [..., 2 I]");
-  auto shape = gate_up.sizes().vec();
-  shape.back() /= 2;
-  auto out = at::empty(shape, gate_up.options());
-  if (gate_up.scalar_type() == at::kFloat) {
-    gelu_impl<float>(gate_up, out);
-  } else {
-    TORCH_CHECK(gate_up.scalar_type() == at::kBFloat16, "gelu_mul: float32 or bfloat16");
-    gelu_impl<bf16>(gate_up, out);
-  }
-  return out;
-}
+at::Tensor silu_mul(const at::Tensor& gate_up) { return gated_mul<Silu>(gate_up, "silu_mul"); }
+at::Tensor gelu_mul(const at::Tensor& gate_up) { return gated_mul<GeluTanh>(gate_up, "gelu_mul"); }
 
 }  // namespace
