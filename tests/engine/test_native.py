@@ -113,7 +113,8 @@ def test_the_twin_follows_weight_changes():
     assert not torch.allclose(before, after)
 
 
-@pytest.mark.parametrize("runner", ["hf", "native", "compiled"])
+# compiled: slow-marked (a compile per shape class, ~15-35 s), run by .ci/run beside the compiled runner's suites
+@pytest.mark.parametrize("runner", ["hf", "native", pytest.param("compiled", marks=pytest.mark.slow)])
 def test_engine_batch_is_equal_on_every_runner(runner, trained_pair, tokenizer):
     """Greedy speculative batches (draft model, ragged prompts) equal the HF target alone on each runner, and a
     seeded sampled batch gives the same tokens as on Hugging Face modeling."""

@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pytest
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "verispec"
 
@@ -235,6 +237,7 @@ def test_a_module_leaning_on_another_modules_third_party_import_is_caught(tmp_pa
     assert "planted" in failures_importing_alone(tmp_path, "pkg", ["pkg.sub", "pkg.sub.a"])
 
 
+@pytest.mark.slow  # a process per module, ~15-35 s: run by .ci/run (the planted-failure check above stays in make test)
 def test_every_module_imports_on_its_own():
     """torch, transformers and numpy are imported before the package (`preload`): most modules' first imports, ~1.5 s
     a process that the lazy package __init__ no longer shares. Each brings its own submodules (transformers lazily:
