@@ -17,6 +17,7 @@ def test_parse_concurrency():
             parse_concurrency(bad)
 
 
+@pytest.mark.slow  # a real server and load generator (~5-11 s): run by .ci/run, keeping make test within 5 minutes
 def test_bench_serve_writes_its_report(model_dirs, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"question_id": i, "category": "c", "turns": [text]})
