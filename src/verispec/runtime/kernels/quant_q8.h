@@ -202,6 +202,13 @@ void v_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64
 #if defined(VERISPEC_VNNI512)
 constexpr int V512_ROWS = 16;  // rows a tile: 16 accumulators + 8 weight registers + temporaries in 32 registers
 
+// A tile's sums (NR rows of 16 channels) into y: rows r0 .., the channels of group g (the last group's masked to out).
+template <int NR> inline void store_group512(const Args& a, const __m512 (&acc)[NR], int64_t g, int64_t r0) {
+  const int64_t o0 = g * VCH;
+  const __mmask16 keep = a.out - o0 >= VCH ? __mmask16(0xFFFF) : __mmask16((1u << (a.out - o0)) - 1);
+  for (int r = 0; r < NR; ++r) _mm512_mask_storeu_ps(a.y + (r0 + r) * a.out + o0, keep, acc[r]);
+}
+
 // NR rows (a template argument: the accumulators stay in registers and the loops unroll).
 template <int64_t T, int NR>
 void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
@@ -245,9 +252,7 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
       if (v_has_m(T)) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[r]);
     }
   }
-  const int64_t o0 = g * VCH;
-  const __mmask16 keep = a.out - o0 >= VCH ? __mmask16(0xFFFF) : __mmask16((1u << (a.out - o0)) - 1);
-  for (int r = 0; r < nr; ++r) _mm512_mask_storeu_ps(a.y + (r0 + r) * a.out + o0, keep, acc[r]);
+  store_group512(a, acc, g, r0);
 }
 template <int64_t T>
 void v_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {

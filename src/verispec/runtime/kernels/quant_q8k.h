@@ -205,9 +205,7 @@ void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
       }
     }
   }
-  const int64_t o0 = g * VCH;
-  const __mmask16 keep = a.out - o0 >= VCH ? __mmask16(0xFFFF) : __mmask16((1u << (a.out - o0)) - 1);
-  for (int r = 0; r < NR; ++r) _mm512_mask_storeu_ps(a.y + (r0 + r) * a.out + o0, keep, acc[r]);
+  store_group512(a, acc, g, r0);
 }
 
 template <int64_t T>
