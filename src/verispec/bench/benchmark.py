@@ -52,6 +52,7 @@ class BenchConfig:
     activations: str = "fp32"  # what GGUF blocks compute with: "fp32" or "q8" (target.resolve_activations)
     activations_reason: str = ""  # why
     chat_template: Path | None = None  # a Jinja chat template file for the prompts (default: the target's own/known)
+    workload: dict = field(default_factory=dict)  # a built workload's description (code_workload.describe); {}: none
 
     def __post_init__(self):
         if self.vllm_python and not self.peers:
@@ -94,6 +95,8 @@ def new_report(config: BenchConfig, prompts_file: str) -> dict:
                 "weights_reason": config.weights_reason, "activations": config.activations,
                 "activations_reason": config.activations_reason,
                 "limit_note": "all prompts" if config.limit is None else f"first {config.limit} per category"}
+    if config.workload:
+        settings["workload"] = config.workload
     return {"machine": machine, "settings": settings,
             "models": {"target": config.target, "draft": config.draft}, "runs": []}
 

@@ -48,7 +48,8 @@ def json_extraction_files() -> tuple[Path, Path]:
 
 
 REPETITIVE = "repetitive"  # `verispec bench --workload repetitive`: the packaged set below
-WORKLOADS = ("spec-bench", REPETITIVE)
+CODE = "code"  # `verispec bench --workload code`: built at run time from real source (code_workload.py)
+WORKLOADS = ("spec-bench", REPETITIVE, CODE)
 
 
 def repetitive_prompts_file() -> Path:

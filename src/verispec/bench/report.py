@@ -135,6 +135,14 @@ def batching_lines(run: dict) -> list[str]:
                     "token-identical to that prompt's output from the target alone at batch size 1.", ""]
 
 
+def workload_note(settings: dict) -> str:
+    """'; workload code: its source, seed, digest' for a workload built at run time; '' otherwise."""
+    w = settings.get("workload")
+    if not w:
+        return ""
+    return f"; workload {w['name']}: {w['source']}, seed {w['seed']}, prompts sha256 {w['sha256'][:12]}"
+
+
 def length_line(settings: dict) -> str:
     if settings.get("structured_output"):
         return (f"structured output ({settings['structured_output']}): each output ends where its constraint "
@@ -152,7 +160,7 @@ def render_markdown(report: dict) -> str:
              f"- models: target `{report['models']['target']}`, draft `{report['models']['draft']}`; target weights "
              f"{settings.get('weights_reason') or settings.get('weights', 'fp32')}; activations "
              f"{settings.get('activations_reason') or settings.get('activations', 'fp32')}",
-             f"- prompts: {settings['prompts_file']} ({settings['limit_note']})",
+             f"- prompts: {settings['prompts_file']} ({settings['limit_note']}){workload_note(settings)}",
              f"- greedy, {length_line(settings)}, seed {settings['seed']}, {order}", ""]
     for run in report["runs"]:
         beside = f", beside {run['busy']} busy process(es)" if run.get("busy") else ""

@@ -15,7 +15,8 @@ from pathlib import Path
 import torch
 
 from ..drafters.spec import parse_drafter_spec
-from ..bench.prompts import JSON_EXTRACTION, REPETITIVE, WORKLOADS, json_extraction_files, repetitive_prompts_file
+from ..bench.prompts import (CODE, JSON_EXTRACTION, REPETITIVE, WORKLOADS, json_extraction_files,
+                             repetitive_prompts_file)
 from ..config import StructuredOutput
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..runtime.model.target import is_quantized
@@ -61,9 +62,11 @@ def add_parser(sub) -> None:
     g.add_argument("--prompts", default=None, metavar="FILE",
                    help="JSON lines with question_id, category, turns (default: shared/data/spec_bench_dev.jsonl)")
     g.add_argument("--workload", choices=WORKLOADS, default="spec-bench",
-                   help="spec-bench (default: --prompts or shared/data/spec_bench_dev.jsonl) or repetitive (the "
+                   help="spec-bench (default: --prompts or shared/data/spec_bench_dev.jsonl), repetitive (the "
                         "packaged sequences of requests that repeat earlier content: code edits, similar records, "
-                        "rephrased questions; where suffix decoding matters)")
+                        "rephrased questions; where suffix decoding matters) or code (a coding assistant's requests "
+                        "over real functions of the standard library, picked by --seed: write, explain, test, edit; "
+                        "the prompts are written to OUT/code_prompts.jsonl)")
     g.add_argument("--also-drafters", default=None, metavar="LIST",
                    help="more drafters to compare in the same run, each an adaptive method 'adaptive[NAME]', "
                         "e.g. suffix,suffix+MODEL (a model stage reuses --draft-model's loaded model)")
@@ -171,6 +174,14 @@ def build_config(args: argparse.Namespace):
         if args.prompts:
             raise CliError("--workload repetitive brings its own prompts: drop --prompts")
         args.prompts = str(repetitive_prompts_file())
+    workload = {}
+    if args.workload == CODE:
+        if args.prompts:
+            raise CliError("--workload code builds its own prompts: drop --prompts")
+        from ..bench.code_workload import write_code_prompts
+
+        path, workload = write_code_prompts(Path(args.out) / "code_prompts.jsonl", seed=args.seed)
+        args.prompts = str(path)
     if args.json_schema == JSON_EXTRACTION:
         prompts, schema = json_extraction_files()
         args.json_schema, args.prompts = str(schema), args.prompts or str(prompts)
@@ -215,7 +226,8 @@ def build_config(args: argparse.Namespace):
                          device=args.device, out=args.out, settings=settings, runner=runner_options(args),
                          peers=peers, weights=args.weights, weights_reason=args.weights_reason,
                          quantization=args.quantization, activations=args.activations,
-                         activations_reason=args.activations_reason, chat_template=args.chat_template)
+                         activations_reason=args.activations_reason, chat_template=args.chat_template,
+                         workload=workload)
     return config, ks
 
 
