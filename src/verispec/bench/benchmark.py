@@ -21,7 +21,7 @@ from ..runtime.threads import governor
 from .aggregate import BASELINE, OVERALL
 from .batching import batch_table, run_batch_sweep
 from .busy import busy_cores, contention, contention_table
-from .machine import decode_floor, describe_machine, floor_line, machine_line
+from .machine import decode_floor, describe_machine, floor_line, gguf_step_bytes, machine_line
 from .methods import BenchModels
 from .peers import run_peers
 from .plots import write_plots
@@ -162,10 +162,10 @@ def measure(config: BenchConfig, models: BenchModels, encoded: list[BenchPrompt]
     runner["compile_s"] = round(models.engine.target.compile_s, 1)  # first calls of new shapes, warm-ups included
     if runner["compiled"]:
         runner["compile_cache"] = cache_counts()  # programs loaded from the disk cache / compiled so far
+    weight_bytes, counted = step_weight_bytes(config, models.target)
     run = {"dtype": dtype, "busy": busy, "runner": runner, "threads": governor().report().as_dict(), **section,
-           "floor": decode_floor(
-        model_weight_bytes(models.target), report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
-        base["seconds"])}
+           "floor": decode_floor(weight_bytes, report["machine"]["memory_bandwidth_gb_s"], base["tokens"],
+                                 base["seconds"], counted)}
     for note in run["notes"]:
         log(f"[bench] note: {note}")
     for line in batch_summary(run) if settings.batch_sizes else overall_summary(run):
@@ -177,6 +177,16 @@ def measure(config: BenchConfig, models: BenchModels, encoded: list[BenchPrompt]
         run["peers"] = run_peers(config, dtype, encoded, run, log, target_ids, peer_results)
     run["plots"] = write_plots(run, config.out)
     return run
+
+
+def step_weight_bytes(config: BenchConfig, target) -> tuple[int, str]:
+    """-> (the bytes a decode step of the target reads, what they are). A GGUF target run on its own blocks: from
+    the file's header (`machine.gguf_step_bytes`); any other: the weights as the loaded target holds them."""
+    if config.weights == "gguf":
+        from .peer_models import target_gguf
+
+        return gguf_step_bytes(target_gguf(config))
+    return model_weight_bytes(target), "the loaded target's weights as held, the embedding included"
 
 
 def batch_summary(run: dict) -> list[str]:

@@ -2,7 +2,9 @@
 
 The floor: a decode step of the target alone reads every weight once, so no step can take less than
 weight bytes / memory bandwidth. `measure_bandwidth` measures that bandwidth on the benchmark's own device and
-threads; `decode_floor` sets the measured batch-1 time per token of the target alone against it.
+threads; `decode_floor` sets the measured batch-1 time per token of the target alone against it. For a GGUF target
+run on its own blocks, the bytes come from the file's header (`gguf_step_bytes`): every tensor but the token
+embedding, of which a step reads one row (unless the head is tied to it, when the head reads all of it).
 """
 
 from __future__ import annotations
@@ -119,21 +121,64 @@ def machine_line(info: dict) -> str:
             f"Python {info['python']}{load}{auto}")
 
 
-def decode_floor(weight_bytes: int, bandwidth_gb_s: float, tokens: int, seconds: float) -> dict:
+TOKEN_EMBEDDING = "token_embd.weight"  # GGUF's names: the embedding table and the separate LM head
+LM_HEAD = "output.weight"
+
+
+def gguf_tensor_bytes(info) -> int:
+    """Bytes of one GGUF tensor as stored (`gguf_file.TensorInfo`; types verispec does not read: gguf-py's sizes)."""
+    from ..runtime.weights.gguf_file import GGML_TYPES
+
+    if info.type_id in GGML_TYPES:
+        return info.nbytes
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType(info.type_id)]
+    count = 1
+    for dim in info.shape:
+        count *= dim
+    return count // block * size
+
+
+def gguf_step_bytes(path) -> tuple[int, str]:
+    """-> (the bytes of a GGUF file's tensors one decode step reads, how they were counted), from its header.
+
+    Every tensor counts but the token embedding, of which a step reads one row per token; where the file has no
+    separate LM head (`output.weight`), the head is tied to the embedding and reads all of it, so it counts."""
+    from ..runtime.weights.gguf_file import open_gguf
+
+    sizes = {info.name: gguf_tensor_bytes(info) for info in open_gguf(path).tensors}
+    tied = LM_HEAD not in sizes and TOKEN_EMBEDDING in sizes
+    total = sum(n for name, n in sizes.items() if name != TOKEN_EMBEDDING or tied)
+    how = ("the GGUF file's tensors as stored, the token embedding counted as the tied LM head" if tied else
+           f"the GGUF file's tensors as stored but the token embedding "
+           f"({sizes.get(TOKEN_EMBEDDING, 0) / 2**20:.1f} MB, one row read per token)")
+    return total, how
+
+
+def decode_floor(weight_bytes: int, bandwidth_gb_s: float, tokens: int, seconds: float, weights: str = "") -> dict:
     """The target alone at batch 1 (`tokens` generated in `seconds`, prefill included) against the floor: one
-    step reads every weight once, so it takes at least weight bytes / bandwidth."""
+    step reads every weight once, so it takes at least weight bytes / bandwidth (`weights`: what those bytes are)."""
     floor_ms = weight_bytes / (bandwidth_gb_s * 1e9) * 1e3
     measured_ms = seconds / tokens * 1e3
-    return {
+    out = {
         "target_weight_mb": round(weight_bytes / 2**20, 2),
         "memory_bandwidth_gb_s": bandwidth_gb_s,
         "floor_ms_per_token": round(floor_ms, 4),
+        "ceiling_tokens_per_s": round(1e3 / floor_ms, 1),
         "target_ms_per_token": round(measured_ms, 4),
+        "target_tokens_per_s": round(1e3 / measured_ms, 2),
         "x_floor": round(measured_ms / floor_ms, 2),
     }
+    if weights:
+        out["weights_counted"] = weights
+    return out
 
 
 def floor_line(floor: dict) -> str:
+    ceiling = (f" = a ceiling of {floor['ceiling_tokens_per_s']:.4g} tok/s against {floor['target_tokens_per_s']:.4g} "
+               f"tok/s measured" if "ceiling_tokens_per_s" in floor else "")  # reports written before the ceiling
+    counted = f": {floor['weights_counted']}" if floor.get("weights_counted") else ""
     return (f"target alone at batch 1: {floor['target_ms_per_token']:.2f} ms/token = {floor['x_floor']:.1f}x the "
-            f"floor of {floor['floor_ms_per_token']:.3g} ms (weights {floor['target_weight_mb']:.4g} MB read per "
-            f"step / {floor['memory_bandwidth_gb_s']:g} GB/s)")
+            f"floor of {floor['floor_ms_per_token']:.3g} ms{ceiling} (weights {floor['target_weight_mb']:.4g} MB read "
+            f"per step{counted} / {floor['memory_bandwidth_gb_s']:g} GB/s)")

