@@ -1,6 +1,7 @@
 """Tool calling's pure parts (server/tools/): the checks of a request's tools, each format's grammar per tool_choice
 (what it allows and refuses, through llguidance on a character tokenizer), reading calls back from text whole and
-streamed in any pieces, the generic format's prompt, and which format a chat template gets."""
+streamed in any pieces, the generic format's prompt, history calls whose arguments are no JSON object, arguments
+closed to undeclared keys, and which format a chat template gets."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ from llguidance.hf import from_tokenizer
 
 from conftest import JSON_CHARS, make_tokenizer
 from verispec.server.errors import APIError
-from verispec.server.tools import ToolStream, detect_format, normalise, read, schema_errors, tool_request
+from verispec.server.tools import (ToolStream, detect_format, history_arguments, normalise, read, schema_errors,
+                                   tool_request)
 from verispec.server.tools.generic import GenericFormat
 from verispec.server.tools.hermes import HermesFormat
 from verispec.server.tools.llama3 import Llama3Format
+from verispec.server.tools.spec import closed
 from verispec.server.tools.syntax import json_end
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
@@ -259,3 +262,77 @@ def test_template_formats_render_the_history_through_the_template():
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert '"name": "weather"' in text and '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}' in text
     assert "<tool_response>\nsunny" in text and json.dumps(tools[0]) in text
+
+
+def test_history_call_with_arguments_that_are_no_object_is_written_as_sent():
+    """OpenAI accepts any string as a history call's arguments (an agent loop sends back a call cut by max_tokens):
+    the message is written as the model would have written it, the string in place of the arguments."""
+    cut = [{"role": "user", "content": "weather?"},
+           {"role": "assistant", "content": "", "tool_calls": [{"id": "call_1", "name": "weather",
+                                                                "arguments": history_arguments('{"city": "Pa')}]}]
+    assert history_arguments('{"city": "Paris"}') == {"city": "Paris"} and history_arguments("[1]") == "[1]"
+    generic, _ = GenericFormat().prompt(normalise(cut), tool_request(TOOLS, None, None))
+    assert generic[-1] == {"role": "assistant",
+                           "content": '{"tool_calls":[{"name":"weather","arguments":{"city": "Pa}]}'}
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = HERMES_TEMPLATE
+    messages, tools = HermesFormat().prompt(normalise([*cut[:1], {**cut[1], "content": "Let me see."}]), None)
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    assert '<|im_start|>assistant\nLet me see.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Pa}\n' \
+           '</tool_call><|im_end|>' in text
+    # A whole call goes through the template as before, written the same way.
+    whole = [{**cut[1], "tool_calls": [{"id": "call_1", "name": "weather", "arguments": {"city": "Paris"}}]}]
+    via_template = tokenizer.apply_chat_template(HermesFormat().prompt(whole, None)[0], tokenize=False)
+    assert HermesFormat().calls_text(whole[0]["tool_calls"]) in via_template
+
+
+# -- arguments hold only declared keys -------------------------------------------------------------------------------
+
+OPEN_CITY = {"type": "object", "properties": {"city": {"type": "string"}, "where": {
+    "type": "object", "properties": {"lat": {"type": "number"}}}}, "required": ["city"]}
+
+
+def test_closed_adds_additional_properties_false_where_the_schema_says_nothing():
+    out = closed(OPEN_CITY)
+    assert out["additionalProperties"] is False and out["properties"]["where"]["additionalProperties"] is False
+    assert OPEN_CITY.get("additionalProperties") is None  # the given schema is not changed
+    assert closed({**OPEN_CITY, "additionalProperties": True})["additionalProperties"] is True
+    assert "additionalProperties" not in closed({"type": "object", "patternProperties": {"^x": {}},
+                                                 "properties": {}})
+    assert "additionalProperties" not in closed({"type": "object"})  # a free-form object stays free-form
+    branches = {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}}]}
+    assert closed(branches) == branches  # allOf's branches combine: none is closed
+    assert closed({"$defs": {"p": {"properties": {}}}, "anyOf": [{"properties": {}}], "items": {"properties": {}}}) == {
+        "$defs": {"p": {"properties": {}, "additionalProperties": False}},
+        "anyOf": [{"properties": {}, "additionalProperties": False}],
+        "items": {"properties": {}, "additionalProperties": False}}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_a_call_cannot_invent_a_key(ll, tokenizer, name):
+    """A schema that does not say additionalProperties holds a call to its keys (nested objects too); one that allows
+    them still does (the negative control). The model is shown the schema as given."""
+    fmt, _ = FORMATS[name]
+
+    def grammar(schema):
+        return fmt.grammar(tool_request([{"type": "function", "function": {"name": "weather", "parameters": schema}}],
+                                        "required", None))
+
+    def call(arguments: str) -> str:
+        s = fmt.syntax
+        return s.open + s.call_open + "weather" + s.args_open + arguments + s.call_close + s.close
+
+    sep = ", " if name != "generic" else ","
+    given, extra = call('{"city": "Paris"}'.replace(", ", sep)), call(f'{{"city": "Paris"{sep}"zzz": 1}}')
+    nested = call(f'{{"city": "Paris"{sep}"where": {{"lat": 1{sep}"zzz": 2}}}}')
+    if name == "generic":
+        given, extra, nested = (t.replace('": ', '":') for t in (given, extra, nested))
+    assert accepts(ll, tokenizer, grammar(OPEN_CITY), given)
+    assert not accepts(ll, tokenizer, grammar(OPEN_CITY), extra)
+    assert not accepts(ll, tokenizer, grammar(OPEN_CITY), nested)
+    allowing = {**OPEN_CITY, "additionalProperties": True,
+                "properties": {**OPEN_CITY["properties"], "where": {**OPEN_CITY["properties"]["where"],
+                                                                    "additionalProperties": True}}}
+    assert accepts(ll, tokenizer, grammar(allowing), extra) and accepts(ll, tokenizer, grammar(allowing), nested)
+    request = tool_request([{"type": "function", "function": {"name": "weather", "parameters": OPEN_CITY}}], None, None)
+    assert request.tools[0].as_openai()["function"]["parameters"] == OPEN_CITY

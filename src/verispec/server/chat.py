@@ -6,7 +6,7 @@ from __future__ import annotations
 from .errors import invalid
 from .protocol import ChatCompletionRequest
 from .served import ChatPrompt, Prompt, ServedModel
-from .tools import ToolCalling, arguments_object, normalise, tool_request
+from .tools import ToolCalling, history_arguments, normalise, tool_request
 
 
 def chat_prompt(body: ChatCompletionRequest, served: ServedModel) -> tuple[Prompt, ToolCalling | None]:
@@ -23,17 +23,16 @@ def chat_prompt(body: ChatCompletionRequest, served: ServedModel) -> tuple[Promp
 
 
 def chat_messages(body: ChatCompletionRequest) -> list[dict]:
-    """The messages as dicts; an assistant's calls with their arguments parsed (a 400 naming the field when they
-    are not a JSON object), a tool message with the id of the call it answers."""
+    """The messages as dicts: content as text (null as "", text parts joined); an assistant's calls with their
+    arguments parsed (`history_arguments`: the string as sent when it is not a JSON object), a tool message with
+    the id of the call it answers."""
     out = []
     for i, m in enumerate(body.messages):
         # 'developer' is OpenAI's newer name for 'system'; chat templates know only the latter.
         message = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
         if m.tool_calls and m.role == "assistant":
-            message["tool_calls"] = [
-                {"id": c.id, "name": c.function.name,
-                 "arguments": arguments_object(c.function.arguments, f"messages.{i}.tool_calls.{j}.function.arguments")}
-                for j, c in enumerate(m.tool_calls)]
+            message["tool_calls"] = [{"id": c.id, "name": c.function.name,
+                                      "arguments": history_arguments(c.function.arguments)} for c in m.tool_calls]
         if m.role == "tool":
             if not m.tool_call_id:
                 raise invalid("a tool message needs tool_call_id: the id of the call it answers.",

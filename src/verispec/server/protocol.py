@@ -129,6 +129,13 @@ class TextPart(_Request):
     text: str
 
 
+class RefusalPart(_Request):
+    """An assistant message's refusal, as OpenAI's content parts carry it (read as text)."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
 class FunctionCallIn(_Request):
     name: str
     arguments: str  # JSON text, as OpenAI's responses give it
@@ -144,7 +151,7 @@ class ToolCallIn(_Request):
 
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | RefusalPart] | None = None
     tool_calls: list[ToolCallIn] | None = None  # an assistant message's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
     name: str | None = None
@@ -154,7 +161,7 @@ class ChatMessage(_Request):
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text if isinstance(part, TextPart) else part.refusal for part in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):

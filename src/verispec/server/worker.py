@@ -40,6 +40,7 @@ from .online import OnlineHeads
 from .prepare import FrontEnd, PreparedJob, internal_error
 from .responses import annotate, decode_logprobs
 from .served import ServedModel
+from .tools.markers import MarkedText
 
 # The job's types are re-exported: the worker's callers may keep importing them from here.
 __all__ = ["ChoiceDone", "EngineWorker", "Job", "JobDone", "JobFailed", "JobHandle", "Started", "TextDelta"]
@@ -58,6 +59,7 @@ class _Choice:
     first_at: float | None = None  # when its first committed token was posted
     last_at: float | None = None
     tokens: int = 0
+    marks: MarkedText | None = None  # puts the tool-call markers that are special tokens back into its text
 
 
 @dataclass
@@ -202,7 +204,7 @@ class EngineWorker:
             self._count_queued(-1)
             return
         try:
-            seqs, speculative = self._queue_choices(prepared)
+            choices, speculative = self._queue_choices(prepared)
         except APIError as error:
             self._count_queued(-1)
             job.handle.put(JobFailed(error))
@@ -212,12 +214,13 @@ class EngineWorker:
             self._count_queued(-1)
             job.handle.put(JobFailed(internal_error(exc)))
             return
-        active = _Active(job, speculative, {seq.seq_id: _Choice(index, seq) for index, seq in enumerate(seqs)})
+        active = _Active(job, speculative, {choice.seq.seq_id: choice for choice in choices})
         self._active.append(active)
         for choice in active.choices.values():
             self._by_seq[choice.seq.seq_id] = (active, choice)
         for choice in [c for c in active.choices.values() if c.seq.finished]:  # resumed after its last token
-            text = choice.seq.take()[1]  # what the finish lets out of the text held back, if not shown yet
+            token_ids, text = choice.seq.take()  # what the finish lets out of the text held back, if not shown yet
+            text = text if choice.marks is None else choice.marks.feed(token_ids, text)
             if text:
                 job.handle.put(TextDelta(choice.index, text, shown=choice.seq.stopper.emitted))
             job.handle.put(ChoiceDone(choice.index, choice.seq.finish_reason, choice.seq.stats))
@@ -227,7 +230,7 @@ class EngineWorker:
                 job.handle.put(JobDone())
                 self._end(active)
 
-    def _queue_choices(self, prepared: PreparedJob) -> tuple[list[Sequence], bool]:
+    def _queue_choices(self, prepared: PreparedJob) -> tuple[list[_Choice], bool]:
         """Resolve the job's drafter (a 400, 404 or 503 when it cannot be used) and add its prepared sequences."""
         job = prepared.job
         drafter = self.served.drafter(job.drafter_name) if job.speculative else None
@@ -245,14 +248,19 @@ class EngineWorker:
             if job.resume is not None and isinstance(exc, ValueError):  # output this request cannot have made
                 raise invalid(f"The stream cannot be resumed: {exc}.") from exc
             raise
+        special = job.tools.format.special_tokens if job.tools is not None else None
+        choices = [_Choice(index, seq, MarkedText(self.served.tokenizer, special) if special else None)
+                   for index, seq in enumerate(seqs)]
         started = Started(prepared.prompt_tokens, drafter is not None)
         if job.resume is not None:
-            seq, tokenizer = seqs[0], self.served.tokenizer
+            choice, tokenizer = choices[0], self.served.tokenizer
             started.resumed = len(job.resume.token_ids)
-            started.shown = seq.stopper.text[: seq.stopper.emitted]
+            started.shown = choice.seq.stopper.text[: choice.seq.stopper.emitted]
+            if choice.marks is not None:
+                started.shown = choice.marks.feed(job.resume.token_ids, started.shown)
             started.logprob_chars = sum(len(tokenizer.decode([t])) for t in job.resume.token_ids)
         job.handle.put(started)
-        return seqs, drafter is not None
+        return choices, drafter is not None
 
     def _drop_cancelled(self) -> None:
         """Abort the choices of cancelled jobs: their rows are gone before the next step."""
@@ -275,6 +283,8 @@ class EngineWorker:
             active, choice = self._by_seq[seq.seq_id]
             job = active.job
             token_ids, text = seq.take()
+            if choice.marks is not None:
+                text = choice.marks.feed(token_ids, text)
             self.metrics.observe_round(len(token_ids))
             if token_ids:
                 if job.first_token_at is None:

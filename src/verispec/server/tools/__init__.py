@@ -17,8 +17,8 @@ nothing in the output.
 
 from .base import ToolCalling, ToolFormat, normalise
 from .select import detect_format
-from .spec import Tool, ToolRequest, arguments_object, schema_errors, tool_request
+from .spec import Tool, ToolRequest, history_arguments, schema_errors, tool_request
 from .syntax import CallDelta, Output, ToolStream, new_call_id, read
 
-__all__ = ["CallDelta", "Output", "Tool", "ToolCalling", "ToolFormat", "ToolRequest", "ToolStream", "arguments_object",
-           "detect_format", "new_call_id", "normalise", "read", "schema_errors", "tool_request"]
+__all__ = ["CallDelta", "Output", "Tool", "ToolCalling", "ToolFormat", "ToolRequest", "ToolStream", "detect_format",
+           "history_arguments", "new_call_id", "normalise", "read", "schema_errors", "tool_request"]

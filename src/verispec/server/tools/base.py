@@ -7,12 +7,17 @@ A format answers three questions:
 - `syntax`: how to read the calls back out of the text (tools/syntax.py).
 
 History messages arrive normalised by the app (`normalise`): an assistant message's `tool_calls` as
-`{"id", "name", "arguments": dict}`, a tool message with `tool_call_id` and the `name` of the call it answers.
+`{"id", "name", "arguments"}`, a tool message with `tool_call_id` and the `name` of the call it answers. A call's
+arguments are an object, or the string as sent when it is not a JSON object (OpenAI accepts any string: an agent
+loop sends back a call cut by max_tokens as it got it). An assistant message holding such a call is written out
+as the model would have written it (`calls_text`, the string in place of the arguments) instead of through the
+template, whose `tojson` would quote the string.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+import json
 
 from .lark import tool_grammar
 from .spec import ToolRequest
@@ -26,30 +31,48 @@ class ToolFormat:
     single_call: bool = False  # the format writes one call per answer (parallel_tool_calls cannot add more)
     in_template: bool = False  # the chat template renders the tools (passed as apply_chat_template's tools=)
 
+    def __init__(self, special_tokens: dict[str, int] | None = None) -> None:
+        self.special_tokens = special_tokens or {}  # the syntax's markers that are special tokens: text -> token id
+
     def prompt(self, messages: list[dict], request: ToolRequest | None) -> tuple[list[dict], list[dict] | None]:
         """-> (messages for the chat template, the template's `tools` or None). By default the template renders
         the tools itself (`in_template` formats); a format that writes them into the prompt overrides this."""
         tools = [t.as_openai() for t in request.tools] if request is not None and request.calls else None
-        return hf_messages(messages), tools
+        return self.hf_messages(messages), tools
 
     def grammar(self, request: ToolRequest) -> str:
-        return tool_grammar(request, self.syntax, self.json_style, self.single_call)
+        return tool_grammar(request, self.syntax, self.json_style, self.single_call, self.special_tokens)
 
+    def calls_text(self, calls: list[dict]) -> str:
+        """Calls ({"name", "arguments": dict or the string as sent}) as this format writes them."""
+        separators = (self.json_style.get("item_separator", ","), self.json_style.get("key_separator", ":"))
 
-def hf_messages(messages: list[dict]) -> list[dict]:
-    """The history as Hugging Face chat templates read it: calls with `function.arguments` as an object, results
-    as `tool` messages with the call's id and name."""
-    out = []
-    for m in messages:
-        if m.get("tool_calls"):
-            calls = [{"id": c["id"], "type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
-                     for c in m["tool_calls"]]
-            out.append({"role": "assistant", "content": m["content"], "tool_calls": calls})
-        elif m["role"] == "tool":
-            out.append({"role": "tool", "content": m["content"], "tool_call_id": m["tool_call_id"], "name": m["name"]})
-        else:
-            out.append({"role": m["role"], "content": m["content"]})
-    return out
+        def arguments(value: dict | str) -> str:
+            return value if isinstance(value, str) else json.dumps(value, separators=separators, ensure_ascii=False)
+
+        s = self.syntax
+        return s.open + s.separator.join(s.call_open + c["name"] + s.args_open + arguments(c["arguments"]) +
+                                         s.call_close for c in calls) + s.close
+
+    def hf_messages(self, messages: list[dict]) -> list[dict]:
+        """The history as Hugging Face chat templates read it: calls with `function.arguments` as an object, results
+        as `tool` messages with the call's id and name; a message with a call whose arguments are not an object as
+        its text (`calls_text`)."""
+        out = []
+        for m in messages:
+            if any(isinstance(c["arguments"], str) for c in m.get("tool_calls") or ()):
+                text = self.calls_text(m["tool_calls"])
+                out.append({"role": "assistant", "content": f"{m['content']}\n{text}" if m["content"] else text})
+            elif m.get("tool_calls"):
+                calls = [{"id": c["id"], "type": "function",
+                          "function": {"name": c["name"], "arguments": c["arguments"]}} for c in m["tool_calls"]]
+                out.append({"role": "assistant", "content": m["content"], "tool_calls": calls})
+            elif m["role"] == "tool":
+                out.append({"role": "tool", "content": m["content"], "tool_call_id": m["tool_call_id"],
+                            "name": m["name"]})
+            else:
+                out.append({"role": m["role"], "content": m["content"]})
+        return out
 
 
 def normalise(messages: list[dict]) -> list[dict]:

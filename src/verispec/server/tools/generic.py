@@ -28,11 +28,6 @@ def _compact(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def calls_text(calls: list[dict]) -> str:
-    """Calls ({"name", "arguments": dict}) as the generic format writes them."""
-    return _compact({"tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in calls]})
-
-
 def instructions(request: ToolRequest) -> str:
     """The system prompt's tool section."""
     lines = ["# Tools", "", "You can call these functions (one per line: name, description, JSON schema of its "
@@ -64,7 +59,7 @@ class GenericFormat(ToolFormat):
         out: list[dict] = []
         for m in messages:
             if m.get("tool_calls"):
-                text = calls_text(m["tool_calls"])
+                text = self.calls_text(m["tool_calls"])
                 out.append({"role": "assistant", "content": f"{m['content']}\n{text}" if m["content"] else text})
             elif m["role"] == "tool":
                 line = _compact({"name": m["name"], "content": m["content"]})

@@ -5,7 +5,9 @@ tools (its own `<tools>` section), and each call is a JSON object between `<tool
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
-Arguments are written as Python's json.dumps writes them (", " and ": "), as these models were trained to.
+Arguments are written as Python's json.dumps writes them (", " and ": "), as these models were trained to. Where the
+tokenizer holds `<tool_call>` and `</tool_call>` as special tokens (Qwen2.5-Coder), the grammar writes them by
+token id and the server puts their text back into the output it reads calls from (tools/markers.py).
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from .base import ToolFormat
 from .syntax import CallSyntax
 
 SYNTAX = CallSyntax(trigger="<tool_call>", open="<tool_call>\n", call_open='{"name": "', args_open='", "arguments": ',
-                    call_close="}\n</tool_call>", separator="\n<tool_call>\n", close="", text_first=True)
+                    call_close="}\n</tool_call>", separator="\n<tool_call>\n", close="", text_first=True,
+                    markers=("<tool_call>", "</tool_call>"))
 
 
 class HermesFormat(ToolFormat):

@@ -2,7 +2,8 @@
 format verispec reads (Hermes, Llama 3 JSON), the generic one otherwise.
 
 A template "renders tools" when a probe function's name appears in its output for `tools=[probe]`; which format it
-speaks is read off the template and that output (`matches` of each format).
+speaks is read off the template and that output (`matches` of each format). The format learns which of its
+markers the tokenizer holds as special tokens (tools/markers.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from .base import ToolFormat
 from .generic import GenericFormat
 from .hermes import HermesFormat
 from .llama3 import Llama3Format
+from .markers import special_markers
 
 logger = logging.getLogger("verispec.server")
 
@@ -36,6 +38,6 @@ def detect_format(tokenizer) -> ToolFormat:
     if PROBE in rendered:
         for fmt in TEMPLATE_FORMATS:
             if fmt.matches(source, rendered):
-                return fmt()
+                return fmt(special_markers(tokenizer, fmt.syntax.markers))
         logger.info("the chat template renders tools in a format verispec does not read: generic tool format")
     return GenericFormat()

@@ -4,6 +4,11 @@
 What is checked here needs no tokenizer: types, names (OpenAI's `^[a-zA-Z0-9_-]{1,64}$`, so a name needs no
 escaping in JSON or a grammar), duplicates, a named choice that is in `tools`. Whether each parameters schema
 compiles is checked by llguidance on the front end's threads (`schema_errors`), before the request is queued.
+
+Arguments hold only the properties a schema declares: the grammar constrains them by `closed(parameters)`, which
+adds `additionalProperties: false` to every object schema that declares `properties` and does not say otherwise
+(as OpenAI's strict tools require and llama.cpp's grammars default to), so a call cannot invent a key. The model is
+shown the schema as it was given.
 """
 
 from __future__ import annotations
@@ -26,6 +31,11 @@ class Tool:
     name: str
     description: str  # "" when none was given
     parameters: dict  # a JSON schema of an object (the `arguments` of a call)
+
+    @property
+    def arguments_schema(self) -> dict:
+        """The schema the grammar holds the arguments to: `parameters`, closed to undeclared keys (`closed`)."""
+        return closed(self.parameters)
 
     def as_openai(self) -> dict:
         """The definition as OpenAI's `tools` items spell it (what chat templates read)."""
@@ -135,13 +145,41 @@ def _choice(choice: object, tools: list[Tool]) -> tuple[str, str | None]:
     return "named", name
 
 
+# Keywords whose value is one subschema, or a list or map of them, that `closed` walks into. Not `allOf`: its
+# branches combine, and closing one would forbid the properties another declares.
+_ONE = ("items", "additionalItems", "contains", "not", "if", "then", "else", "additionalProperties")
+_LISTS = ("anyOf", "oneOf", "prefixItems")
+_MAPS = ("properties", "$defs", "definitions")
+
+
+def closed(schema: object) -> object:
+    """`schema` with `additionalProperties: false` on each object schema that declares `properties` and says nothing
+    of other keys (no `additionalProperties`, `patternProperties` or `unevaluatedProperties`); the rest as given."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = closed(out[key])
+    for key in _LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(item) for item in out[key]]
+    for key in _MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: closed(item) for name, item in out[key].items()}
+    if "properties" in out and not any(k in out for k in ("additionalProperties", "patternProperties",
+                                                          "unevaluatedProperties")):
+        out["additionalProperties"] = False
+    return out
+
+
 def schema_errors(request: ToolRequest) -> tuple[int, str] | None:
     """The first tool whose parameters schema llguidance cannot compile: (its index in tools, why), else None."""
     from llguidance import LLMatcher
 
     for i, tool in enumerate(request.tools):
         try:
-            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(tool.parameters))
+            error = LLMatcher.validate_grammar(LLMatcher.grammar_from_json_schema(tool.arguments_schema))
         except (ValueError, TypeError, RuntimeError) as exc:
             error = str(exc)
         if error:
@@ -149,12 +187,11 @@ def schema_errors(request: ToolRequest) -> tuple[int, str] | None:
     return None
 
 
-def arguments_object(text: str, where: str) -> dict:
-    """The `arguments` of a call in the history (a JSON string) as an object; a 400 naming `where` otherwise."""
+def history_arguments(text: str) -> dict | str:
+    """The `arguments` of a call in the history: the object its JSON string holds, or the string as sent when it
+    holds none (a call cut by max_tokens; OpenAI accepts any string here)."""
     try:
         value = json.loads(text)
-    except (json.JSONDecodeError, TypeError):
-        raise invalid("a tool call's arguments must be a JSON object in a string.", param=where) from None
-    if not isinstance(value, dict):
-        raise invalid("a tool call's arguments must be a JSON object in a string.", param=where)
-    return value
+    except (json.JSONDecodeError, TypeError, RecursionError):
+        return text
+    return value if isinstance(value, dict) else text

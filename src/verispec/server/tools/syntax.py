@@ -29,6 +29,7 @@ class CallSyntax:
     separator: str  # between two calls (',')
     close: str  # after the last call (']}')
     text_first: bool  # content may come before the trigger; else the trigger is the text's first character
+    markers: tuple[str, ...] = ()  # literals a tokenizer may hold as one special token each (tools/markers.py)
 
 
 @dataclass
