@@ -25,6 +25,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from conftest import JSON_CHARS, _common, make_tokenizer, train_on_corpus
 from test_server import ServerThread
 from test_tool_formats import HERMES_TEMPLATE
+from test_tool_markers import special_tokenizer
 
 from verispec.config import SpeculativeConfig
 from verispec.server import ServerConfig, create_app
@@ -270,7 +271,7 @@ def test_stream_chunks_as_openai_sends_them(base_url):
 BAD_SCHEMA = [{"type": "function", "function": {"name": "f", "parameters": {
     "type": "object", "properties": {"x": {"type": "strng"}}}}}]
 CALL_HISTORY = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "not json"}}]}]
+    {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": {"zone": "utc"}}}]}]
 
 
 @pytest.mark.parametrize("path, body, param", [
@@ -283,8 +284,10 @@ CALL_HISTORY = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": 
     ("/v1/chat/completions", {"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
     ("/v1/chat/completions", {"messages": [*QUESTION, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id"),
-    ("/v1/chat/completions", {"tools": TOOLS, "messages": CALL_HISTORY},
+    ("/v1/chat/completions", {"tools": TOOLS, "messages": CALL_HISTORY},  # arguments must be a string
      "messages.1.tool_calls.0.function.arguments"),
+    ("/v1/chat/completions", {"messages": [*QUESTION, {"role": "assistant", "content": [{"type": "image_url"}]}]},
+     "messages.1.content"),
     ("/v1/completions", {"prompt": "x", "tools": TOOLS}, "tools"),
 ])
 def test_bad_tools_get_openai_400s(base_url, path, body, param):
@@ -321,6 +324,85 @@ def test_hermes_template_calls(hermes_client):
             assert answer(streamed(hermes_client, choice, messages, **one)) == answer(alone)
     several = ask(hermes_client, "required", max_tokens=200).choices[0]  # parallel calls: each valid
     check_calls(several.message, cut=several.finish_reason == "length")
+
+
+# -- `<tool_call>` as a special token (Qwen2.5-Coder's tokenizer) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def special_client(tmp_path_factory, one_thread):
+    """A Hermes template whose tokenizer holds `<tool_call>` and `</tool_call>` as special tokens, which decoding
+    drops from the text."""
+    tokenizer = special_tokenizer()
+    dirs = save_pair(tmp_path_factory.mktemp("special_models"), tokenizer, (40, 20))
+    with serve(dirs) as running:
+        yield openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_calls_whose_markers_are_special_tokens(special_client):
+    """Calls open with the special token (the grammar names it by id) and parse, whole and streamed, in every mode:
+    under auto the model is pushed to the token with a logit_bias, and its call is read back as one."""
+    opening = str(special_tokenizer().convert_tokens_to_ids("<tool_call>"))
+    history = [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "noon"}]
+    for messages in (QUESTION, history):
+        for choice, bias in (("required", None), (NAMED, None), ("auto", {opening: 100})):
+            one = dict(max_tokens=160, parallel_tool_calls=False, logit_bias=bias)
+            alone = ask(special_client, choice, messages, speculative=SPEC_OFF, **one)
+            [c] = alone.choices
+            assert c.finish_reason == "tool_calls" and c.message.content is None, c.message
+            check_calls(c.message)
+            assert answer(ask(special_client, choice, messages, **one)) == answer(alone)
+            assert answer(streamed(special_client, choice, messages, **one)) == answer(alone)
+    plain = ask(special_client, "auto", max_tokens=24, logit_bias={opening: -100}).choices[0]  # no call: text
+    assert plain.message.tool_calls is None and "tool_call" not in plain.message.content
+
+
+# -- a call cut by max_tokens, and sent back -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_call_cut_by_max_tokens_and_sent_back(client, special_client, stream):
+    """A call cut by max_tokens comes as OpenAI sends it: finish_reason length, the call in tool_calls with its
+    arguments cut (not valid JSON), which the official client reads without error (whole, and through its stream
+    state); sent back as it came in the next request's history (an agent loop), it is accepted."""
+    written = {"generic": '{"tool_calls":[{"name":"get_time","arguments":{"zone":"',
+               "hermes": '<tool_call>\n{"name": "get_time", "arguments": {"zone": "'}  # <tool_call>: one token
+    for server, text, arguments in ((client, written["generic"], '{"zone":"'),
+                                    (special_client, written["hermes"], '{"zone": "')):
+        cut = len(text) - (len("<tool_call>") - 1 if server is special_client else 0)
+        first = (streamed if stream else ask)(server, NAMED, max_tokens=cut)
+        [c] = first.choices
+        assert c.finish_reason == "length" and c.message.content is None
+        [call] = c.message.tool_calls
+        assert call.function.name == "get_time" and call.function.arguments == arguments
+        messages = [*QUESTION, c.message, {"role": "tool", "tool_call_id": call.id, "content": "cut"}]
+        again = ask(server, "auto", messages, max_tokens=8)
+        assert again.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # Cut before the name is complete: no call yet, the text is the content.
+    early = ask(client, NAMED, max_tokens=len('{"tool_calls":[{"name":"get'))
+    assert early.choices[0].message.tool_calls is None
+    assert early.choices[0].message.content == '{"tool_calls":[{"name":"get'
+
+
+def test_history_as_openai_accepts_it(client, special_client):
+    """Assistant messages with content null beside calls, content as a list of text (and refusal) parts, and call
+    arguments that are any string: 200s."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "not json"}}
+    histories = [
+        [*QUESTION, {"role": "assistant", "content": None, "tool_calls": [call]},
+         {"role": "tool", "tool_call_id": "call_1", "content": "noon"}],
+        [*QUESTION, {"role": "assistant", "content": [{"type": "text", "text": "Checking."}], "tool_calls": [
+            {**call, "function": {"name": "get_time", "arguments": '{"zone": "utc"}'}}]},
+         {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "noon"}]}],
+        [*QUESTION, {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]},
+         {"role": "user", "content": [{"type": "text", "text": "try"}, {"type": "text", "text": " again"}]}],
+    ]
+    for server in (client, special_client):
+        for messages in histories:
+            response = ask(server, "auto", messages, max_tokens=8)
+            assert response.choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 # -- the real model (slow) -------------------------------------------------------------------------------------------

@@ -249,7 +249,7 @@ class EngineWorker:
                 raise invalid(f"The stream cannot be resumed: {exc}.") from exc
             raise
         special = job.tools.format.special_tokens if job.tools is not None else None
-        choices = [_Choice(index, seq, MarkedText(self.served.tokenizer, special) if special else None)
+        choices = [_Choice(index, seq, marks=MarkedText(self.served.tokenizer, special) if special else None)
                    for index, seq in enumerate(seqs)]
         started = Started(prepared.prompt_tokens, drafter is not None)
         if job.resume is not None:
