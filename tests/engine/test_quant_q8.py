@@ -13,7 +13,7 @@ from verispec.runtime.kernels import pool
 from verispec.runtime.kernels.quant import (K_BLOCKS, PATHS, V_LAYOUTS, QuantWeight, kernel, pack_v, quantize_gguf,
                                             unpack_v)
 
-TYPES = sorted(set(V_LAYOUTS) - set(K_BLOCKS))  # blocks of 32 (the K-quants' integer path: test_quant_q8k.py)
+TYPES = sorted(set(V_LAYOUTS) - set(K_BLOCKS))  # blocks of 32 (the K-quants' integer path: test_quant_vk.py)
 SHAPES = [(37, 64), (100, 576), (16, 1536)]  # out not a multiple of 16, the embedded model's widths
 
 

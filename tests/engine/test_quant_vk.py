@@ -1,4 +1,4 @@
-"""Integer activations on the K-quants (quant_q8k.h, `QuantWeight(..., activations="q8")` on Q4_K / Q5_K / Q6_K):
+"""Integer activations on the K-quants (quant_vk.h, `QuantWeight(..., activations="q8")` on Q4_K / Q5_K / Q6_K):
 the VK layouts keep the file's values, the outputs are exactly the stated arithmetic (an independent numpy
 reference of it, equal bit for bit, with a negative control), every kernel path and the AVX2 test build give the
 same bits, a row's outputs do not depend on the rows beside it or the threads, and a stack mixing types gives each
@@ -80,7 +80,7 @@ def fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def reference(x: torch.Tensor, w: QuantWeight, rounding=np.rint) -> torch.Tensor:
-    """quant_q8k.h's stated arithmetic: activations to int8 per 32 (float32 operations), exact integer sums per unit
+    """quant_vk.h's stated arithmetic: activations to int8 per 32 (float32 operations), exact integer sums per unit
     (Q6_K: per half), combined in float32 unit by unit in the stated order."""
     a, c, k = decode(w.qtype, w.data.numpy())
     xb = x.numpy().reshape(x.shape[0], -1, 32)  # [rows, units, 32]

@@ -24,7 +24,7 @@ combined in fp32 in one fixed order: another model than the fp32 conversion (as 
 every kernel path and in any batch. Its weights are repacked into the "V" layouts (`pack_v`: channels in groups of
 16, each 32-bit lane 4 consecutive weights of one channel, what vpdpbusd multiplies); it needs the kernel built.
 The K-quants take the same activations (one scale per 32 inputs, which each of their sub-blocks of 32 or 16 meets
-whole: quant_q8k.h) from their "VK" layouts (quant_vk.py `pack_vk`: records of 16 channels, the 6-bit scales a byte
+whole: quant_vk.h) from their "VK" layouts (quant_vk.py `pack_vk`: records of 16 channels, the 6-bit scales a byte
 each: 1.03x the file's bytes for Q4_K / Q5_K, 1.00x for Q6_K).
 """
 

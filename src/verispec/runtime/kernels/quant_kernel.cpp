@@ -27,7 +27,7 @@
 // them from there, so a block costs one multiply-add for its table, two shifts, two permutes and the row FMAs.
 #include "quant_common.h"
 #include "quant_gemm512.h"
-#include "quant_q8k.h"
+#include "quant_vk.h"
 
 namespace {
 
@@ -658,7 +658,7 @@ torch::Tensor quant_linear(torch::Tensor x, torch::Tensor data, torch::Tensor sc
   const Args a{x.data_ptr<float>(), data.data_ptr<uint8_t>(), qtype == INT8 ? scales.data_ptr<float>() : nullptr,
                y.data_ptr<float>(), rows, in, out, data.size(1), in / QK};
   const int64_t chosen = resolve_path(path);
-  if (v_layout(qtype) || vk_layout(qtype)) {  // integer activations (quant_q8.h, quant_q8k.h): one bits on every path
+  if (v_layout(qtype) || vk_layout(qtype)) {  // integer activations (quant_q8.h, quant_vk.h): one bits on every path
     int64_t per_tile = 16;
     const VTileFn tile = v_layout(qtype) ? v_tile(qtype, chosen, per_tile) : vk_tile(qtype, chosen, per_tile);
     v_linear(a, tile, per_tile, chosen);

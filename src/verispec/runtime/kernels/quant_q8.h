@@ -19,17 +19,15 @@
 // groups of 16, each group one contiguous run of
 //   Q4: [blocks][4 chunks i][16 channels c][4 bytes k] = the file's quant byte 4i + k of channel c's block (low
 //       nibble: element 4i + k, high: 16 + 4i + k), then [blocks][16] fp16 d, then (Q4_1) [blocks][16] fp16 m
+//   Q5: as Q4, each block's chunks followed by its [16 channels] u32 fifth bits; then d (and Q5_1's m) as Q4's
 //   Q8: [blocks][8 chunks i][16 channels c][4 bytes k] = q[4i + k] of channel c, then [blocks][16] fp16 d
 // so one 64-byte load is a chunk of 16 channels, each 32-bit lane one channel's 4 consecutive elements: what
-// vpdpbusd multiplies by 4 activations broadcast to every lane.
+// vpdpbusd multiplies by 4 activations broadcast to every lane. quant_unpack.h unpacks them, on every path.
 #pragma once
-#include "quant_common.h"
+#include "quant_unpack.h"
 
 #include <cmath>
 
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(VERISPEC_AVX512)
-#define VERISPEC_VNNI512 1
-#endif
 // The 256-bit tile's integer products: vpdpbusd on 8 lanes where the build has it (AVX-VNNI, the VEX form of
 // Alder Lake and later, or AVX-512 VNNI + VL, its EVEX form), else maddubs + madd. The same exact sums either way.
 #if defined(__AVXVNNI__)
@@ -41,7 +39,6 @@
 namespace {
 
 enum QTypeV : int64_t { Q4_0V = 202, Q4_1V = 203, Q5_0V = 206, Q5_1V = 207, Q8_0V = 208 };
-constexpr int64_t VCH = 16;  // channels of a V group
 constexpr bool v_layout(int64_t t) { return t == Q4_0V || t == Q4_1V || t == Q5_0V || t == Q5_1V || t == Q8_0V; }
 constexpr int64_t v_file_type(int64_t t) {
   return t == Q4_0V ? Q4_0 : t == Q4_1V ? Q4_1 : t == Q5_0V ? Q5_0 : t == Q5_1V ? Q5_1 : Q8_0;
@@ -51,11 +48,7 @@ constexpr bool v_has_m(int64_t t) { return t == Q4_1V || t == Q5_1V; }  // d * q
 // A block's quant bytes per channel: Q5's 16 nibble bytes and then its 4 bytes of fifth bits (v_q5_bit's order).
 constexpr int64_t v_quant_bytes(int64_t t) { return t == Q8_0V ? 32 : v_q5(t) ? 20 : 16; }
 
-// Q5 V layouts keep a block's 32 fifth bits (the file's qh, bit j: element j) reordered in their u32 so that a chunk's
-// bits land at bit 4 of each byte with one shift: element 4i + k (k < 4) at bit 8k + i, element 16 + 4i + k at bit
-// 8k + 4 + i (quant.py `pack_v`). Chunk i's low-nibble bytes take (qh << (4 - i)) & 0x10101010, its high-nibble
-// bytes (qh >> i) & 0x10101010.
-constexpr int v_q5_bit(int j) { return j < 16 ? 8 * (j % 4) + j / 4 : 8 * ((j - 16) % 4) + 4 + (j - 16) / 4; }
+// (Q5 V layouts keep a block's 32 fifth bits, the file's qh, spread in their u32 as quant_unpack.h's v_q5_bit says.)
 constexpr int64_t v_block_bytes(int64_t t) { return block_bytes(v_file_type(t)); }  // per channel, as the file
 
 // Group g's block b: the quants of 16 channels, and channel c's fp16 d (m) at vd_at + 2c (vm_at + 2c).
@@ -73,17 +66,16 @@ inline const uint8_t* v_file_block(const Args& a, int64_t t, int64_t o, int64_t 
   std::memcpy(buf, vd_at(a, t, g, b) + 2 * c, 2);
   if (v_has_m(t)) std::memcpy(buf + 2, vm_at(a, t, g, b) + 2 * c, 2);
   const uint8_t* q = vq_at(a, t, g, b);
-  if (v_q5(t)) {  // the file's qh, then its nibbles
+  int64_t at = head;
+  if (v_q5(t)) {  // the file's qh before its nibbles
     uint32_t spread, qh = 0;
-    std::memcpy(&spread, q + 4 * 64 + 4 * c, 4);
+    std::memcpy(&spread, q + HIGH_AT + 4 * c, 4);
     for (int j = 0; j < 32; ++j) qh |= ((spread >> v_q5_bit(j)) & 1u) << j;
-    std::memcpy(buf + head, &qh, 4);
-    for (int64_t i = 0; i < 4; ++i)
-      for (int k = 0; k < 4; ++k) buf[head + 4 + 4 * i + k] = q[(i * VCH + c) * 4 + k];
-    return buf;
+    std::memcpy(buf + at, &qh, 4);
+    at += 4;
   }
-  for (int64_t i = 0; i < v_quant_bytes(t) / 4; ++i)
-    for (int k = 0; k < 4; ++k) buf[head + 4 * i + k] = q[(i * VCH + c) * 4 + k];
+  for (int64_t i = 0; i < (t == Q8_0V ? 8 : 4); ++i)  // chunk i: the file's quant bytes 4i .. 4i + 3
+    for (int k = 0; k < 4; ++k) buf[at + 4 * i + k] = q[i * CHUNK + 4 * c + k];
   return buf;
 }
 
@@ -162,6 +154,16 @@ inline void quantize_rows(const float* x, int64_t rows, int64_t in, QuantX& out,
 // side of vpdpbusd; the scalar and AVX2 paths reach the same integer their own way), none (Q4_1).
 constexpr int32_t v_offset(int64_t t) { return t == Q4_0V ? 8 : t == Q5_0V ? 16 : t == Q8_0V ? 128 : 0; }
 
+// Block b's 8 registers of quants (quant_unpack.h), on lanes L: w[j] multiplies activations 4j .. 4j + 3; Q8_0 signed,
+// or as k + 128 where plus128 (AVX-512's vpdpbusd, with v_offset taken away).
+template <class L, int64_t T>
+VERISPEC_KQ_INLINE void v_unpack(const uint8_t* q, typename L::I* w, bool plus128) {
+  if constexpr (T == Q8_0V)
+    unpack_q8<L>(q, w, plus128);
+  else
+    unpack_quants<L, v_q5(T) ? 1 : 0>(q, w);
+}
+
 // ---- scalar: the reference --------------------------------------------------------------------------------------
 
 template <int64_t T>
@@ -172,21 +174,14 @@ void v_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64
     for (int64_t r = r0; r < r0 + nr; ++r) {
       float acc = 0.0f;
       for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* q = vq_at(a, T, g, b);
+        uint32_t w[8];  // lane_byte(w[j], k): element 4j + k's quant
+        v_unpack<Lane32, T>(vq_at(a, T, g, b) + 4 * c, w, false);
         const int8_t* x = xq.q.data() + r * a.in + b * QK;
         int32_t isum = 0;
-        uint32_t qh = 0;
-        if (v_q5(T)) std::memcpy(&qh, q + 4 * 64 + 4 * c, 4);
-        for (int64_t i = 0; i < (T == Q8_0V ? 8 : 4); ++i)
+        for (int j = 0; j < 8; ++j)
           for (int k = 0; k < 4; ++k) {
-            const uint8_t byte = q[(i * VCH + c) * 4 + k];
-            if (T == Q8_0V) {
-              isum += static_cast<int32_t>(static_cast<int8_t>(byte)) * x[4 * i + k];
-            } else {
-              const int32_t lo = (byte & 0x0F) | (v_q5(T) ? ((qh >> (8 * k + i)) & 1) << 4 : 0);
-              const int32_t hi = (byte >> 4) | (v_q5(T) ? ((qh >> (8 * k + 4 + i)) & 1) << 4 : 0);
-              isum += lo * x[4 * i + k] + hi * x[16 + 4 * i + k];
-            }
+            const int32_t q = lane_byte(w[j], k);
+            isum += (T == Q8_0V ? static_cast<int8_t>(q) : q) * x[4 * j + k];
           }
         if (T == Q4_0V || T == Q5_0V) isum -= v_offset(T) * xq.sq[r * a.blocks + b];  // Q8_0: signed, no offset
         const float dw = half_at(vd_at(a, T, g, b) + 2 * c);
@@ -213,32 +208,14 @@ template <int NR> inline void store_group512(const Args& a, const __m512 (&acc)[
 template <int64_t T, int NR>
 void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
   constexpr int nr = NR;
-  constexpr int CHUNKS = T == Q8_0V ? 8 : 4;
   __m512 acc[NR];
   for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i low4 = _mm512_set1_epi8(0x0F), flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* q = vq_at(a, T, g, b);
     _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_TILES * a.row_bytes), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(q + PREFETCH_TILES * a.row_bytes + 64), _MM_HINT_T0);
     __m512i w[8];  // w[j]: the unsigned bytes multiplying activations 4j..4j+3 (Q4: 4 chunks x low, high nibbles)
-    for (int i = 0; i < CHUNKS; ++i) {
-      const __m512i v = _mm512_loadu_si512(q + 64 * i);
-      if (T == Q8_0V) {
-        w[i] = _mm512_xor_si512(v, flip);  // k + 128 as an unsigned byte
-      } else {
-        w[i] = _mm512_and_si512(v, low4);
-        w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-      }
-    }
-    if (v_q5(T)) {  // the fifth bits to bit 4 of each byte (v_q5_bit's order)
-      const __m512i qh = _mm512_loadu_si512(q + 4 * 64), bit4 = _mm512_set1_epi32(0x10101010);
-#pragma GCC unroll 4
-      for (int i = 0; i < 4; ++i) {
-        w[i] = _mm512_or_si512(w[i], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - i), bit4));
-        w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(_mm512_srli_epi32(qh, i), bit4));
-      }
-    }
+    v_unpack<Lanes512, T>(q, w, true);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vd_at(a, T, g, b))));
     __m512 mw = _mm512_setzero_ps();
     if (v_has_m(T)) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vm_at(a, T, g, b))));
@@ -286,8 +263,6 @@ inline void v_store256(const Args& a, const __m256* acc, int rows, int64_t rt, i
 
 template <int64_t T>
 void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
-  constexpr int CHUNKS = T == Q8_0V ? 8 : 4;
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // (maddubs + madd only)
   for (int h = 0; h < 2; ++h) {  // channels 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte chunk
     const int64_t o0 = g * VCH + 8 * h;
@@ -298,25 +273,8 @@ void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t n
       for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
       for (int64_t b = 0; b < a.blocks; ++b) {
         const uint8_t* q = vq_at(a, T, g, b) + 32 * h;
-        __m256i w[8];
-        for (int i = 0; i < CHUNKS; ++i) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * i));
-          if (T == Q8_0V) {
-            w[i] = v;
-          } else {
-            w[i] = _mm256_and_si256(v, low4);
-            w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-          }
-        }
-        if (v_q5(T)) {  // the fifth bits (channels 8h .. 8h + 7: bytes 32h .. of the block's 64 qh bytes)
-          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 4 * 64)),
-                        bit4 = _mm256_set1_epi32(0x10101010);
-#pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) {
-            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_slli_epi32(qh, 4 - i), bit4));
-            w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(_mm256_srli_epi32(qh, i), bit4));
-          }
-        }
+        __m256i w[8];  // (Q8_0: signed, multiplied by sign below)
+        v_unpack<Lanes256, T>(q, w, false);
         const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vd_at(a, T, g, b) + 16 * h)));
         __m256 mw = _mm256_setzero_ps();
         if (v_has_m(T)) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vm_at(a, T, g, b) + 16 * h)));
@@ -376,7 +334,7 @@ inline VTileFn v_tile(int64_t qtype, int64_t path, int64_t& per_tile) {
 }
 
 // y [rows, out] = the integer-activation linear of x [rows, in], `tile` run on each group of 16 channels (the V
-// layouts' here, the K-quants' in quant_q8k.h) and every tile of at most per_tile rows.
+// layouts' here, the K-quants' in quant_vk.h) and every tile of at most per_tile rows.
 inline void v_linear(const Args& a, VTileFn tile, int64_t per_tile, int64_t path) {
   // The calling thread's buffers, reused. The tiles on other threads read them through this reference (a
   // thread_local named inside the lambda would be each worker's own, empty, instance).

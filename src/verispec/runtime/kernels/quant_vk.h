@@ -1,7 +1,7 @@
-// Integer activations for the K-quants (Q4_K, Q5_K, Q6_K): quant_q8.h's activations (int8 per block of 32, one fp32
-// scale dx a block, sq = sum q, sh = the sum of its first 16, sx = dx * sq) against the weights' own sub-blocks,
-// which are 32 inputs (Q4_K, Q5_K: a 6-bit scale and min each) or 16 (Q6_K: an int8 scale each), so every
-// sub-block meets exactly one activation block and its sum is an exact integer.
+// The K-quants (Q4_K, Q5_K, Q6_K) on integer activations, from their "VK" records: quant_q8.h's activations (int8
+// per block of 32, one fp32 scale dx a block, sq = sum q, sh = the sum of its first 16, sx = dx * sq) against the
+// weights' own sub-blocks, which are 32 inputs (Q4_K, Q5_K: a 6-bit scale and min each) or 16 (Q6_K: an int8 scale
+// each), so every sub-block meets exactly one activation block and its sum is an exact integer.
 //
 // Per output o and row r, unit by unit u = 0, 1, ... (a super-block's 8 units of 32 in order, nothing else in the sum,
 // whatever the tile, rows or thread; k the unsigned quants, xq the activations' int8):
@@ -19,11 +19,12 @@
 // byte each): channels in groups of 16, each group one contiguous run of super-block records, each record
 //   Q4_K, Q5_K: [16] fp16 d, [16] fp16 dmin, [8 units][16 channels] u8 sc, [8][16] u8 mn, then per unit
 //               [4 chunks i][16 channels c][4 bytes k] nibbles (low: element 4i + k, high: 16 + 4i + k) and (Q5_K)
-//               [16] u32 fifth bits in quant_q8.h v_q5_bit's order
+//               [16] u32 fifth bits in quant_unpack.h v_q5_bit's order
 //   Q6_K:       [16] fp16 d, [8 units][2 halves][16 channels] i8 sc, then per unit the nibbles as above (the quants'
 //               low 4 bits), [16] u32 high 2 bits of elements 0..15, [16] u32 of elements 16..31 (element 4i + k's
 //               at bits 8k + 2i, 8k + 2i + 1: chunk i's are shifted to bits 8k + 4, 8k + 5)
-// so a unit's nibbles are quant_q8.h's Q4 V chunks: one 64-byte load is a chunk of 16 channels for vpdpbusd.
+// so a unit is quant_q8.h's Q4 (Q5) V block, its quants unpacked by the same helpers (quant_unpack.h): one 64-byte
+// load is a chunk of 16 channels for vpdpbusd.
 // Bytes per channel and super-block: Q4_K 148 (the file: 144), Q5_K 180 (176), Q6_K 210 (210).
 #pragma once
 #include "quant_q8.h"
@@ -33,48 +34,53 @@ namespace {
 enum QTypeVK : int64_t { Q4_KV = 212, Q5_KV = 213, Q6_KV = 214 };
 constexpr bool vk_layout(int64_t t) { return t == Q4_KV || t == Q5_KV || t == Q6_KV; }
 constexpr int64_t vk_file_type(int64_t t) { return t == Q4_KV ? Q4_K : t == Q5_KV ? Q5_K : Q6_K; }
-constexpr int64_t vk_head(int64_t t) { return t == Q6_KV ? 32 + 256 : 64 + 256; }  // a record's bytes before unit 0
-constexpr int64_t vk_unit(int64_t t) { return t == Q4_KV ? 256 : t == Q5_KV ? 256 + 64 : 256 + 128; }
-constexpr int64_t vk_channel_bytes(int64_t t) { return (vk_head(t) + 8 * vk_unit(t)) / VCH; }  // per super-block
+constexpr int64_t vk_head_bytes(int64_t t) { return t == Q6_KV ? 32 + 256 : 64 + 256; }  // a record's before unit 0
+constexpr int64_t vk_unit_bytes(int64_t t) { return t == Q4_KV ? 256 : t == Q5_KV ? 256 + 64 : 256 + 128; }
+// A channel's bytes of a super-block's record.
+constexpr int64_t vk_channel_bytes(int64_t t) { return (vk_head_bytes(t) + 8 * vk_unit_bytes(t)) / VCH; }
+constexpr int vk_high_bits(int64_t t) { return t == Q4_KV ? 0 : t == Q5_KV ? 1 : 2; }  // quant_unpack.h unpack_quants'
 
-// Group g's super-block sb: its record.
+// Group g's super-block sb: its record; unit s of it: its chunks (quant_unpack.h's layout).
 inline const uint8_t* vk_record(const Args& a, int64_t t, int64_t g, int64_t sb) {
   return a.w + g * a.row_bytes + sb * VCH * vk_channel_bytes(t);
+}
+inline const uint8_t* vk_unit_at(const uint8_t* rec, int64_t t, int64_t s) {
+  return rec + vk_head_bytes(t) + s * vk_unit_bytes(t);
+}
+
+// The K-quants' sub-block scales, unit s of a record, for the lanes' channels c0 .. (exact products, as the file's
+// layout gives them): Q4_K, Q5_K: s0 = d sc, s1 = dmin mn (w = s0 k - s1); Q6_K: s0, s1 = d sc of elements 0..15,
+// 16..31. d and dmin: vk_d / vk_dmin of the same channels (a tile reads them once per record).
+template <class L>
+VERISPEC_KQ_INLINE typename L::F vk_d(const uint8_t* rec, int64_t c0) { return L::halves(rec + 2 * c0); }
+template <class L>
+VERISPEC_KQ_INLINE typename L::F vk_dmin(const uint8_t* rec, int64_t c0) { return L::halves(rec + 32 + 2 * c0); }
+template <class L, int64_t T>
+VERISPEC_KQ_INLINE void vk_unit_scales(const uint8_t* rec, int64_t s, int64_t c0, typename L::F d, typename L::F dmin,
+                                       typename L::F& s0, typename L::F& s1) {
+  if constexpr (T == Q6_KV) {
+    s0 = L::mul(d, L::bytes(rec + 32 + 2 * VCH * s + c0, true));
+    s1 = L::mul(d, L::bytes(rec + 32 + 2 * VCH * s + VCH + c0, true));
+  } else {
+    s0 = L::mul(d, L::bytes(rec + 64 + VCH * s + c0, false));
+    s1 = L::mul(dmin, L::bytes(rec + 192 + VCH * s + c0, false));
+  }
 }
 
 // Unit s of channel c in a record: its 32 unsigned quants (the reference path and `dequantize`).
 template <int64_t T>
 inline void vk_quants(const uint8_t* rec, int64_t s, int64_t c, int* k) {
-  const uint8_t* u = rec + vk_head(T) + s * vk_unit(T);
-  uint32_t h0 = 0, h1 = 0;
-  if (T != Q4_KV) std::memcpy(&h0, u + 256 + 4 * c, 4);
-  if (T == Q6_KV) std::memcpy(&h1, u + 320 + 4 * c, 4);
-  for (int i = 0; i < 4; ++i)
-    for (int j = 0; j < 4; ++j) {
-      const uint8_t byte = u[(i * VCH + c) * 4 + j];
-      int lo = byte & 0x0F, hi = byte >> 4;
-      if (T == Q5_KV) {
-        lo |= ((h0 >> (8 * j + i)) & 1) << 4;
-        hi |= ((h0 >> (8 * j + 4 + i)) & 1) << 4;
-      } else if (T == Q6_KV) {
-        lo |= ((h0 >> (8 * j + 2 * i)) & 3) << 4;
-        hi |= ((h1 >> (8 * j + 2 * i)) & 3) << 4;
-      }
-      k[4 * i + j] = lo;
-      k[16 + 4 * i + j] = hi;
-    }
+  uint32_t w[8];
+  unpack_quants<Lane32, vk_high_bits(T)>(vk_unit_at(rec, T, s) + 4 * c, w);
+  for (int e = 0; e < 32; ++e) k[e] = lane_byte(w[e / 4], e % 4);
 }
 
 // Unit s of channel c's affine form, quant_k.h's KUnit (the same exact products as the file's layout gives).
 template <int64_t T>
 inline KUnit vk_unit_form(const uint8_t* rec, int64_t s, int64_t c) {
-  const float d = half_at(rec + 2 * c);
-  if (T == Q6_KV) {
-    const auto* sc = reinterpret_cast<const int8_t*>(rec + 32 + 32 * s);
-    return KUnit{{d * static_cast<float>(sc[c]), d * static_cast<float>(sc[VCH + c])}, 0.0f, 32};
-  }
-  const float a = d * static_cast<float>(rec[64 + VCH * s + c]);
-  return KUnit{{a, a}, -(half_at(rec + 32 + 2 * c) * static_cast<float>(rec[192 + VCH * s + c])), 0};
+  float s0, s1;
+  vk_unit_scales<Lane32, T>(rec, s, c, vk_d<Lane32>(rec, c), vk_dmin<Lane32>(rec, c), s0, s1);
+  return T == Q6_KV ? KUnit{{s0, s1}, 0.0f, 32} : KUnit{{s0, s0}, -s1, 0};
 }
 
 // Block b (unit b % 8 of super-block b / 8) of channel o: its 32 weights, kq_dequant_scalar's values.
@@ -124,42 +130,6 @@ void vk_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int6
 
 // ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
 #if defined(VERISPEC_VNNI512)
-// Unit s's 8 registers of unsigned quants (w[j] multiplies activations 4j .. 4j + 3), as v_tile512_rows builds them.
-template <int64_t T>
-VERISPEC_KQ_INLINE void vk_weights512(const uint8_t* u, __m512i* w) {
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    const __m512i v = _mm512_loadu_si512(u + 64 * i);
-    w[i] = _mm512_and_si512(v, low4);
-    w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-  }
-  if (T == Q5_KV) {
-    const __m512i qh = _mm512_loadu_si512(u + 256), bit4 = _mm512_set1_epi32(0x10101010);
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      w[i] = _mm512_or_si512(w[i], _mm512_and_si512(_mm512_slli_epi32(qh, 4 - i), bit4));
-      w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(_mm512_srli_epi32(qh, i), bit4));
-    }
-  } else if (T == Q6_KV) {
-    const __m512i h0 = _mm512_loadu_si512(u + 256), h1 = _mm512_loadu_si512(u + 320);
-    const __m512i bits = _mm512_set1_epi32(0x30303030);
-    auto to_bit4 = [](__m512i h, int i) {  // chunk i's bits (8k + 2i) to bits 8k + 4
-      return i < 2 ? _mm512_slli_epi32(h, 4 - 2 * i) : i == 2 ? h : _mm512_srli_epi32(h, 2);
-    };
-#pragma GCC unroll 4
-    for (int i = 0; i < 4; ++i) {
-      w[i] = _mm512_or_si512(w[i], _mm512_and_si512(to_bit4(h0, i), bits));
-      w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_and_si512(to_bit4(h1, i), bits));
-    }
-  }
-}
-
-inline __m512 vk_bytes512(const uint8_t* p, bool sign) {  // 16 bytes -> 16 floats (exact)
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm512_cvtepi32_ps(sign ? _mm512_cvtepi8_epi32(v) : _mm512_cvtepu8_epi32(v));
-}
-
 template <int64_t T, int NR>
 void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
   __m512 acc[NR];
@@ -168,39 +138,35 @@ void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
     const uint8_t* rec = vk_record(a, T, g, sb);
     const char* ahead = reinterpret_cast<const char*>(rec + PREFETCH_TILES * a.row_bytes);
     for (int64_t i = 0; i < VCH * vk_channel_bytes(T); i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec)));
-    [[maybe_unused]] const __m512 dmin =
-        _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(rec + 32)));
+    const __m512 d = vk_d<Lanes512>(rec, 0), dmin = vk_dmin<Lanes512>(rec, 0);  // (Q6_K: no dmin, an unused load)
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
-      __m512i w[8];
-      vk_weights512<T>(rec + vk_head(T) + s * vk_unit(T), w);
+      __m512i w[8];  // w[j] multiplies activations 4j .. 4j + 3
+      unpack_quants<Lanes512, vk_high_bits(T)>(vk_unit_at(rec, T, s), w);
       const int64_t b = sb * 8 + s;
+      __m512 s0, s1;
+      vk_unit_scales<Lanes512, T>(rec, s, 0, d, dmin, s0, s1);
       if constexpr (T == Q6_KV) {
-        const __m512 a0 = _mm512_mul_ps(d, vk_bytes512(rec + 32 + 32 * s, true));  // exact
-        const __m512 a1 = _mm512_mul_ps(d, vk_bytes512(rec + 48 + 32 * s, true));
         for (int r = 0; r < NR; ++r) {
           const int64_t row = r0 + r, at = row * a.blocks + b;
           const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
-          __m512i s0 = _mm512_set1_epi32(-32 * xq.sh[at]), s1 = _mm512_set1_epi32(-32 * (xq.sq[at] - xq.sh[at]));
+          __m512i i0 = _mm512_set1_epi32(-32 * xq.sh[at]), i1 = _mm512_set1_epi32(-32 * (xq.sq[at] - xq.sh[at]));
           for (int j = 0; j < 4; ++j) {
-            s0 = _mm512_dpbusd_epi32(s0, w[j], _mm512_set1_epi32(x4[j]));
-            s1 = _mm512_dpbusd_epi32(s1, w[4 + j], _mm512_set1_epi32(x4[4 + j]));
+            i0 = _mm512_dpbusd_epi32(i0, w[j], _mm512_set1_epi32(x4[j]));
+            i1 = _mm512_dpbusd_epi32(i1, w[4 + j], _mm512_set1_epi32(x4[4 + j]));
           }
           const __m512 dx = _mm512_set1_ps(xq.dx[at]);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(a0, dx), _mm512_cvtepi32_ps(s0), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(a1, dx), _mm512_cvtepi32_ps(s1), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(i0), acc[r]);
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(i1), acc[r]);
         }
       } else {
-        const __m512 dsc = _mm512_mul_ps(d, vk_bytes512(rec + 64 + VCH * s, false));     // exact
-        const __m512 dmn = _mm512_mul_ps(dmin, vk_bytes512(rec + 192 + VCH * s, false));  // exact
         for (int r = 0; r < NR; ++r) {
           const int64_t row = r0 + r, at = row * a.blocks + b;
           const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
           __m512i isum = _mm512_setzero_si512();
           for (int j = 0; j < 8; ++j) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(x4[j]));
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dsc, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
-          acc[r] = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(xq.sx[at]), acc[r]);  // -(dmin mn) sx + acc, one rounding
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
+          acc[r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(xq.sx[at]), acc[r]);  // -(dmin mn) sx + acc, one rounding
         }
       }
     }
@@ -224,12 +190,7 @@ void vk_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t 
 #if defined(VERISPEC_AVX2)
 template <int64_t T>
 void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
-  const __m256i low4 = _mm256_set1_epi8(0x0F);
   [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // (maddubs + madd only)
-  auto floats = [](const uint8_t* p, bool sign) {  // 8 bytes -> 8 floats (exact)
-    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
-    return _mm256_cvtepi32_ps(sign ? _mm256_cvtepi8_epi32(v) : _mm256_cvtepu8_epi32(v));
-  };
   for (int h = 0; h < 2; ++h) {  // channels 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte chunk
     const int64_t o0 = g * VCH + 8 * h;
     if (o0 >= a.out) return;
@@ -240,43 +201,10 @@ void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t 
       for (int64_t b = 0; b < a.blocks; ++b) {
         const uint8_t* rec = vk_record(a, T, g, b / 8);
         const int64_t s = b % 8;
-        const uint8_t* u = rec + vk_head(T) + s * vk_unit(T) + 32 * h;
-        __m256i w[8];
-#pragma GCC unroll 4
-        for (int i = 0; i < 4; ++i) {
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 64 * i));
-          w[i] = _mm256_and_si256(v, low4);
-          w[4 + i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
-        }
-        if (T == Q5_KV) {  // the fifth bits (channels 8h .. 8h + 7: bytes 32h .. of the unit's 64 qh bytes)
-          const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 256)),
-                        bit4 = _mm256_set1_epi32(0x10101010);
-#pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) {
-            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(_mm256_slli_epi32(qh, 4 - i), bit4));
-            w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(_mm256_srli_epi32(qh, i), bit4));
-          }
-        } else if (T == Q6_KV) {
-          const __m256i h0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 256));
-          const __m256i h1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(u + 320));
-          const __m256i bits = _mm256_set1_epi32(0x30303030);
-          auto to_bit4 = [](__m256i h, int i) {  // chunk i's bits (8k + 2i) to bits 8k + 4
-            return i < 2 ? _mm256_slli_epi32(h, 4 - 2 * i) : i == 2 ? h : _mm256_srli_epi32(h, 2);
-          };
-#pragma GCC unroll 4
-          for (int i = 0; i < 4; ++i) {
-            w[i] = _mm256_or_si256(w[i], _mm256_and_si256(to_bit4(h0, i), bits));
-            w[4 + i] = _mm256_or_si256(w[4 + i], _mm256_and_si256(to_bit4(h1, i), bits));
-          }
-        }
-        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 16 * h)));
-        // Q4_K, Q5_K: d sc and dmin mn; Q6_K: d sc of each half (all exact)
-        const __m256 s0 = T == Q6_KV ? _mm256_mul_ps(d, floats(rec + 32 + 32 * s + 8 * h, true))
-                                     : _mm256_mul_ps(d, floats(rec + 64 + VCH * s + 8 * h, false));
-        const __m256 s1 =
-            T == Q6_KV ? _mm256_mul_ps(d, floats(rec + 48 + 32 * s + 8 * h, true))
-                       : _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(rec + 32 + 16 * h))),
-                                       floats(rec + 192 + VCH * s + 8 * h, false));
+        __m256i w[8];  // channels 8h .. 8h + 7: bytes 32h .. of each chunk and of the high bits' words
+        unpack_quants<Lanes256, vk_high_bits(T)>(vk_unit_at(rec, T, s) + 32 * h, w);
+        __m256 s0, s1;
+        vk_unit_scales<Lanes256, T>(rec, s, 8 * h, vk_d<Lanes256>(rec, 8 * h), vk_dmin<Lanes256>(rec, 8 * h), s0, s1);
         for (int r = 0; r < rows; ++r) {
           const int64_t row = rt + r, at = row * a.blocks + b;
           const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);

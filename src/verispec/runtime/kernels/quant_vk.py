@@ -1,4 +1,4 @@
-"""The K-quants' integer-activation layouts ("VK", quant_q8k.h): `pack_vk` reorders a Q4_K / Q5_K / Q6_K weight's
+"""The K-quants' integer-activation layouts ("VK", quant_vk.h): `pack_vk` reorders a Q4_K / Q5_K / Q6_K weight's
 super-blocks into records of 16 channels (each unit of 32 weights as quant_q8.h's Q4 V chunks, the 6-bit scales and
 mins a byte each), `unpack_vk` gives the file's bytes back. Moved in numpy (strided byte copies)."""
 
@@ -37,7 +37,7 @@ def _fields(qtype: str, blk: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _bits(k: np.ndarray, shift: int, width: int, places: list[int]) -> np.ndarray:
-    """[..., n] quants -> [...] uint32: bits shift .. shift + width - 1 of element j at places[j] (quant_q8k.h's)."""
+    """[..., n] quants -> [...] uint32: bits shift .. shift + width - 1 of element j at places[j] (quant_vk.h's)."""
     out = np.zeros(k.shape[:-1], dtype=np.uint32)
     for j, at in enumerate(places):
         out |= ((k[..., j].astype(np.uint32) >> np.uint32(shift)) & np.uint32((1 << width) - 1)) << np.uint32(at)
@@ -54,7 +54,7 @@ _Q6_PLACES = [8 * (j % 4) + 2 * (j // 4) for j in range(16)]  # element j of a h
 
 
 def pack_vk(data: torch.Tensor, qtype: str) -> torch.Tensor:
-    """[out, row_bytes] Q4_K / Q5_K / Q6_K super-blocks -> [ceil(out / 16), 16 * RECORD * super-blocks], quant_q8k.h's
+    """[out, row_bytes] Q4_K / Q5_K / Q6_K super-blocks -> [ceil(out / 16), 16 * RECORD * super-blocks], quant_vk.h's
     records (a last group short of 16 channels padded with zeros: computed, never returned)."""
     out = data.shape[0]
     groups = -(-out // VK_GROUP)
