@@ -154,6 +154,21 @@ def test_the_default_path_is_the_best_the_cpu_runs(monkeypatch):
         quant._path_from_env()
 
 
+@pytest.mark.kernel("quant")
+def test_one_numbering_of_kernel_paths():
+    """paths.py's KernelPath is what the quant kernel (quant_common.h's Path) and the dense kernel take, and what
+    quant.py and dense.py name; a path number neither kernel has is refused."""
+    from verispec.runtime.kernels import dense
+    from verispec.runtime.kernels.paths import KernelPath
+
+    assert kernel().path_numbers() == PATHS == {p.name.lower(): int(p) for p in KernelPath if p != KernelPath.VDPBF16PS}
+    assert {name: n for name, n in dense.PATHS.items() if n is not None} == {
+        p.name.lower(): int(p) for p in KernelPath if p != KernelPath.AUTO}
+    assert kernel().resolve_path(KernelPath.SCALAR) == KernelPath.SCALAR
+    with pytest.raises(RuntimeError, match="path must be"):
+        kernel().resolve_path(KernelPath.VDPBF16PS)
+
+
 def test_the_kernel_is_built_here():
     """The C++ kernel builds on a machine with a compiler (else the fallback would hide a build error)."""
     assert kernel() is not None

@@ -24,8 +24,10 @@ import os
 import torch
 
 from .ext import build
+from .paths import KernelPath, numbers
 
-PATHS = {"vdpbf16ps": 3, "avx512": 2, "avx2": 1, "scalar": 0, "off": None}  # "off": Linear packs for oneDNN instead
+# The kernel's paths (paths.py's numbers); "off": Linear packs for oneDNN instead.
+PATHS = numbers(KernelPath.VDPBF16PS, KernelPath.AVX512, KernelPath.AVX2, KernelPath.SCALAR) | {"off": None}
 PATH_ENV = "VERISPEC_DENSE_PATH"
 BLOCK = 16  # output columns per packed block
 DTYPES = (torch.float32, torch.bfloat16)

@@ -11,8 +11,9 @@ K-quant formulas in quant_k.h (one rounding at most, as gguf-py's). A fused weig
 `F.linear` runs `quant_kernel.cpp` (built once per torch version and CPU flags under ~/.cache/verispec/ext), which
 dequantizes a block once in registers and multiplies it into a tile of rows; without a compiler it falls back to
 dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion's up to summation order.
-The kernel has an AVX-512, an AVX2 (+FMA, F16C) and a scalar path, each with its own fixed summation order; the best
-one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar; read at start-up) names.
+The kernel has an AVX-512, an AVX2 (+FMA, F16C) and a scalar path (paths.py `KernelPath`), each with its own fixed
+summation order; the best one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar; read at
+start-up) names.
 Q4_0, Q4_1, Q5_0 and Q5_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes
 reordered, so channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous;
 only the last group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the
@@ -37,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .ext import build
+from .paths import KernelPath, numbers
 from .quant_vk import pack_vk, unpack_vk
 
 # GGML types with blocks of 32 weights -> (bytes per block, kernel id = the GGML type id); INT8 is verispec's own.
@@ -54,7 +56,7 @@ V_LAYOUTS = {"Q4_0": 202, "Q4_1": 203, "Q5_0": 206, "Q5_1": 207, "Q8_0": 208, "Q
 V_GROUP = 16  # output channels per row of a V layout
 ACTIVATIONS = ("fp32", "q8")  # fp32: the dequantized weights times the fp32 activations; q8: integer activations
 BLOCK = 32
-PATHS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3}  # the kernel's code paths
+PATHS = numbers(KernelPath.AUTO, KernelPath.SCALAR, KernelPath.AVX2, KernelPath.AVX512)  # the kernel's code paths
 
 
 def _path_from_env() -> int:

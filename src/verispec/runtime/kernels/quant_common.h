@@ -23,7 +23,9 @@ namespace {
 
 enum QType : int64_t { Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, INT8 = 100, Q4_0R = 102, Q4_1R = 103 };  // R: repacked
 // (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K: quant_k.h's KQType)
-enum Path : int64_t { AUTO = 0, SCALAR = 1, AVX2 = 2, AVX512 = 3 };
+// The code paths, numbered as runtime/kernels/paths.py `KernelPath` (one numbering for every kernel; VDPBF16PS = 3 is
+// the dense kernel's alone).
+enum Path : int64_t { AUTO = -1, SCALAR = 0, AVX2 = 1, AVX512 = 2 };
 constexpr int64_t QK = 32;      // elements per block (Q4_0, Q4_1, Q8_0; INT8 is cut the same way)
 constexpr int64_t GROUP = 8;    // output channels per unit of parallel work (a multiple of every tile's NC)
 constexpr int64_t PANEL_MIN_ROWS = 16;  // from this many rows on, AVX2 dequantizes a panel once (same sums)

@@ -6,7 +6,8 @@
 //   Q4_0: d * (q - 8)    Q4_1: d * q + m    Q8_0: d * q    INT8 (per output channel): scale[o] * q
 // so the model is the same as the fp32 conversion's; only the summation order differs.
 //
-// Three paths, one chosen per call (`path`: 0 the best this build and CPU run, 1 scalar, 2 AVX2+FMA+F16C, 3 AVX-512):
+// Three paths, one chosen per call (`path`, quant_common.h's Path = paths.py `KernelPath`: AUTO the best this build and
+// CPU run, SCALAR, AVX2 (+FMA, F16C), AVX512):
 // each has its own fixed summation order, so outputs are bit-stable within a path, not across paths.
 // The work is tiled: a tile is NC output channels x NR rows (NR <= ROWS); each block of 32 weights of a channel is
 // dequantized once into registers and multiplied into all NR rows. Row invariance: every (row, channel) output has
@@ -28,6 +29,9 @@
 #include "quant_common.h"
 #include "quant_gemm512.h"
 #include "quant_vk.h"
+
+#include <map>
+#include <string>
 
 namespace {
 
@@ -592,7 +596,8 @@ int64_t resolve_path(int64_t path) {
       if (compiled(p) && cpu_has(p)) return p;
     return SCALAR;
   }
-  TORCH_CHECK(path >= SCALAR && path <= AVX512, "path must be 0 (auto), 1 (scalar), 2 (avx2) or 3 (avx512)");
+  TORCH_CHECK(path >= SCALAR && path <= AVX512, "path must be ", AUTO, " (auto), ", SCALAR, " (scalar), ", AVX2,
+              " (avx2) or ", AVX512, " (avx512), not ", path);
   TORCH_CHECK(compiled(path) && cpu_has(path), "this kernel path is not available on this build or CPU: ", path);
   return path;
 }
@@ -753,7 +758,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scales"), py::arg("qtype"), py::arg("in_features"), py::arg("out_features"), py::arg("path") = 0);
   m.def("dequantize", &dequantize, "dequantized rows", py::arg("data"), py::arg("scales"), py::arg("qtype"),
         py::arg("in_features"), py::arg("out_features"), py::arg("ids"));
-  m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (0: the best here)");
+  m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (AUTO: the best here)");
+  m.def("path_numbers", [] {  // (a test holds them equal to paths.py's)
+    return std::map<std::string, int64_t>{{"auto", AUTO}, {"scalar", SCALAR}, {"avx2", AVX2}, {"avx512", AVX512}};
+  }, "the numbers of the paths, by name");
   // For layer_loop.h, which calls quant_linear from C++ (one process, one libtorch: Tensors pass as they are).
   m.def("quant_linear_address", [] { return reinterpret_cast<int64_t>(&quant_linear); }, "&quant_linear");
 }
