@@ -3,7 +3,7 @@ with `--activations q8` (and `--kv-cache-dtype float16`) against `fp32` (the fp3
 modules (English technical prose, nothing of the Spec-Bench prompts), cut into chunks of --tokens tokens. Also the
 share of positions where the two models' greedy choice agrees. `--model` another GGUF file of the same tokenizer
 (e.g. recipes/kquant_smollm2.sh's Q4_K_M); activations `q8-kfp32`: q8 with the K-quant tensors on fp32 activations
-(activations_step_bench.py). Usage:
+(recipes/_common.py, as activations_step_bench.py runs it). Usage:
   PYTHONPATH=src python recipes/activations_quality.py --chunks 24 --tokens 256 [--model PATH.gguf]
 """
 
@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from activations_step_bench import k_quants_on_fp32
+from _common import k_quants_on_fp32
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_tokenizer
 from verispec.runtime.model.target import load_target
 from verispec.config import RunnerOptions

@@ -15,50 +15,16 @@ K-quants had an integer path).
 from __future__ import annotations
 
 import argparse
-import time
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 
 import torch
 
+from _common import fill_slots, k_quants_on_fp32, prefill, step
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.config import RunnerOptions
-from verispec.runtime.kernels.quant import K_BLOCKS
 from verispec.runtime.model.loading import DEFAULT_TARGET, model_weight_bytes
 from verispec.runtime.model.target import load_target
 from verispec.runtime.runners.select import make_runner
-from verispec.runtime.weights import gguf
-
-CONTEXT = 64
-
-
-@contextmanager
-def k_quants_on_fp32():
-    """Models loaded inside keep their K-quant tensors on fp32 activations (the others as asked)."""
-    chosen = gguf.tensor_activations
-    gguf.tensor_activations = lambda kind, activations: "fp32" if kind in K_BLOCKS else chosen(kind, activations)
-    try:
-        yield
-    finally:
-        gguf.tensor_activations = chosen
-
-
-def prefill(runner, n: int) -> float:
-    runner.reset()
-    prompt = torch.arange(n).remainder(1000).add(100).view(1, n)  # [1, n]
-    start = time.perf_counter()
-    runner.forward(prompt, last_only=True)
-    return time.perf_counter() - start
-
-
-def step(runner, rows: int, width: int, calls: int = 4) -> float:
-    fed = torch.arange(rows * width).remainder(900).add(200).view(rows, width)  # [rows, width]
-    start = time.perf_counter()
-    for _ in range(calls):
-        runner.forward(fed)
-        for slot in range(rows):
-            runner.truncate(CONTEXT, slot)
-    return (time.perf_counter() - start) / calls
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -82,10 +48,8 @@ def main() -> None:
                                     RunnerOptions(backend="native", compile=False, kv_cache_dtype=kv_cache))
         print(f"{name}: {model_weight_bytes(model) / 1e6:.1f} MB of weights")
     print(machine_line(describe_machine("cpu")) + f"; threads {args.threads}")
-    for runner in runners.values():  # every slot holds CONTEXT entries
-        runner.reset()
-        for slot in range(slots):
-            runner.forward(torch.arange(CONTEXT).add(300 + slot).view(1, CONTEXT), start_slot=slot, last_only=True)
+    for runner in runners.values():
+        fill_slots(runner, slots)
     best = {}
 
     def measure(label, run):
@@ -94,9 +58,9 @@ def main() -> None:
                 best[(label, name)] = min(best.get((label, name), float("inf")), run(runner))
 
     for rows, width in steps:
-        measure(f"{rows}x{width}", lambda r, rows=rows, width=width: step(r, rows, width))
+        measure(f"{rows}x{width}", lambda r, rows=rows, width=width: step(r, rows, width, calls=4)[0])
     for n in [int(v) for v in args.prefill.split(",") if v]:
-        measure(f"prefill {n}", lambda r, n=n: prefill(r, n))
+        measure(f"prefill {n}", lambda r, n=n: prefill(r, n)[0])
     names = list(runners)
     print("| forward | " + " | ".join(f"{n} ms" for n in names) + " | " + " | ".join(f"{n} x its 1x1 or tok/s"
                                                                               for n in names) + " | speed-up of the last |")

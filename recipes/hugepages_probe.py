@@ -13,19 +13,16 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
 
+from _common import quant_shapes
 from verispec.runtime.model.loading import embedded_gguf_path
 from verispec.runtime.kernels import fused
 from verispec.runtime.weights import hugepages
 from verispec.runtime.weights.gguf import read_gguf_weights
-
-sys.path.insert(0, str(Path(__file__).parent))
-from quant_linear_bench import shapes  # noqa: E402
 
 
 def side_by_side(candidates: dict, repeats: int) -> dict[str, float]:
@@ -40,7 +37,7 @@ def side_by_side(candidates: dict, repeats: int) -> dict[str, float]:
 
 
 def linears(rows: int, repeats: int) -> None:
-    by_name = shapes(read_gguf_weights(embedded_gguf_path(), 9, 3), 30)
+    by_name = quant_shapes(read_gguf_weights(embedded_gguf_path(), 9, 3), 30)
     plain = [by_name[n][i] for i in range(30) for n in ("qkv", "o", "gate_up", "down")] + by_name["lm_head"]
     huge = [copy.copy(w) for w in plain]
     for w, view in zip(huge, hugepages.gather([w.packed for w in plain])):

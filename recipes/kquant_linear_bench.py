@@ -1,20 +1,17 @@
 """Microbenchmark: one linear of each GGUF block type on integer activations (and, `--fp32`, the K-quants on fp32
-activations), SmolLM2's down projection shape (576 x 1536) by default, random blocks (tests/unit/kquant_reference.py
-for the K-quants, gguf-py's quantizer for the others). The types are timed in turn, run by run, so a busy machine
+activations), SmolLM2's down projection shape (576 x 1536) by default, random blocks (recipes/_common.py
+`random_kquant_blocks` for the K-quants, gguf-py's quantizer for the others). The types are timed in turn, run by run, so a busy machine
 slows them alike; prints the best of --runs runs of --calls calls, in microseconds a call and GB/s of weight bytes.
     PYTHONPATH=src python recipes/kquant_linear_bench.py [--rows 1,5] [--threads 1] [--runs 40] [--fp32]
 """
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
-from kquant_reference import random_blocks  # noqa: E402
-from verispec.runtime.kernels.quant import QuantWeight, quantize_gguf  # noqa: E402
+from _common import random_kquant_blocks
+from verispec.runtime.kernels.quant import QuantWeight, quantize_gguf
 
 
 def main() -> None:
@@ -31,7 +28,7 @@ def main() -> None:
     torch.manual_seed(0)
     weights = {}
     for qtype in ("Q4_K", "Q5_K", "Q6_K"):
-        data = torch.from_numpy(random_blocks(qtype, out, inn, 0))
+        data = random_kquant_blocks(qtype, out, inn, 0)
         weights[qtype] = QuantWeight(qtype, data, inn, activations="q8")
         if args.fp32:
             weights[f"{qtype} fp32"] = QuantWeight(qtype, data, inn)

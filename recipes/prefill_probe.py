@@ -16,7 +16,7 @@ import argparse
 
 import torch
 
-from quant_step_bench import prefill  # one n-token prompt from an empty cache -> (seconds, last logits)
+from _common import prefill  # one n-token prompt from an empty cache -> (seconds, last logits)
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
 from verispec.runtime.model.target import quantize_target

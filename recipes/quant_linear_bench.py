@@ -9,23 +9,18 @@ Prints microseconds per call (the candidates of a row are timed in turn, call by
 alike), the kernel's GB/s of quantized bytes, and the ratios."""
 
 import argparse
-import re
 import statistics
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
+from _common import baseline_quant_kernel, quant_shapes
 from verispec.runtime.model.loading import embedded_gguf_path
-from verispec.runtime.kernels import ext
 from verispec.runtime.weights.gguf import read_gguf_weights
 from verispec.runtime.model.llama import linear, try_pack
-from verispec.runtime.kernels.quant import PATHS, cat
+from verispec.runtime.kernels.quant import PATHS
 
 STAT = statistics.median
-KERNEL = "src/verispec/runtime/kernels/quant_kernel.cpp"
 
 
 def timed(candidates: list[list], repeats: int) -> list[float]:
@@ -45,31 +40,6 @@ def timed(candidates: list[list], repeats: int) -> list[float]:
     return [STAT(own) * 1e6 for own in samples]
 
 
-def shapes(w: dict, layers: int) -> dict[str, list]:
-    """name -> that linear's quantized weight in every layer (the LM head: one)."""
-    def of(i: int, names: list[str]):
-        parts = [w[f"model.layers.{i}.{n}.weight"] for n in names]
-        return cat(parts) if len(parts) > 1 else parts[0]
-
-    named = {"qkv": ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"], "o": ["self_attn.o_proj"],
-             "gate_up": ["mlp.gate_proj", "mlp.up_proj"], "down": ["mlp.down_proj"]}
-    out = {name: [of(i, names) for i in range(layers)] for name, names in named.items()}
-    out["lm_head"] = [w["model.embed_tokens.weight"]]
-    return out
-
-
-def baseline_kernel(rev: str):
-    """The kernel source (and its local includes) as git revision `rev` has them, built as its own extension."""
-    folder = Path(tempfile.mkdtemp(prefix="quant-baseline-"))
-    pending = [Path(KERNEL).name]
-    while pending:
-        name = pending.pop()
-        text = subprocess.check_output(["git", "show", f"{rev}:{Path(KERNEL).parent / name}"], text=True)
-        (folder / name).write_text(text)
-        pending += [n for n in re.findall(r'^#include "([^"]+)"', text, re.M) if not (folder / n).exists()]
-    return ext._load("quant_baseline", folder / Path(KERNEL).name, [])  # ext's builder, on a file outside runtime/
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -85,14 +55,14 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     w = read_gguf_weights(embedded_gguf_path(), 9, 3)
     paths = args.paths.split(",")
-    old = baseline_kernel(args.baseline) if args.baseline else None
+    old = baseline_quant_kernel(args.baseline) if args.baseline else None
     print(f"threads {args.threads}; µs per call ({args.stat}); GB/s = quantized bytes / time; "
           f"'dq+mm' = dequantize to fp32, then x @ W^T" + (f"; baseline = the kernel at {args.baseline}" if old else ""))
     base_cols = f" baseline µs | {paths[0]} speed-up |" if old else ""
     print("| linear | type | [out, in] | rows | " + " | ".join(f"{p} µs | GB/s" for p in paths) + " |" + base_cols
           + " fp32 packed µs | fp32 / " + paths[0] + " | dq+mm µs |")
     print("|---|---|---|---|" + "---|---|" * len(paths) + ("---|---|" if old else "") + "---|---|---|")
-    for name, weights in shapes(w, 30).items():
+    for name, weights in quant_shapes(w, 30).items():
         if args.only and name not in args.only.split(","):
             continue
         q = weights[0]

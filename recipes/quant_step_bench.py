@@ -9,38 +9,15 @@ Prints ms per forward (the best of --repeats, each the mean of a few forwards) a
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from quant_linear_bench import baseline_kernel
+from _common import baseline_quant_kernel, fill_slots, prefill, step
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
 from verispec.runtime.model.target import quantize_target
 from verispec.runtime.kernels import layer_loop, quant
 from verispec.runtime.runners.native import NativeRunner
-
-CONTEXT = 64  # tokens each row holds before a timed decode / verify step
-
-
-def prefill(runner: NativeRunner, n: int) -> tuple[float, torch.Tensor]:
-    runner.reset()
-    prompt = torch.arange(n).remainder(1000).add(100).view(1, n)  # [1, n]
-    start = time.perf_counter()
-    logits = runner.forward(prompt, last_only=True).logits
-    return time.perf_counter() - start, logits
-
-
-def step(runner: NativeRunner, rows: int, width: int, calls: int = 3) -> tuple[float, torch.Tensor]:
-    """Mean seconds of one forward of [rows, width] tokens on CONTEXT kept entries per row (rolled back after)."""
-    fed = torch.arange(rows * width).remainder(900).add(200).view(rows, width)  # [rows, width]
-    start = time.perf_counter()
-    for _ in range(calls):
-        logits = runner.forward(fed).logits
-        for slot in range(rows):
-            runner.truncate(CONTEXT, slot)
-    return (time.perf_counter() - start) / calls, logits
-
 
 def main() -> None:
     ap = argparse.ArgumentParser()
@@ -54,7 +31,7 @@ def main() -> None:
     # The Python layer loop: every quantized linear looks the kernel up per call (quant.kernel()), so swapping
     # quant._KERNEL swaps it everywhere; the C++ loop binds the kernel's address once (an earlier kernel may have none).
     layer_loop.ENABLED = False
-    kernels = {"baseline": baseline_kernel(args.baseline), "this": quant.kernel()}
+    kernels = {"baseline": baseline_quant_kernel(args.baseline), "this": quant.kernel()}
     hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
     steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
     runner = NativeRunner.from_hf(hf, 2048, num_slots=max(r for r, _ in steps))
@@ -79,9 +56,7 @@ def main() -> None:
     for n in (int(v) for v in args.prefill.split(",") if v):
         measure(f"prefill {n}", n, lambda n=n: prefill(runner, n))
     for rows, width in steps:
-        runner.reset()
-        for slot in range(rows):  # CONTEXT entries per row
-            runner.forward(torch.arange(CONTEXT).add(300 + slot).view(1, CONTEXT), start_slot=slot, last_only=True)
+        fill_slots(runner, rows)
         measure(f"{rows} x {width}", rows * width, lambda r=rows, w=width: step(runner, r, w))
 
 
