@@ -308,9 +308,9 @@ def test_real_llamacpp_driver_generates_exactly_the_tokens_asked():
     python = default_python("llama.cpp")
     if not python.is_file():
         pytest.skip(f"no llama.cpp virtualenv at {python} ({SETUP_SCRIPT} llama.cpp makes one)")
-    from verispec.runtime.model.loading import embedded_gguf_path
+    from verispec.runtime.model.loading import smollm2_gguf_path
 
-    gguf_file = embedded_gguf_path()
+    gguf_file = smollm2_gguf_path()
     prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 2]
     job = {"gguf": str(gguf_file), "k": 4, "threads": 1, "max_new_tokens": 12, "prompts": [prompt, prompt[:5]]}
     plain = run_driver("llama.cpp", str(python), {**job, "spec": "none"})

@@ -285,13 +285,13 @@ def test_real_default_pair_conformance(dtype):
     from verispec.config import SamplingParams, StructuredOutput
     from verispec.drafters.build import build_drafter
     from verispec.engine import CACHE_SLACK, SpeculativeEngine
-    from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+    from verispec.runtime.model.loading import SMOLLM2_DRAFT, SMOLLM2_TARGET, load_model, load_tokenizer
 
-    target, tokenizer = load_model(DEFAULT_TARGET, dtype=dtype), load_tokenizer(DEFAULT_TARGET)
-    draft = load_model(DEFAULT_DRAFT, dtype=dtype)
+    target, tokenizer = load_model(SMOLLM2_TARGET, dtype=dtype), load_tokenizer(SMOLLM2_TARGET)
+    draft = load_model(SMOLLM2_DRAFT, dtype=dtype)
     engine = SpeculativeEngine(target, tokenizer, None, max_len=1024, runner=RUNNER)
     drafters = {name: build_drafter(name, target, tokenizer, 1024 + CACHE_SLACK, draft_model=draft).drafter
-                for name in ("ngram", DEFAULT_DRAFT, f"ngram+{DEFAULT_DRAFT}")}
+                for name in ("ngram", SMOLLM2_DRAFT, f"ngram+{SMOLLM2_DRAFT}")}
     question = "Extract the city and the year from: the first modern Olympics were held in Athens in 1896."
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
     prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)

@@ -11,7 +11,7 @@ from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.build import build_drafter
 from verispec.drafters.cross_tokenizer import CrossTokenizerDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.model.loading import DEFAULT_TARGET, cache_root, load_model, load_tokenizer
+from verispec.runtime.model.loading import SMOLLM2_TARGET, cache_root, load_model, load_tokenizer
 
 pytestmark = [
     pytest.mark.slow,
@@ -33,7 +33,7 @@ def engine_for(target_name, draft_name, batch_size=1):
 @pytest.mark.parametrize("direction", ["smollm-target", "gemma-target"])
 def test_real_pair_greedy_identical_to_the_target_alone(direction):
     gemma = str(gemma_dir())
-    target, draft = (DEFAULT_TARGET, gemma) if direction == "smollm-target" else (gemma, DEFAULT_TARGET)
+    target, draft = (SMOLLM2_TARGET, gemma) if direction == "smollm-target" else (gemma, SMOLLM2_TARGET)
     engine, tokenizer = engine_for(target, draft)
     params = SamplingParams(max_new_tokens=32, ignore_eos=True)
     for prompt in PROMPTS[:3]:
@@ -43,7 +43,7 @@ def test_real_pair_greedy_identical_to_the_target_alone(direction):
 
 
 def test_real_pair_batch_16_ragged_rows_equal_each_prompt_alone():
-    engine, tokenizer = engine_for(DEFAULT_TARGET, str(gemma_dir()), batch_size=16)
+    engine, tokenizer = engine_for(SMOLLM2_TARGET, str(gemma_dir()), batch_size=16)
     ids = [_encode(tokenizer, PROMPTS[i % len(PROMPTS)]) for i in range(16)]
     params = [SamplingParams(max_new_tokens=8 + 4 * (i % 3), ignore_eos=True) for i in range(16)]
     for prompt, p, result in zip(ids, params, engine.generate_batch(ids, params)):

@@ -7,7 +7,7 @@ import torch
 
 from verispec.cli import main
 from verispec.generator import SpeculativeGenerator
-from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+from verispec.runtime.model.loading import SMOLLM2_DRAFT, SMOLLM2_TARGET, load_model, load_tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -21,9 +21,9 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def real_gen():
     # fp32 (not `auto`'s bf16 on a bf16 CPU): these tests compare with Hugging Face's own generation and logits
-    target = load_model(DEFAULT_TARGET, dtype=torch.float32)
-    draft = load_model(DEFAULT_DRAFT, dtype=torch.float32)
-    return SpeculativeGenerator(target, draft, load_tokenizer(DEFAULT_TARGET), K=4, max_len=1024)
+    target = load_model(SMOLLM2_TARGET, dtype=torch.float32)
+    draft = load_model(SMOLLM2_DRAFT, dtype=torch.float32)
+    return SpeculativeGenerator(target, draft, load_tokenizer(SMOLLM2_TARGET), K=4, max_len=1024)
 
 
 def hf_of(runner):
@@ -65,10 +65,10 @@ def test_real_default_cascade_equals_target_alone(real_gen):
     from verispec.config import SamplingParams, SpeculativeConfig
     from verispec.drafters.build import build_drafter
     from verispec.engine import CACHE_SLACK
-    from verispec.runtime.model.loading import DEFAULT_DRAFTER
+    from verispec.runtime.model.loading import SMOLLM2_DRAFTER
 
     engine = real_gen.engine
-    cascade = build_drafter(DEFAULT_DRAFTER, hf_of(engine.target), real_gen.tokenizer, engine.max_len + CACHE_SLACK,
+    cascade = build_drafter(SMOLLM2_DRAFTER, hf_of(engine.target), real_gen.tokenizer, engine.max_len + CACHE_SLACK,
                            draft_model=hf_of(engine.drafter.runner)).drafter
     used = count_stage_rounds(cascade)
     params = SamplingParams(max_new_tokens=64)
@@ -86,10 +86,10 @@ def test_real_pair_batch_rows_equal_each_prompt_alone(real_gen, batch_size):
     from verispec.config import SamplingParams, SpeculativeConfig
     from verispec.drafters.build import build_drafter
     from verispec.engine import CACHE_SLACK, SpeculativeEngine
-    from verispec.runtime.model.loading import DEFAULT_DRAFTER
+    from verispec.runtime.model.loading import SMOLLM2_DRAFTER
 
     target = hf_of(real_gen.engine.target)
-    cascade = build_drafter(DEFAULT_DRAFTER, target, real_gen.tokenizer, 1024 + CACHE_SLACK,
+    cascade = build_drafter(SMOLLM2_DRAFTER, target, real_gen.tokenizer, 1024 + CACHE_SLACK,
                            draft_model=hf_of(real_gen.engine.drafter.runner)).drafter
     engine = SpeculativeEngine(target, real_gen.tokenizer, cascade, SpeculativeConfig(num_draft_tokens=4),
                                max_len=1024, max_batch_size=batch_size)
@@ -108,10 +108,10 @@ def test_native_runner_matches_hf_on_the_real_target():
     from verispec.runtime.runners.native import NativeRunner
     from verispec.runtime.runners.select import HFRunner, make_runner
 
-    target = load_model(DEFAULT_TARGET, dtype=torch.float32)
+    target = load_model(SMOLLM2_TARGET, dtype=torch.float32)
     assert make_runner(target, 64).backend == "native"
     hf, native = HFRunner(target, 512, 2), NativeRunner.from_hf(target, 512, 2)
-    ids = load_tokenizer(DEFAULT_TARGET)(PROMPTS[1])["input_ids"]
+    ids = load_tokenizer(SMOLLM2_TARGET)(PROMPTS[1])["input_ids"]
     for slot in range(2):
         prompt = torch.tensor([ids[: len(ids) - 3 * slot]])
         torch.testing.assert_close(native.forward(prompt, start_slot=slot).logits,
@@ -126,7 +126,7 @@ def test_shipped_head_greedy_equals_target_alone(tree_nodes):
     (cascaded behind prompt lookup) and alone: token-identical to the target, and it accepts."""
     from verispec.drafters.spec import DEFAULT_HEAD
 
-    gen = SpeculativeGenerator.from_pretrained(DEFAULT_TARGET, DEFAULT_HEAD, K=4, max_len=1024, tree_nodes=tree_nodes)
+    gen = SpeculativeGenerator.from_pretrained(SMOLLM2_TARGET, DEFAULT_HEAD, K=4, max_len=1024, tree_nodes=tree_nodes)
     for prompt in PROMPTS:
         ids = gen.encode(prompt, chat=True)
         spec = gen.generate(ids, max_new_tokens=48, return_dict=True)
@@ -141,8 +141,8 @@ def test_real_pair_batch_invariant_speculation_equals_target_alone(dtype):
     from verispec.config import RunnerOptions, SamplingParams
 
     runner = RunnerOptions(backend="native", batch_invariant=True)
-    gen = SpeculativeGenerator(load_model(DEFAULT_TARGET, dtype=dtype), load_model(DEFAULT_DRAFT, dtype=dtype),
-                               load_tokenizer(DEFAULT_TARGET), K=4, max_len=1024, runner=runner)
+    gen = SpeculativeGenerator(load_model(SMOLLM2_TARGET, dtype=dtype), load_model(SMOLLM2_DRAFT, dtype=dtype),
+                               load_tokenizer(SMOLLM2_TARGET), K=4, max_len=1024, runner=runner)
     prompts = [gen.encode(p, chat=True) for p in PROMPTS]
     params = SamplingParams(max_new_tokens=48, logprobs=1)
     alone = [gen.engine.generate(ids, params, use_drafter=False) for ids in prompts]

@@ -77,11 +77,11 @@ def test_servers_get_the_weights_the_bench_resolves(flags, weights):
     the kernel is built)."""
     from verispec.cli.bench_serve import serve_load_config as config_from_args
     from verispec.cli import build_parser
-    from verispec.runtime.model.loading import DEFAULT_TARGET
+    from verispec.runtime.model.loading import SMOLLM2_TARGET
     from verispec.runtime.model.target import resolve_weights
 
     config = config_from_args(build_parser().parse_args(["bench", "--serve", "--limit", "1", *flags]))
-    expected = resolve_weights("auto", DEFAULT_TARGET)[0] if weights == "auto" else weights
+    expected = resolve_weights("auto", SMOLLM2_TARGET)[0] if weights == "auto" else weights
     assert config.serve_args == ("--weights", expected, "--quantization", "none")
 
 

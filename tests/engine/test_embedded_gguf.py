@@ -19,14 +19,14 @@ from verispec.config import RunnerOptions
 from verispec.generator import SpeculativeGenerator
 from verispec.runtime.kernels import quant
 from verispec.runtime.kernels.quant import QuantWeight
-from verispec.runtime.model.loading import (DEFAULT_DRAFTER, DEFAULT_TARGET, ModelLoadError, embedded_gguf_path,
+from verispec.runtime.model.loading import (SMOLLM2_DRAFTER, SMOLLM2_TARGET, ModelLoadError, smollm2_gguf_path,
                                             load_model, load_tokenizer)
 from verispec.runtime.model.target import load_target, resolve_weights
 from verispec.runtime.model.native_lm import NativeCausalLM, gguf_config
 from verispec.runtime.model.tokenizer_cache import cached_folder
 from verispec.runtime.runners.native import rope_table
 from verispec.runtime.runners.select import make_runner
-from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.model.gguf_weights import read_gguf_weights
 from verispec.runtime.weights.gguf_file import open_gguf
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.",
@@ -37,7 +37,7 @@ NATIVE = RunnerOptions(backend="auto")  # (whatever VERISPEC_TEST_RUNNER says: G
 @pytest.fixture(scope="module")
 def gguf_file():
     try:
-        path = embedded_gguf_path()
+        path = smollm2_gguf_path()
     except ModelLoadError:
         if os.environ.get("CI"):
             raise
@@ -50,9 +50,9 @@ def gguf_file():
 @pytest.fixture(scope="module")
 def blocks(gguf_file):
     """The target as `--weights auto` loads it: the GGUF file's blocks, no float conversion."""
-    weights, why = resolve_weights("auto", DEFAULT_TARGET)
+    weights, why = resolve_weights("auto", SMOLLM2_TARGET)
     assert weights == "gguf", why
-    model = load_target(DEFAULT_TARGET, weights)
+    model = load_target(SMOLLM2_TARGET, weights)
     assert isinstance(model, NativeCausalLM) and model._verispec_released  # built from the blocks, no HF weights
     return model
 
@@ -60,16 +60,16 @@ def blocks(gguf_file):
 @pytest.fixture(scope="module")
 def conversion(gguf_file):
     """The fp32 conversion transformers makes of the same file (`--weights fp32`; cached after the first use)."""
-    return load_model(DEFAULT_TARGET, dtype=torch.float32)
+    return load_model(SMOLLM2_TARGET, dtype=torch.float32)
 
 
 @pytest.fixture(scope="module")
 def tokenizer(gguf_file):
-    return load_tokenizer(DEFAULT_TARGET)
+    return load_tokenizer(SMOLLM2_TARGET)
 
 
 def test_greedy_speculation_equals_the_target_alone(blocks, tokenizer):
-    gen = SpeculativeGenerator(blocks, DEFAULT_DRAFTER, tokenizer, K=4, max_len=256, runner=NATIVE)
+    gen = SpeculativeGenerator(blocks, SMOLLM2_DRAFTER, tokenizer, K=4, max_len=256, runner=NATIVE)
     accepted = 0
     for prompt in PROMPTS:
         ids = gen.encode(prompt, chat=True)
@@ -150,7 +150,8 @@ def test_generate_on_the_default_path_imports_no_hugging_face_modeling(gguf_file
               "from verispec.cli import main\n"
               "out = io.StringIO()\n"
               "with contextlib.redirect_stdout(out):\n"
-              "    main(['generate', '--prompt', 'Hi', '--max-new-tokens', '2', '--json'])\n"
+              "    main(['generate', '--model', 'smollm2-135m-instruct', '--draft-model', "
+              "'ngram+verispec-draft-smollm2-135m', '--prompt', 'Hi', '--max-new-tokens', '2', '--json'])\n"
               "heavy = [m for m in ('transformers.modeling_utils', 'transformers.models') if m in sys.modules]\n"
               "print(json.dumps({'heavy': heavy, 'startup_s': json.loads(out.getvalue())['startup_s']}))\n")
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, ViTConfig, ViTModel
 
 from verispec.runtime.model.loading import (
-    DEFAULT_TARGET,
+    SMOLLM2_TARGET,
     ModelLoadError,
     load_model,
     load_tokenizer,
@@ -96,8 +96,8 @@ def test_plain_file_is_rejected(tmp_path):
 
 @pytest.mark.slow
 def test_default_target_answers_greedily():
-    model = load_model(DEFAULT_TARGET)
-    tokenizer = load_tokenizer(DEFAULT_TARGET)
+    model = load_model(SMOLLM2_TARGET)
+    tokenizer = load_tokenizer(SMOLLM2_TARGET)
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                            return_dict=True)

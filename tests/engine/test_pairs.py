@@ -10,7 +10,7 @@ from verispec.drafters import auto as pairs
 from verispec.cli import main
 from verispec.drafters.build import build_drafter
 from verispec.drafters.ngram import NgramDrafter
-from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET
+from verispec.runtime.model.loading import SMOLLM2_DRAFT, SMOLLM2_TARGET
 from verispec.drafters.auto import (
     find_family_draft,
     folder_signature,
@@ -40,7 +40,7 @@ def empty_hub(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     real = pairs.local_path
-    monkeypatch.setattr(pairs, "local_path", lambda name: None if name == DEFAULT_DRAFT else real(name))
+    monkeypatch.setattr(pairs, "local_path", lambda name: None if name == SMOLLM2_DRAFT else real(name))
 
 
 @pytest.mark.parametrize("name,key,instruct", [
@@ -62,8 +62,8 @@ def test_normalize_model_name(name, key, instruct):
     ("Qwen/Qwen2.5-72B-Instruct", "qwen-2.5-72b", 4),
     ("deepseek-ai/DeepSeek-V3", "deepseek-v3", 4),
     ("deepseek-ai/DeepSeek-V3-0324", "deepseek-v3", 4),
-    (DEFAULT_TARGET, normalize_model_name(DEFAULT_TARGET)[0], 4),
-    ("HuggingFaceTB/SmolLM2-135M-Instruct", normalize_model_name(DEFAULT_TARGET)[0], 4),
+    (SMOLLM2_TARGET, normalize_model_name(SMOLLM2_TARGET)[0], 4),
+    ("HuggingFaceTB/SmolLM2-135M-Instruct", normalize_model_name(SMOLLM2_TARGET)[0], 4),
 ])
 def test_registry_lookup(name, target, k):
     pair = lookup_pair(name)
@@ -76,7 +76,7 @@ def test_registry_does_not_match_other_models(name):
 
 
 def test_default_pair_is_registered():
-    assert lookup_pair(DEFAULT_TARGET).draft == DEFAULT_DRAFT
+    assert lookup_pair(SMOLLM2_TARGET).draft == SMOLLM2_DRAFT
 
 
 def test_registry_draft_used_when_local_instruct_first(monkeypatch):

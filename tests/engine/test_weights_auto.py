@@ -10,25 +10,25 @@ from verispec.cli import build_parser
 from verispec.cli.bench import build_config
 from verispec.cli.common import apply_runtime
 from verispec.drafters.build import build_drafter
-from verispec.runtime.model.loading import DEFAULT_TARGET, embedded_gguf_path, load_model, load_tokenizer
+from verispec.runtime.model.loading import SMOLLM2_TARGET, smollm2_gguf_path, load_model, load_tokenizer
 from verispec.runtime.model.target import quantize_target, resolve_target_dtype, resolve_weights
-from verispec.runtime.weights import gguf as gguf_weights
+from verispec.runtime.model import gguf_weights
 from verispec.runtime.kernels import quant
 from verispec.server.config import ServerConfig
 
 
 def test_the_embedded_default_runs_its_own_blocks():
-    weights, why = resolve_weights("auto", DEFAULT_TARGET)
+    weights, why = resolve_weights("auto", SMOLLM2_TARGET)
     if quant.kernel() is None:  # no compiler: the conversion, saying so
         assert (weights, "not built" in why) == ("fp32", True)
     else:
         assert weights == "gguf" and "Q4_1" in why and "--weights fp32" in why
         # quantized weights compute in float32
-        assert resolve_target_dtype("auto", "cpu", DEFAULT_TARGET, "auto")[0] == torch.float32
+        assert resolve_target_dtype("auto", "cpu", SMOLLM2_TARGET, "auto")[0] == torch.float32
 
 
 def test_the_embedded_files_block_types_are_read_from_its_header():
-    runs, other = gguf_weights.unsupported_types(embedded_gguf_path())
+    runs, other = gguf_weights.unsupported_types(smollm2_gguf_path())
     assert runs == ["Q4_1", "Q8_0"] and other == []
 
 
@@ -43,7 +43,7 @@ def test_the_embedded_files_block_types_are_read_from_its_header():
     ({"compile": True}, "--compile compiles float weights"),
 ])
 def test_anything_that_asks_for_the_float_conversion_gets_it(asked, reason):
-    weights, why = resolve_weights("auto", DEFAULT_TARGET, **asked)
+    weights, why = resolve_weights("auto", SMOLLM2_TARGET, **asked)
     assert weights == "fp32" and reason in why
 
 
@@ -51,7 +51,7 @@ def test_a_folder_target_and_unsupported_blocks_keep_the_conversion(model_dirs, 
     assert resolve_weights("auto", model_dirs["target"]) == ("fp32", "fp32 (the float conversion): the target is "
                                                                      "not a GGUF file")
     monkeypatch.setattr(gguf_weights, "unsupported_types", lambda path: (["Q4_1"], ["IQ4_XS", "Q2_K"]))
-    weights, why = resolve_weights("auto", DEFAULT_TARGET)
+    weights, why = resolve_weights("auto", SMOLLM2_TARGET)
     assert weights == "fp32" and "IQ4_XS, Q2_K blocks, which the GGUF kernel does not run" in why
 
 
@@ -60,7 +60,7 @@ def test_a_k_quant_file_runs_natively_on_either_activations(monkeypatch):
     reason names the types; integer activations cover every one of them."""
     assert set(quant.NATIVE_TYPES) >= {"Q4_K", "Q5_K", "Q6_K", "Q5_0", "Q5_1", "Q8_0"}
     monkeypatch.setattr(gguf_weights, "unsupported_types", lambda path: (["Q4_K", "Q5_0", "Q6_K", "Q8_0"], []))
-    weights, why = resolve_weights("auto", DEFAULT_TARGET)
+    weights, why = resolve_weights("auto", SMOLLM2_TARGET)
     assert weights == "gguf" and "(Q4_K, Q5_0, Q6_K, Q8_0 blocks, every one run natively" in why
     assert "every one run natively, on fp32 or integer activations" in why
     assert gguf_weights.tensor_activations("Q6_K", "q8") == "q8"
@@ -68,14 +68,14 @@ def test_a_k_quant_file_runs_natively_on_either_activations(monkeypatch):
 
 
 def test_explicit_weights_are_kept_and_unknown_ones_refused():
-    assert resolve_weights("fp32", DEFAULT_TARGET) == ("fp32", "fp32: asked for")
-    assert resolve_weights("gguf", DEFAULT_TARGET)[0] == "gguf"
+    assert resolve_weights("fp32", SMOLLM2_TARGET) == ("fp32", "fp32: asked for")
+    assert resolve_weights("gguf", SMOLLM2_TARGET)[0] == "gguf"
     with pytest.raises(ValueError, match="choose from auto, fp32, gguf"):
-        resolve_weights("q4", DEFAULT_TARGET)
+        resolve_weights("q4", SMOLLM2_TARGET)
 
 
 def test_server_and_bench_resolve_auto_with_a_reason():
-    config = ServerConfig(model=DEFAULT_TARGET)
+    config = ServerConfig(model=SMOLLM2_TARGET)
     expected = "gguf" if quant.kernel() is not None else "fp32"
     assert config.weights == expected and config.weights_reason.startswith(expected)
     assert config.dtype == (torch.float32 if expected == "gguf" else config.dtype)
@@ -95,9 +95,9 @@ def test_a_head_or_twin_drafter_keeps_the_float_weights_and_a_head_on_gguf_weigh
         args = parser.parse_args(["generate", "--prompt", "x", "--draft-model", drafter])
         apply_runtime(args)
         assert args.weights == "fp32" and "draft head or the twin" in args.weights_reason
-    assert ServerConfig(model=DEFAULT_TARGET, draft_model="self:int4").weights == "fp32"
+    assert ServerConfig(model=SMOLLM2_TARGET, draft_model="self:int4").weights == "fp32"
     if quant.kernel() is None:
         return
-    target = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, "gguf")
+    target = quantize_target(load_model(SMOLLM2_TARGET, dtype=torch.float32), SMOLLM2_TARGET, "gguf")
     with pytest.raises(ValueError, match="--weights fp32"):
-        build_drafter("verispec-head-smollm2-135m", target, load_tokenizer(DEFAULT_TARGET), 64)
+        build_drafter("verispec-head-smollm2-135m", target, load_tokenizer(SMOLLM2_TARGET), 64)

@@ -8,7 +8,7 @@ import torch
 import gguf  # a dependency of verispec (runtime/weights/gguf.py): missing, it is an error, not a skip
 from gguf.quants import dequantize
 
-from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.model.gguf_weights import read_gguf_weights
 from verispec.runtime.kernels.quant import (GGML_BLOCKS, REPACKED, QuantWeight, dequantize_reference, pack_q4,
                                    quantize_int8, unpack_q4)
 

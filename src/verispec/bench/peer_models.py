@@ -56,10 +56,10 @@ def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
 
 def target_gguf(config) -> Path:
     """The target's GGUF file: the embedded default's own, or a .gguf the user named."""
-    from ..runtime.model.loading import DEFAULT_TARGET, embedded_gguf_path, resolve_model_path
+    from ..runtime.model.loading import SMOLLM2_TARGET, resolve_model_path, smollm2_gguf_path
 
-    if config.target == DEFAULT_TARGET:
-        return embedded_gguf_path()
+    if config.target == SMOLLM2_TARGET:
+        return smollm2_gguf_path()
     path = resolve_model_path(config.target)
     if path.suffix != ".gguf":
         raise ValueError(f"llama.cpp runs GGUF files and the target {config.target} is not one: pass a .gguf "

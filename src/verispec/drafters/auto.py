@@ -77,8 +77,10 @@ REGISTRY: tuple[DraftPair, ...] = (
     DraftPair("qwen-2.5-72b", "Qwen/Qwen2.5-7B", 4, "Qwen/Qwen2.5-7B-Instruct"),
     DraftPair("deepseek-v3", "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B", 4,
               note="origins' table; its vocabulary differs from DeepSeek-V3's, so loading checks and falls back"),
-    DraftPair(normalize_model_name(models.DEFAULT_TARGET)[0], models.DEFAULT_DRAFT, DEFAULT_K,
-              note="embedded default pair"),
+    DraftPair(normalize_model_name(models.CODER_TARGET)[0], models.CODER_DRAFT, DEFAULT_K,
+              note="embedded default pair (verispec[coder]'s Q4_K_M files)"),
+    DraftPair(normalize_model_name(models.SMOLLM2_TARGET)[0], models.SMOLLM2_DRAFT, DEFAULT_K,
+              note="SmolLM2 and its distilled draft"),
     DraftPair(models.GEMMA3_TARGET, NGRAM, DEFAULT_K,
               note="verispec[gemma]'s Q4_K_M file; no draft model to train (suffix also works)"),
 )
@@ -154,7 +156,7 @@ def local_model_dirs(search_dirs: list[str | os.PathLike] | None = None) -> list
     for root in search_dirs or ():
         root = Path(root)
         found += [root] if (root / "config.json").is_file() else sorted(p.parent for p in root.glob("*/config.json"))
-    bundled = local_path(models.DEFAULT_DRAFT)
+    bundled = local_path(models.SMOLLM2_DRAFT)
     if bundled is not None:
         found.append(bundled)
     try:
@@ -210,7 +212,7 @@ def select_draft(
     pair = lookup_pair(target)
     if pair is not None:
         _, instruct = normalize_model_name(target)
-        source = "default" if pair.draft == models.DEFAULT_DRAFT else "registry"
+        source = "default" if pair.draft in (models.DEFAULT_DRAFT, models.SMOLLM2_DRAFT) else "registry"
         for name in pair.candidates(instruct):
             if available(name):
                 return DraftChoice(name, pair.num_draft_tokens, source, f"known pair {pair.target} -> {name}")

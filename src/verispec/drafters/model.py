@@ -104,7 +104,8 @@ def model_drafters(drafter) -> list[ModelDrafter]:
 def draft_model_weights(drafter) -> str | None:
     """What the draft models among `drafter`'s stages run as once reserved (DRAFT_QTYPE or "float"; a twin is its own
     format, `self:...`), for --json and bench reports; None where no draft model drafts."""
-    return ", ".join(DRAFT_QTYPE if _in_blocks(stage.model) else "float" for stage in model_drafters(drafter)) or None
+    return ", ".join(getattr(stage.model, "_verispec_draft_weights", None) or "float"
+                     for stage in model_drafters(drafter)) or None
 
 
 def cross(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:

@@ -47,10 +47,10 @@ from torch import nn
 
 from ..caches.kv_cache import entry_index, ring_mask
 from ..kernels import fused, layer_loop
+from .architectures import GLOBAL, SLIDING
 from .llama import Linear, UnsupportedModel, attention, linear, onto_huge_pages, own, rms_norm
 
 ARCHITECTURES = ("gemma3_text",)  # model_type of the text model (a GGUF file's "gemma3" is its text model)
-SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
 
 @dataclass(frozen=True)

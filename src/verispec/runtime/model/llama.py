@@ -23,14 +23,11 @@ from ..weights import hugepages
 from ..runners.compile import run_program
 from ..kernels.invariant import MAX_INVARIANT_IN, block_attention, split_in
 from ..caches.kv_cache import entry_index, write_entries
+from .architectures import UnsupportedModel
 
 # model_type -> (q/k/v carry a bias). Every other architecture runs on Hugging Face modeling.
 ARCHITECTURES = {"llama": False, "mistral": False, "qwen2": True}
 STATIC_ROPE = ("default", "linear", "llama3", "yarn")
-
-
-class UnsupportedModel(ValueError):
-    """The model is outside the native runner's family; the caller falls back to Hugging Face modeling."""
 
 
 @dataclass(frozen=True)

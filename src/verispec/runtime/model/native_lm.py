@@ -14,6 +14,7 @@ the blocks (`quantize_target`) does; it has no forward of its own.
 
 from __future__ import annotations
 
+import functools
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,15 +24,15 @@ from transformers import GenerationConfig, PretrainedConfig
 
 from ..runners.hf import is_hf_model
 from ..runners.native import adopt, build_model, model_spec, table_positions
-from ..weights.gguf import hf_name, read_gguf_weights
 from ..weights.gguf_file import GGUFFile, open_gguf
-from .gemma import GLOBAL, SLIDING
-from .llama import UnsupportedModel
+from .architectures import GLOBAL, SLIDING
+from .gguf_weights import file_architecture, read_gguf_weights
 
 
 class NativeConfig(PretrainedConfig):
-    """A Llama-architecture config without `transformers.models` (whose import costs ~1.5 s): the fields
-    `LlamaSpec.from_config`, the memory estimates and the drafters read, as transformers' `LlamaConfig` names them."""
+    """A Llama-family config (a Llama or Qwen2 file: `model_type` says which) without `transformers.models` (whose
+    import costs ~1.5 s): the fields `LlamaSpec.from_config`, the memory estimates and the drafters read, as
+    transformers' `LlamaConfig` / `Qwen2Config` name them."""
 
     model_type = "llama"
 
@@ -43,59 +44,46 @@ class NativeGemmaConfig(PretrainedConfig):
     model_type = "gemma3_text"
 
 
-# GGUF metadata key (after "llama.") -> the config field transformers' GGUF conversion fills from it
-_LLAMA_KEYS = {
-    "context_length": "max_position_embeddings", "block_count": "num_hidden_layers",
-    "feed_forward_length": "intermediate_size", "embedding_length": "hidden_size", "rope.dimension_count": "head_dim",
-    "attention.head_count": "num_attention_heads", "attention.head_count_kv": "num_key_value_heads",
-    "attention.layer_norm_rms_epsilon": "rms_norm_eps", "vocab_size": "vocab_size",
-}
+@functools.cache
+def native_config_class(model_type: str) -> type[NativeConfig]:
+    """`NativeConfig` for another Llama-family model_type (Qwen2's): the same fields under its own name."""
+    if model_type == NativeConfig.model_type:
+        return NativeConfig
+    return type(f"NativeConfig_{model_type}", (NativeConfig,), {"model_type": model_type})
+
+
 _TOKEN_KEYS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "unknown_token_id": "unk_token_id",
                "padding_token_id": "pad_token_id"}
 
 
-# Gemma 3's keys (after "gemma3."), where they differ from Llama's
-_GEMMA3_KEYS = {**{k: v for k, v in _LLAMA_KEYS.items() if k != "rope.dimension_count"},
-                "attention.key_length": "head_dim", "attention.sliding_window": "sliding_window"}
-GEMMA3_SLIDING_PATTERN = 6  # every 6th layer global, the others sliding (llama.cpp's and transformers' default)
-GEMMA3_LOCAL_ROPE_THETA = 10000.0  # the sliding layers' rotary base (not in the file; both converters' default)
-
-
 def gguf_config(file: GGUFFile, name: str | None = None) -> NativeConfig | NativeGemmaConfig:
-    """The config of a GGUF file's model, from its metadata (as transformers' conversion reads it); `name_or_path`
-    the name the model was asked for (default: the file's path), what `--draft-model auto` looks pairs up by.
-    UnsupportedModel where the blocks alone do not make the model: an architecture other than llama and gemma3, or
-    rope scaling (its frequencies are not in the fields read here)."""
+    """The config of a GGUF file's model, from its metadata by its architecture record (`architectures.py`: the
+    fields transformers' conversion fills); `name_or_path` the name the model was asked for (default: the file's
+    path), what `--draft-model auto` looks pairs up by. `architectures.Unknown` (an UnsupportedModel) where the
+    table does not know the file's architecture, a metadata key or a tensor (rope scaling's among them)."""
     meta = file.metadata
-    arch = meta.get("general.architecture")
-    if arch not in ("llama", "gemma3"):
-        raise UnsupportedModel(f"GGUF architecture {arch!r} (the blocks are built directly for 'llama' and "
-                               "'gemma3' only)")
-    if any(key.startswith(f"{arch}.rope.scaling.") for key in meta) or any(t.name == "rope_freqs.weight"
-                                                                          for t in file.tensors):
-        raise UnsupportedModel("rope scaling (built through the float conversion)")
-    keys = _LLAMA_KEYS if arch == "llama" else _GEMMA3_KEYS
-    fields = {field: meta[f"{arch}.{key}"] for key, field in keys.items() if f"{arch}.{key}" in meta}
+    arch = file_architecture(file)
+    fields = {field: meta[f"{arch.name}.{key}"] for key, field in arch.metadata.items() if f"{arch.name}.{key}" in meta}
     fields.update({field: meta[f"tokenizer.ggml.{key}"] for key, field in _TOKEN_KEYS.items()
                    if f"tokenizer.ggml.{key}" in meta})
     if "vocab_size" not in fields:
         fields["vocab_size"] = len(meta["tokenizer.ggml.tokens"])
-    theta = float(meta.get(f"{arch}.rope.freq_base", 10000.0))
+    theta = float(fields.pop("rope_theta", 10000.0))
     fields["tie_word_embeddings"] = not any(t.name == "output.weight" for t in file.tensors)
     fields["rms_norm_eps"] = float(fields.get("rms_norm_eps", 1e-6))
-    common = dict(name_or_path=name or str(file.path), dtype=torch.float32)
-    if arch == "llama":
-        return NativeConfig(hidden_act="silu", architectures=["LlamaForCausalLM"], **common, **fields,
-                            rope_parameters={"rope_type": "default", "rope_theta": theta})
-    layers = fields["num_hidden_layers"]
+    common = dict(name_or_path=name or str(file.path), dtype=torch.float32, architectures=[arch.hf_class])
+    if arch.native == "llama":
+        return native_config_class(arch.model_type)(hidden_act=arch.hidden_act, **common, **fields,
+                                                     rope_parameters={"rope_type": "default", "rope_theta": theta})
+    layers, pattern = fields["num_hidden_layers"], arch.config["sliding_window_pattern"]
     return NativeGemmaConfig(
-        hidden_activation="gelu_pytorch_tanh", architectures=["Gemma3ForCausalLM"], **common, **fields,
+        hidden_activation=arch.hidden_act, **common, **fields,
         # scores scaled by head_dim^-1/2, as llama.cpp scales them (transformers' conversion: its default 256, the
         # head dim of every Gemma 3 size but 27B, whose scalar is neither)
         query_pre_attn_scalar=fields["head_dim"],
-        layer_types=[GLOBAL if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 else SLIDING for i in range(layers)],
+        layer_types=[GLOBAL if (i + 1) % pattern == 0 else SLIDING for i in range(layers)],
         rope_parameters={GLOBAL: {"rope_type": "default", "rope_theta": theta},
-                         SLIDING: {"rope_type": "default", "rope_theta": GEMMA3_LOCAL_ROPE_THETA}},
+                         SLIDING: {"rope_type": "default", "rope_theta": arch.config["local_rope_theta"]}},
         final_logit_softcapping=None, attn_logit_softcapping=None)
 
 
@@ -182,8 +170,8 @@ def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activ
         weights = read_gguf_weights(path, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
         model = build_model(spec, weights, config, positions, pack=False)
-    arch = file.metadata.get("general.architecture")
-    shapes = {hf_name(info.name, arch): info.shape for info in file.tensors if hf_name(info.name, arch)}
+    arch = file_architecture(file)
+    shapes = {arch.hf_name(info.name): info.shape for info in file.tensors}
     stand_in = NativeCausalLM(config, {name: torch.empty(shape, device="meta") for name, shape in shapes.items()})
     adopt(stand_in, model)
     return stand_in

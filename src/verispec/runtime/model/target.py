@@ -6,6 +6,7 @@ the benchmark and `SpeculativeGenerator.from_pretrained` call; `quantize_target`
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -19,6 +20,9 @@ WEIGHTS = ("auto", "fp32", "gguf")  # --weights: a GGUF target's own blocks wher
 QUANTIZATIONS = ("none", "int8")  # --quantization: weight-only int8 per output channel (a different model)
 ACTIVATIONS = ("auto", "q8", "fp32")  # --activations: what GGUF blocks compute with (kernels/quant.py)
 AUTO_ACTIVATIONS = "q8"  # what 'auto' picks for GGUF blocks where the kernel runs it (measured: docs/runner.md)
+
+
+logger = logging.getLogger("verispec")
 
 
 def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, target: str | os.PathLike,
@@ -59,8 +63,6 @@ def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.
         return "fp32", why + "the drafter (a draft head or the twin) reads the target's float weights"
     if compile:
         return "fp32", why + "--compile compiles float weights (the GGUF blocks run eager only)"
-    if hf_methods or not in_native_family(target, runner):
-        return "fp32", why + "Hugging Face modeling runs the target, which has no GGUF kernel"
     try:
         gguf_file = target_gguf_file(target)
     except (ValueError, ModelLoadError):  # not found: loading reports it
@@ -68,8 +70,16 @@ def resolve_weights(weights: str, target: str | os.PathLike, dtype: str | torch.
     if gguf_file is None:
         return "fp32", why + "the target is not a GGUF file"
     from ..kernels import quant
-    from ..weights.gguf import unsupported_types
+    from ..weights.gguf_file import open_gguf
+    from .architectures import Unknown
+    from .gguf_weights import file_architecture, unsupported_types
 
+    try:
+        file_architecture(open_gguf(gguf_file))
+    except Unknown as exc:
+        return "fp32", why + f"{exc}: its blocks are not built, never on a guessed layout"
+    if hf_methods or not in_native_family(target, runner):
+        return "fp32", why + "Hugging Face modeling runs the target, which has no GGUF kernel"
     runs, other = unsupported_types(gguf_file)
     if other:
         return "fp32", why + f"the GGUF file holds {', '.join(other)} blocks, which the GGUF kernel does not run"
@@ -155,13 +165,16 @@ def load_target(name_or_path: str | os.PathLike, weights: str = "fp32", quantiza
     activations, _ = resolve_activations(activations, weights)
     dtype, _ = resolve_target_dtype(dtype, device, name_or_path, weights, quantization)
     if weights == "gguf" and quantization == "none" and torch.device(device).type == "cpu":
-        from .llama import UnsupportedModel
+        from .architectures import Unknown, UnsupportedModel
         from .native_lm import from_gguf
 
         try:
             return from_gguf(check_weights(name_or_path, weights, quantization, dtype), name=str(name_or_path),
                              activations=activations)
-        except UnsupportedModel:  # another architecture: through the conversion
-            pass
+        except Unknown:  # the table does not know the file: its blocks are never read on a guessed layout
+            raise
+        except UnsupportedModel as exc:  # a config the native model does not build: through the conversion, said
+            logger.warning("%s: %s; loading it through Hugging Face's fp32 conversion instead (slower start, more "
+                           "memory)", name_or_path, exc)
     return quantize_target(load_model(name_or_path, dtype=dtype, device=device), name_or_path, weights, quantization,
                            activations)

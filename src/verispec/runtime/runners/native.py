@@ -316,7 +316,7 @@ def use_quantized_weights(hf_model, max_len: int, gguf_file: str | Path | None =
     Afterwards hf_model holds no weights (meta tensors of the same shapes): only native runners run it. With
     release=False HF keeps its float weights (a draft model that HF's own assisted generation may also run).
     activations: what GGUF blocks compute with (quant.py: 'fp32', or 'q8' integer activations)."""
-    from ..weights.gguf import read_gguf_weights
+    from ..model.gguf_weights import read_gguf_weights
     from ..kernels.quant import quantize_linears
 
     spec = model_spec(hf_model.config, max_len)
