@@ -373,7 +373,8 @@ ERROR_CASES = [
      400, "top_logprobs"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
                               "tools": [{"type": "custom", "custom": {"name": "f"}}]}, 400, "tools.0.type"),
-    ("/v1/completions", {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "echo": True}, 400,
+     "echo"),  # echo is text completions' (tests/e2e/test_server_echo.py)
     ("/v1/completions", {"model": MODEL, "prompt": "x", "guided_regex": "(unclosed"}, 400, "response_format"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "guided_regex": "a", "guided_choice": ["b"]}, 400,
      "guided_choice"),
@@ -553,11 +554,11 @@ def test_verispec_serve_subprocess(model_dirs):
 @pytest.mark.slow
 def test_real_default_pair_speculation_is_lossless():
     """The embedded SmolLM2 target (and the shipped draft, or the n-gram drafter while it is not built)."""
-    from verispec.runtime.model.loading import DEFAULT_DRAFT, ModelLoadError, resolve_model_path
+    from verispec.runtime.model.loading import SMOLLM2_DRAFT, ModelLoadError, resolve_model_path
 
     try:
-        resolve_model_path(DEFAULT_DRAFT)
-        draft = DEFAULT_DRAFT
+        resolve_model_path(SMOLLM2_DRAFT)
+        draft = SMOLLM2_DRAFT
     except ModelLoadError:
         draft = "ngram"
     config = ServerConfig(draft_model=draft, enable_speculative=True, max_len=1024,

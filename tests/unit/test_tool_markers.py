@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 from llguidance import LLMatcher
 from llguidance.hf import from_tokenizer
-from test_tool_formats import HERMES_CALLS, HERMES_TEMPLATE, NAMED, TOOLS, accepts
 
 from conftest import JSON_CHARS, make_tokenizer
+from test_tool_formats import HERMES_CALLS, HERMES_TEMPLATE, NAMED, TOOLS, accepts
+
 from verispec.config import SamplingParams
 from verispec.engine.detokenize import StopChecker
 from verispec.server.tools import ToolStream, detect_format, read, tool_request

@@ -43,7 +43,7 @@ from .constraints import check_supported, constraint_field, logit_bias, requeste
 from .responses import DONE, ResponseBuilder, TokenText, finish_reason, speculative_metrics, sse, tool_message, usage
 from .chat import chat_prompt
 from .served import Prompt, ServedModel
-from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .jobs import ChoiceDone, Echo, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .resume import FINISHED_LINE, PROGRESS_HEADER, RESUME_HEADER, parse_resume, progress_line
 from .tools import ToolCalling, ToolStream, read
 from .worker import EngineWorker
@@ -140,7 +140,8 @@ class Server:
     # -- job -> response -----------------------------------------------------------------------------------------
 
     async def handle(self, request: Request, body: SamplingFields, chat: bool, prompts: list[Prompt],
-                     prompt_param: str, max_tokens: int | None, tools: ToolCalling | None = None) -> Response:
+                     prompt_param: str, max_tokens: int | None, tools: ToolCalling | None = None,
+                     echo: bool = False) -> Response:
         arrival = request.state.arrival = time.perf_counter()
         self.check_model(body.model)
         if len(prompts) * body.n > self.config.max_choices:
@@ -165,7 +166,7 @@ class Server:
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
             speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
             arrival=arrival, scope=self.scope(request), key=self.key(request), tools=tools, progress=progress,
-            resume=None if resume is None else resume.continuation,
+            resume=None if resume is None else resume.continuation, echo=echo,
         ))
         try:
             first = await self._next(handle, request)
@@ -221,7 +222,7 @@ class Server:
         cached = 0
         while True:
             event = await self._next(reply.handle, request)
-            if isinstance(event, TextDelta):
+            if isinstance(event, TextDelta | Echo):  # a choice's echo comes before its first text
                 texts[event.index].append(event.text)
                 logprobs[event.index] += event.logprobs or []
             elif isinstance(event, ChoiceDone):
@@ -257,7 +258,10 @@ class Server:
             streams[0].feed(reply.resumed.shown)  # where the earlier replica's stream was: sent already
         while True:
             event = await reply.handle.next()
-            if isinstance(event, TextDelta):
+            if isinstance(event, Echo):
+                if reply.resumed is None:  # a resumed stream sent its echo from the earlier replica
+                    yield builder.text_chunk(event.index, event.text, event.logprobs)
+            elif isinstance(event, TextDelta):
                 # A failover's report (server/resume.py), in front of the event or alone.
                 report = progress_line(event.token_ids, event.shown) if reply.progress else ""
                 if streams is None:
@@ -402,7 +406,11 @@ def create_app(config: ServerConfig | None = None, served: ServedModel | None = 
 
     @app.post("/v1/completions", response_model=Completion, responses=_ERRORS)
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await server.handle(request, body, False, _completion_prompts(body), "prompt", body.max_tokens)
+        if body.max_tokens == 0 and not body.echo:
+            raise invalid("max_tokens must be at least 1; 0 is for echo (the prompt and its logprobs, nothing "
+                          "generated).", param="max_tokens")
+        return await server.handle(request, body, False, _completion_prompts(body), "prompt", body.max_tokens,
+                                   echo=body.echo)
 
     @app.get("/v1/models", response_model=ModelList)
     async def list_models() -> ModelList:

@@ -8,7 +8,13 @@ import json
 
 from ..config import StructuredOutput
 from .errors import invalid
-from .protocol import CHAT_ONLY_FIELDS, UNSUPPORTED_FIELDS, ChatCompletionRequest, SamplingFields
+from .protocol import (
+    CHAT_ONLY_FIELDS,
+    COMPLETION_ONLY_FIELDS,
+    UNSUPPORTED_FIELDS,
+    ChatCompletionRequest,
+    SamplingFields,
+)
 
 _GUIDED = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
@@ -18,9 +24,10 @@ def check_supported(body: SamplingFields) -> None:
     instead of an answer that silently ignores it. Empty and false values (`"tools": []`, `"store": false`) ask
     for nothing and pass."""
     chat = isinstance(body, ChatCompletionRequest)
-    for name in UNSUPPORTED_FIELDS + (() if chat else CHAT_ONLY_FIELDS):
+    for name in UNSUPPORTED_FIELDS + (COMPLETION_ONLY_FIELDS if chat else CHAT_ONLY_FIELDS):
         if getattr(body, name, None):
             where = "use POST /v1/chat/completions" if name in CHAT_ONLY_FIELDS else \
+                "use POST /v1/completions" if name in COMPLETION_ONLY_FIELDS else \
                 "see docs/server.md, \"Supported fields\""
             raise invalid(f"`{name}` is not supported by this endpoint ({where}).", param=name)
 

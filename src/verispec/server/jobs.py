@@ -46,6 +46,15 @@ class TextDelta:
 
 
 @dataclass
+class Echo:
+    """A choice's prompt, echoed in front of its completion (`echo`), before any TextDelta of that choice."""
+
+    index: int  # choice
+    text: str  # the prompt as sent (token ids decoded)
+    logprobs: list[TokenText] | None = None  # of the prompt's tokens (the first's null), when logprobs were asked
+
+
+@dataclass
 class ChoiceDone:
     index: int
     finish_reason: str  # 'stop' | 'length'
@@ -62,7 +71,7 @@ class JobFailed:
     error: APIError
 
 
-Event = Started | TextDelta | ChoiceDone | JobDone | JobFailed
+Event = Started | Echo | TextDelta | ChoiceDone | JobDone | JobFailed
 
 
 class JobHandle:
@@ -108,7 +117,7 @@ class Job:
     prompts: list[Prompt]
     prompt_param: str  # the request field the prompts came from, named in errors ('messages' or 'prompt')
     params: SamplingParams  # max_new_tokens is replaced by `max_tokens` or the rest of the context; seed by seed + i
-    max_tokens: int | None  # None: up to the end of the context
+    max_tokens: int | None  # None: up to the end of the context; 0: nothing generated (an echo of the prompt)
     n: int
     speculative: bool
     spec: SpeculativeConfig
@@ -120,5 +129,6 @@ class Job:
     tools: ToolCalling | None = None  # the answer may be tool calls (their grammar is params.structured)
     progress: bool = False  # the stream reports its tokens for a failover (server/resume.py)
     resume: Continuation | None = None  # output an earlier replica streamed: this job goes on after it
+    echo: bool = False  # each choice starts with its prompt (an `Echo`), with its logprobs when params ask for them
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

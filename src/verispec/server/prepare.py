@@ -56,8 +56,15 @@ def prepare(served: ServedModel, job: Job) -> PreparedJob:
     """Everything a job needs before the engine: token ids, checked lengths and grammars.
 
     Raises APIError (a 400) for a prompt that cannot be encoded, a context too short for it, or a constraint
-    that does not compile: every check happens before the first token, so a bad request streams nothing."""
+    that does not compile: every check happens before the first token, so a bad request streams nothing. A job
+    with max_tokens 0 (an echo of its prompts, nothing generated) only has its prompts checked."""
     prompts = [served.encode(prompt, job.prompt_param) for prompt in job.prompts]
+    prompt_tokens = sum(len(ids) for ids in prompts)
+    if job.max_tokens == 0:
+        for ids in prompts:
+            served.check_prompt(len(ids), job.prompt_param)
+        return PreparedJob(job, [PreparedChoice(prompts[i // job.n], job.params, None)
+                                 for i in range(len(prompts) * job.n)], prompt_tokens)
     choices: list[PreparedChoice] = []
     for index in range(len(prompts) * job.n):
         ids = prompts[index // job.n]
@@ -74,7 +81,7 @@ def prepare(served: ServedModel, job: Job) -> PreparedJob:
             choice.grammar = served.engine.new_grammar(choice.params)
         except ValueError as exc:  # the request's grammar does not compile
             raise _grammar_error(job, exc) from exc
-    return PreparedJob(job, choices, sum(len(ids) for ids in prompts))
+    return PreparedJob(job, choices, prompt_tokens)
 
 
 def _grammar_error(job: Job, exc: ValueError) -> APIError:

@@ -69,9 +69,11 @@ class ResponseFormat(_Request):
 
 # OpenAI fields verispec does not implement: a request that sets one gets a 400 naming it, never silence.
 UNSUPPORTED_FIELDS = ("functions", "function_call", "audio", "modalities", "prediction", "web_search_options",
-                      "reasoning_effort", "echo", "suffix", "best_of", "service_tier", "store", "metadata")
+                      "reasoning_effort", "suffix", "best_of", "service_tier", "store", "metadata")
 # Tool calling is chat's (server/tools/); a text completion that asks for it gets the same 400.
 CHAT_ONLY_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
+# Echo is text completions' (server/echo.py); a chat request that asks for it gets the same 400.
+COMPLETION_ONLY_FIELDS = ("echo",)
 
 
 class SamplingFields(_Request):
@@ -116,7 +118,6 @@ class SamplingFields(_Request):
     prediction: object | None = None
     web_search_options: object | None = None
     reasoning_effort: object | None = None
-    echo: object | None = None
     suffix: object | None = None
     best_of: object | None = None
     service_tier: object | None = None
@@ -176,6 +177,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: object | None = None  # text completions only (COMPLETION_ONLY_FIELDS): declared for a clear 400
 
 
 class CompletionRequest(SamplingFields):
@@ -184,7 +186,9 @@ class CompletionRequest(SamplingFields):
     tool_choice: object | None = None
     parallel_tool_calls: object | None = None
     logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default for completions; 0 only with echo
+    echo: bool = False
+    """The prompt in front of the completion; with logprobs, its tokens' logprobs too (the first one null)."""
 
 
 # -- responses -------------------------------------------------------------------------------------------------------
@@ -243,11 +247,12 @@ class ChatLogprobs(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
-    """Legacy completions logprobs: parallel lists, one item per generated token."""
+    """Legacy completions logprobs: parallel lists, one item per token (with echo, the prompt's first: its first
+    token has no logprob and no alternatives, null)."""
 
     tokens: list[str]
-    token_logprobs: list[float]
-    top_logprobs: list[dict[str, float]] | None
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None] | None
     text_offset: list[int]
 
 

@@ -41,11 +41,12 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf: a token the sampling transforms rem
 
 @dataclass
 class TokenText:
-    """A generated token's logprob with the token and its alternatives as text (decoded on the model thread)."""
+    """A token's logprob with the token and its alternatives as text (decoded on the model thread); an echoed
+    prompt's first token has neither (None)."""
 
     token: str
-    logprob: float
-    top: list[tuple[str, float]]
+    logprob: float | None
+    top: list[tuple[str, float]] | None
 
 
 def decode_logprobs(logprobs: list[TokenLogprob], tokenizer) -> list[TokenText]:
@@ -82,7 +83,8 @@ def completion_logprobs(tokens: list[TokenText], offset: int) -> CompletionLogpr
         offsets.append(offset)
         offset += len(t.token)
     return CompletionLogprobs(tokens=[t.token for t in tokens], token_logprobs=[t.logprob for t in tokens],
-                              top_logprobs=[dict(t.top) for t in tokens], text_offset=offsets)
+                              top_logprobs=[None if t.top is None else dict(t.top) for t in tokens],
+                              text_offset=offsets)
 
 
 def speculative_metrics(stats: GenerationStats, draft_model: str | None, spec: SpeculativeConfig) -> SpeculativeMetrics:

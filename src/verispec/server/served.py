@@ -335,6 +335,14 @@ class ServedModel:
             raise invalid(f"The text cannot be tokenized ({type(exc).__name__}); send valid UTF-8 text.",
                           param=param) from exc
 
+    def check_prompt(self, prompt_len: int, param: str) -> None:
+        """A prompt that is scored, not continued (an echo with max_tokens 0): 1 to max_len tokens, else a 400."""
+        if prompt_len < 1:
+            raise invalid("The prompt is empty: give at least one token.", param=param)
+        if prompt_len > self.config.max_len:
+            raise APIError(400, f"The prompt has {prompt_len} tokens, more than this model's context of "
+                                f"{self.config.max_len} tokens.", param=param, code="context_length_exceeded")
+
     def check_request(self, prompt_len: int, params: SamplingParams, param: str) -> None:
         """The engine's length checks as a 400 (the engine would raise the same ValueError when it starts)."""
         if prompt_len < 1:

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 from ..engine import Sequence, SpeculativeEngine
 from ..runtime.threads import governor
+from ..stats import GenerationStats
+from .echo import echo_text, echo_tokens
 from .errors import APIError, invalid, queue_full
-from .jobs import ChoiceDone, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
+from .jobs import ChoiceDone, Echo, Job, JobDone, JobFailed, JobHandle, Started, TextDelta
 from .metrics import ServerMetrics
 from .online import OnlineHeads
 from .prepare import FrontEnd, PreparedJob, internal_error
@@ -204,6 +206,10 @@ class EngineWorker:
             self._count_queued(-1)
             return
         try:
+            echoes = self._echoes(prepared) if job.echo else []
+            if job.max_tokens == 0:  # the echo is the whole answer
+                self._answer_echo(prepared, echoes)
+                return
             choices, speculative = self._queue_choices(prepared)
         except APIError as error:
             self._count_queued(-1)
@@ -214,6 +220,8 @@ class EngineWorker:
             self._count_queued(-1)
             job.handle.put(JobFailed(internal_error(exc)))
             return
+        for echo in echoes:  # after Started, before the choices' first text
+            job.handle.put(echo)
         active = _Active(job, speculative, {choice.seq.seq_id: choice for choice in choices})
         self._active.append(active)
         for choice in active.choices.values():
@@ -261,6 +269,32 @@ class EngineWorker:
             started.logprob_chars = sum(len(tokenizer.decode([t])) for t in job.resume.token_ids)
         job.handle.put(started)
         return choices, drafter is not None
+
+    def _echoes(self, prepared: PreparedJob) -> list[Echo]:
+        """Each choice's prompt to echo, with its tokens' logprobs when the request asks for logprobs: one target
+        forward over each prompt (its choices share it), run here between two steps (server/echo.py)."""
+        job = prepared.job
+        top = job.params.logprobs
+        per_prompt: dict[int, tuple[str, list | None]] = {}
+        echoes = []
+        for index, choice in enumerate(prepared.choices):
+            p = index // job.n
+            if p not in per_prompt:
+                tokens = None if top is None else echo_tokens(self.served, choice.prompt_ids, top)
+                per_prompt[p] = (echo_text(self.served, job.prompts[p], choice.prompt_ids), tokens)
+            echoes.append(Echo(index, *per_prompt[p]))
+        return echoes
+
+    def _answer_echo(self, prepared: PreparedJob, echoes: list[Echo]) -> None:
+        """A job with max_tokens 0: its echoes are its answer (finish reason length, no token generated); it never
+        reaches the engine."""
+        job = prepared.job
+        self._count_queued(-1)
+        job.handle.put(Started(prepared.prompt_tokens, False))
+        for echo in echoes:
+            job.handle.put(echo)
+            job.handle.put(ChoiceDone(echo.index, "length", GenerationStats()))
+        job.handle.put(JobDone())
 
     def _drop_cancelled(self) -> None:
         """Abort the choices of cancelled jobs: their rows are gone before the next step."""
