@@ -6,7 +6,8 @@ worker fills through `loop.call_soon_threadsafe`. A submitted job is first prepa
 (server/prepare.py: prompts tokenized and checked, grammars compiled), off this thread; a job that fails there
 gets its error from the front end and never reaches the engine. Between two engine steps the worker
 
-1. takes the jobs that are prepared, in the order they became ready: resolves their drafter and queues one
+1. takes the jobs that are prepared, in the order they became ready: scores the prompts of a job with `echo` and
+   logprobs (one forward each on a runner of their own, server/echo.py), resolves their drafter and queues one
    engine sequence per choice (prompts x n), each with the job's speculation settings; the engine's scheduler
    admits them first come, first served, within its slot and token budgets (engine/scheduler.py);
 2. aborts the sequences of jobs that were cancelled or whose client went away: their rows leave the batch

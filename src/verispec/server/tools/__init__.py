@@ -8,6 +8,7 @@
 | `select.py` | `detect_format`: the format a chat template calls for |
 | `lark.py` | the answer's grammar per tool_choice (llguidance Lark with a `%json` schema per function) |
 | `syntax.py` | reading calls back out of the text, whole (`read`) or as it streams (`ToolStream`) |
+| `markers.py` | markers that are special tokens (Qwen2.5-Coder's `<tool_call>`), put back into the text |
 
 The calls are ordinary structured output: the grammar goes to the engine as a `StructuredOutput("grammar", ...)`,
 so its mask applies to p and q at every draft position, forbidden draft tokens are cut, and the literal text it
