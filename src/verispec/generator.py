@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from .drafters.spec import parse_drafter_spec
 from .engine import GenerationResult, SpeculativeEngine
 from .runtime.model.native_lm import is_causal_lm
 from .stats import GenerationStats
+
+logger = logging.getLogger("verispec")
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -108,17 +111,15 @@ class SpeculativeGenerator:
 
         if threads is not None:
             configure_threads(threads)
-        from .runtime.model.target import load_target, resolve_activations, resolve_target_dtype, resolve_weights
+        from .runtime.model.target import TargetOptions, resolve_target
 
         options = runner or RunnerOptions()
-        backend = options.backend
         reads = isinstance(draft, str) and draft != "auto" and parse_drafter_spec(draft).reads_target_weights
-        weights, _ = resolve_weights(weights, target, dtype, device, quantization, backend, drafter_reads_weights=reads,
-                                     compile=options.compile)
-        # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
-        dtype, _ = resolve_target_dtype(dtype, device, target, weights, quantization, backend)
-        activations, _ = resolve_activations(activations, weights)
-        target_model = load_target(target, weights, quantization, dtype=dtype, device=device, activations=activations)
+        plan = resolve_target(TargetOptions(weights, quantization, dtype, activations, device, options.backend,
+                                            options.compile, drafter_reads_weights=reads), target)
+        logger.info("target %s: %s", target, plan.describe())
+        dtype = plan.dtype  # 'auto': the device's fast dtype where speculation stays exact; float32 on quantized weights
+        target_model = plan.load()
         tokenizer = load_tokenizer(target)
         drafter = build_drafter(draft, target_model, tokenizer, max_len, dtype=dtype,
                                 device=draft_device or device).drafter

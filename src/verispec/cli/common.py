@@ -287,6 +287,22 @@ def target_dtype(args: argparse.Namespace, dtype: str) -> tuple[torch.dtype, str
                                 getattr(args, "runner", "auto"))
 
 
+def target_plan(args: argparse.Namespace):
+    """The target's `TargetPlan` (runtime/model/target.py) for the flags given; CliError naming the fix."""
+    from ..drafters.spec import parse_drafter_spec
+    from ..runtime.model.target import TargetOptions, resolve_target
+
+    try:
+        draft = getattr(args, "draft_model", None)
+        reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights
+        options = TargetOptions(args.weights, getattr(args, "quantization", "none"), args.dtype,
+                                getattr(args, "activations", "auto"), args.device, getattr(args, "runner", "auto"),
+                                getattr(args, "compile", False), drafter_reads_weights=reads)
+        return resolve_target(options, getattr(args, "model", DEFAULT_TARGET))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 def target_weights(args: argparse.Namespace, dtype: str, hf_methods: bool = False) -> tuple[str, str]:
     """--weights ('auto' or a name) resolved for the target, dtype, device and runner the arguments name."""
     from ..drafters.spec import parse_drafter_spec
@@ -326,10 +342,12 @@ def check_device_flag(flag: str, device: str, hint: str = "") -> str:
 
 def apply_runtime(args: argparse.Namespace) -> None:
     check_device_flag("--device", args.device)
-    if getattr(args, "weights", None) is not None:  # 'auto' -> gguf or fp32, once: args.weights_reason says why
-        args.weights, args.weights_reason = target_weights(args, getattr(args, "dtype", "auto"))
-        args.activations, args.activations_reason = target_activations(args)
-    if getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
+    if getattr(args, "weights", None) is not None and getattr(args, "dtype", None) is not None:
+        plan = args.target_plan = target_plan(args)  # weights, activations and dtype resolved once, each with why
+        args.weights, args.activations, args.torch_dtype = plan.weights, plan.activations, plan.dtype
+        args.weights_reason, args.activations_reason = plan.reasons["weights"], plan.reasons["activations"]
+        args.dtype_reason = plan.reasons["dtype"]
+    elif getattr(args, "dtype", None) is not None:  # 'auto' -> a dtype, once: args.dtype_reason says why
         args.torch_dtype, args.dtype_reason = target_dtype(args, args.dtype)
     apply_threads(args)
     if args.draft_tokens < 1:

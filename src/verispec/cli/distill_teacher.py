@@ -67,9 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from ..distill.shards import ShardError
     from ..distill.teacher_job import TeacherConfig, TeacherError, identity, run_teacher
     from ..runtime.model.loading import ModelLoadError, load_tokenizer, resolve_model_path
-    from ..runtime.model.target import load_target
     from ..runtime.runners.dtype import dtype_name, resolve_kv_cache_dtype
-    from .common import target_activations, target_dtype, target_weights
+    from .common import target_plan
 
     try:
         config = TeacherConfig(seed=args.seed, tokens=args.tokens, max_new_tokens=args.max_new_tokens,
@@ -85,13 +84,12 @@ def run(args: argparse.Namespace) -> int:
         resolve_model_path(args.model)
     except ModelLoadError as exc:
         raise CliError(str(exc)) from None
-    args.weights, weights_reason = target_weights(args, "auto")
-    args.activations, activations_reason = target_activations(args)
-    dtype, dtype_reason = target_dtype(args, "auto")
+    args.dtype = "auto"
+    plan = target_plan(args)
+    args.weights, args.activations, dtype = plan.weights, plan.activations, plan.dtype
     apply_threads(args)
-    print(f"teacher: weights {weights_reason}; activations {activations_reason}; dtype {dtype_reason}", flush=True)
-    target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device,
-                         activations=args.activations)
+    print(f"teacher: {plan.describe()}", flush=True)
+    target = plan.load()
     tokenizer = load_tokenizer(args.model)
     drafter = None
     if args.draft_model != "none":

@@ -60,12 +60,10 @@ def run(args: argparse.Namespace) -> int:
     from ..drafters.build import build_drafter
     from ..generator import SpeculativeGenerator
     from ..runtime.model.loading import ModelLoadError, load_tokenizer
-    from ..runtime.model.target import load_target
 
     apply_runtime(args)
     setup_logging()
-    logging.getLogger("verispec").info("weights %s; activations %s; dtype %s", args.weights_reason,
-                                       args.activations_reason, args.dtype_reason)
+    logging.getLogger("verispec").info("target %s: %s", args.model, args.target_plan.describe())
     sampling = sampling_kwargs(args)
     SamplingParams(**sampling)  # validate before the (slow) model load
     lines = read_prompts_file(args.prompts_file, sampling, args.chat) if args.prompts_file else None
@@ -74,8 +72,7 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.torch_dtype  # --dtype, resolved by apply_runtime
     drafter_device = draft_device(args) or args.device
     try:
-        target = load_target(args.model, args.weights, args.quantization, dtype=dtype, device=args.device,
-                             activations=args.activations)
+        target = args.target_plan.load()
     except ValueError as exc:  # a model that cannot be read, or weights that do not run on it
         raise CliError(str(exc)) from None
     tokenizer = load_tokenizer(args.model, args.chat_template)

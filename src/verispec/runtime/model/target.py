@@ -1,4 +1,6 @@
-"""The target's weights, decided in one place: `--weights` (`resolve_weights`: 'auto' is a GGUF target's own blocks
+"""The target's weights, decided in one place: `resolve_target(TargetOptions, target) -> TargetPlan` (weights, dtype,
+activations, each with its reason, decided once; the generator, the CLI, the server and the bench call it and log
+`plan.describe()`; `plan.load()` loads it). Its parts: `--weights` (`resolve_weights`: 'auto' is a GGUF target's own blocks
 where they run, else the float conversion, and why), `--quantization`, what runs on them (`check_weights`), the dtype
 they compute in (`resolve_target_dtype`), and the target loaded on them (`load_target`: what the CLI, the server,
 the benchmark and `SpeculativeGenerator.from_pretrained` call; `quantize_target` for a model already loaded).
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -23,6 +26,57 @@ AUTO_ACTIVATIONS = "q8"  # what 'auto' picks for GGUF blocks where the kernel ru
 
 
 logger = logging.getLogger("verispec")
+
+
+@dataclass(frozen=True)
+class TargetOptions:
+    """What was asked of the target (the CLI's flags, the server's options, `from_pretrained`'s keywords)."""
+
+    weights: str = "auto"  # WEIGHTS
+    quantization: str = "none"  # QUANTIZATIONS
+    dtype: str | torch.dtype = "auto"
+    activations: str = "auto"  # ACTIVATIONS
+    device: str = "cpu"
+    runner: str = "auto"  # the runner backend: auto / native / hf
+    compile: bool = False
+    drafter_reads_weights: bool = False  # a draft head or twin reads the target's float weights
+    hf_methods: bool = False  # Hugging Face runs the target too (the bench's HF methods)
+
+
+@dataclass(frozen=True)
+class TargetPlan:
+    """The target as it will load: every choice resolved once, with why (`describe`)."""
+
+    target: str
+    weights: str  # 'gguf' or 'fp32'
+    dtype: torch.dtype
+    activations: str  # 'q8' or 'fp32'
+    quantization: str
+    device: str
+    reasons: dict[str, str] = field(default_factory=dict)  # weights / activations / dtype -> why
+
+    def describe(self) -> str:
+        return "; ".join(f"{what} {self.reasons[what]}" for what in ("weights", "activations", "dtype"))
+
+    def load(self):
+        """The target model on this plan (`load_target`)."""
+        return load_target(self.target, self.weights, self.quantization, dtype=self.dtype, device=self.device,
+                           activations=self.activations)
+
+
+def resolve_target(options: TargetOptions, target: str | os.PathLike) -> TargetPlan:
+    """Every choice about the target made once, in order: the weights (`resolve_weights`), the dtype they compute in
+    (`resolve_target_dtype`), the activations GGUF blocks compute with (`resolve_activations`); the combination
+    checked (`check_weights`). ValueError naming the fix for a value or combination that does not run."""
+    o = options
+    weights, weights_why = resolve_weights(o.weights, target, o.dtype, o.device, o.quantization, o.runner,
+                                           o.hf_methods, o.drafter_reads_weights, o.compile)
+    dtype, dtype_why = resolve_target_dtype(o.dtype, o.device, target, weights, o.quantization, o.runner)
+    activations, activations_why = resolve_activations(o.activations, weights)
+    if weights != "fp32" or o.quantization != "none":
+        check_weights(target, weights, o.quantization, dtype)
+    return TargetPlan(str(target), weights, dtype, activations, o.quantization, str(o.device),
+                      {"weights": weights_why, "activations": activations_why, "dtype": dtype_why})
 
 
 def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, target: str | os.PathLike,
