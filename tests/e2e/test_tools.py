@@ -29,6 +29,7 @@ from test_tool_markers import special_tokenizer
 
 from verispec.config import SpeculativeConfig
 from verispec.server import ServerConfig, create_app
+from verispec.server.resume import PROGRESS_HEADER, RESUME_HEADER
 
 MODEL = "target"
 MAX_LEN = 2048  # the generic format's system prompt is ~900 characters: tokens, with this vocabulary
@@ -357,6 +358,50 @@ def test_calls_whose_markers_are_special_tokens(special_client):
             assert answer(streamed(special_client, choice, messages, **one)) == answer(alone)
     plain = ask(special_client, "auto", max_tokens=24, logit_bias={opening: -100}).choices[0]  # no call: text
     assert plain.message.tool_calls is None and "tool_call" not in plain.message.content
+
+
+def progress_stream(base_url: str, body: dict, headers: dict) -> list[tuple[dict | None, str]]:
+    """A stream with the failover reports (server/resume.py): [(the report in front of an event or None, the event's
+    data line)]; a report with no event after it (text held back) is kept with an empty line."""
+    out, report = [], None
+    with httpx.Client(base_url=base_url, timeout=120) as http, http.stream(
+            "POST", "/v1/chat/completions", json=body, headers={PROGRESS_HEADER: "1", **headers}) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith(": vs "):
+                if report is not None:
+                    out.append((report, ""))
+                report = json.loads(line[5:])
+            elif line.startswith("data: "):
+                out.append((report, line))
+                report = None
+    return out
+
+
+def test_a_resumed_stream_keeps_its_special_markers(special_client):
+    """A tool-call stream picked up by another replica (failover) from any point, the `<tool_call>` token among the
+    tokens already streamed, adds up to the stream that was never cut."""
+    base_url = str(special_client.base_url).removesuffix("/v1/")
+    body = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "tool_choice": NAMED, "temperature": 0,
+            "max_tokens": 160, "parallel_tool_calls": False, "stream": True, "speculative": SPEC_OFF}
+
+    def message(lines: list[str]):
+        state = ChatCompletionStreamState(input_tools=TOOLS)
+        for line in lines:
+            if line.startswith("data: {"):
+                state.handle_chunk(openai.types.chat.ChatCompletionChunk.model_validate_json(line[6:]))
+        return answer(state.current_completion_snapshot)
+
+    whole = progress_stream(base_url, body, {})
+    first = json.loads(whole[0][1][6:])
+    expected = message([line for _, line in whole])
+    assert expected[0][0] == "tool_calls" and expected[0][2]
+    reported = [i for i, (report, _) in enumerate(whole) if report is not None and report.get("t")]
+    for cut in reported[:-1]:
+        tokens = [t for report, _ in whole[:cut + 1] if report is not None for t in report.get("t", [])]
+        resume = {"id": first["id"], "created": first["created"], "tokens": tokens, "shown": whole[cut][0]["s"]}
+        rest = progress_stream(base_url, body, {RESUME_HEADER: json.dumps(resume)})
+        assert message([line for _, line in whole[:cut + 1] + rest]) == expected, cut
 
 
 # -- a call cut by max_tokens, and sent back -------------------------------------------------------------------------
