@@ -97,7 +97,7 @@ def test_llamacpp_drafts_with_the_gguf_draft_file_as_it_is(fake_peer, pair, tmp_
     assert modes == ["target", "prompt lookup", "draft model"] and not section["not_run"]
 
 
-def test_vllm_says_in_the_table_why_it_does_not_run_a_gguf_target(fake_peer, pair):
+def test_vllm_says_in_the_table_why_it_does_not_run_a_gguf_target(fake_peer, pair, tmp_path):
     script, log = fake_peer
     config = config_for({"vllm": str(script)}, pair["target"], draft=str(pair["draft"]))
     section = run_peers(config, "float32", PROMPTS, fake_run(), log=lambda line: None)
@@ -107,3 +107,7 @@ def test_vllm_says_in_the_table_why_it_does_not_run_a_gguf_target(fake_peer, pai
     table = "\n".join(peer_table(section))
     assert f"| vLLM | - | - | - | - | - | - | not run: vLLM runs Hugging Face folders here" in table
     assert section["ratios"] == []  # a row that did not run is no one's best mode
+    # without vLLM's virtualenv the row still gives the reason that holds on any machine
+    config = config_for({"vllm": str(tmp_path / "no-venv" / "python")}, pair["target"])
+    section = run_peers(config, "float32", PROMPTS, fake_run(), log=lambda line: None)
+    assert VLLM_GGUF in section["not_run"][0]["reason"]

@@ -29,6 +29,21 @@ def _draft_path(config) -> Path | None:
     return files[0] if len(files) == 1 else path
 
 
+def unsupported_target(peer: str, config) -> str | None:
+    """Why `peer` cannot run the benchmark's target at all (vLLM: a GGUF file; llama.cpp: anything else), before its
+    virtualenv is looked at, so the table says the reason that holds on any machine; None: it can."""
+    from ..runtime.model.loading import resolve_model_path
+
+    try:
+        if peer == "llama.cpp":
+            target_gguf(config)
+        elif resolve_model_path(config.target).suffix == ".gguf":
+            return f"vLLM runs Hugging Face folders here and the target {config.target} is a GGUF file: {VLLM_GGUF}"
+    except ValueError as exc:  # ModelLoadError is one
+        return str(exc)
+    return None
+
+
 def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
     """-> (the driver's model fields, the weights' description, notes)."""
     import torch
@@ -36,10 +51,9 @@ def vllm_models(config, dtype: str) -> tuple[dict, str, list[str]]:
     from ..runtime.model.memory import weights_bytes
     from ..runtime.model.loading import resolve_model_path
 
+    if (reason := unsupported_target("vllm", config)) is not None:
+        raise ValueError(reason)
     target = resolve_model_path(config.target)
-    if target.suffix == ".gguf":
-        raise ValueError(f"vLLM runs Hugging Face folders here and the target {config.target} is a GGUF file: "
-                         f"{VLLM_GGUF}")
     models, notes = {"model": str(target)}, []
     weights = weights_bytes(target, getattr(torch, dtype))  # what vLLM holds: the folder's tensors in its dtype
     if weights:

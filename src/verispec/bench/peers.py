@@ -24,6 +24,7 @@ from pathlib import Path
 
 from ..runtime.model.target import is_quantized
 from .aggregate import BASELINE, OVERALL
+from .peer_models import unsupported_target
 
 PEERS = ("vllm", "llama.cpp")
 _ALIASES = {"vllm": "vllm", "llama.cpp": "llama.cpp", "llamacpp": "llama.cpp", "llama-cpp": "llama.cpp"}
@@ -158,10 +159,10 @@ def run_peers(config, dtype: str, encoded, run: dict, log: Callable[[str], None]
     section: dict = {"threads": {"verispec": ours or threads}, "k": PEER_K, "notes": [], "not_run": [],
                      "rows": verispec_rows(run, _our_weights(config, dtype), ours_bytes, bandwidth)}
     for peer, python in config.peers.items():
-        jobs, weights, notes, skipped = [], "", [], None
-        if not Path(python).is_file():
-            skipped = missing(peer, python)
-        else:
+        jobs, weights, notes = [], "", []
+        # a target the peer cannot run is said first: it holds whether or not the virtualenv is here
+        skipped = unsupported_target(peer, config) or (None if Path(python).is_file() else missing(peer, python))
+        if skipped is None:
             try:
                 jobs, weights, notes = _jobs(peer, config, dtype, common)
             except (ValueError, OSError, RuntimeError) as exc:
