@@ -204,6 +204,24 @@ def test_strict_tools_parse_through_the_client_helper(client):
     assert isinstance(call.function.parsed_arguments, GetTime)
 
 
+def test_arguments_hold_only_declared_keys(client):
+    """A schema that says nothing of other keys holds a call to its own, even with the model pushed to add one (a
+    logit_bias on `,` after the first property); the same schema with additionalProperties true lets it add one."""
+    comma = str(make_tokenizer(JSON_CHARS).convert_tokens_to_ids(","))
+    zone = {"type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"]}
+    for schema, extra_key in ((zone, False), ({**zone, "additionalProperties": True}, True)):
+        tools = [{"type": "function", "function": {"name": "get_time", "parameters": schema}}]
+        response = client.chat.completions.create(model=MODEL, messages=QUESTION, tools=tools, tool_choice=NAMED,
+                                                  temperature=0, max_tokens=120, logit_bias={comma: 100},
+                                                  parallel_tool_calls=False)  # else "," adds calls
+        [call] = response.choices[0].message.tool_calls
+        if extra_key:
+            assert call.function.arguments.startswith(('{"zone":"utc",', '{"zone":"cet",')), call.function.arguments
+        else:
+            assert response.choices[0].finish_reason == "tool_calls"
+            assert list(json.loads(call.function.arguments)) == ["zone"]
+
+
 # -- exact under speculation -----------------------------------------------------------------------------------------
 
 
