@@ -166,36 +166,50 @@ VERISPEC_KQ_INLINE void v_unpack(const uint8_t* q, typename L::I* w, bool plus12
 
 // ---- scalar: the reference --------------------------------------------------------------------------------------
 
-template <int64_t T>
-void v_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+// The scalar tiles' walk (the V layouts' here, the VK records' in quant_vk.h): each channel c of group g (the last
+// group's padding skipped) and row r, its sum built block by block by add(c, r, b, acc), then stored.
+template <class Add>
+inline void walk_scalar(const Args& a, int64_t g, int64_t r0, int64_t nr, Add&& add) {
   for (int64_t c = 0; c < VCH; ++c) {
     const int64_t o = g * VCH + c;
     if (o >= a.out) return;
     for (int64_t r = r0; r < r0 + nr; ++r) {
       float acc = 0.0f;
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        uint32_t w[8];  // lane_byte(w[j], k): element 4j + k's quant
-        v_unpack<Lane32, T>(vq_at(a, T, g, b) + 4 * c, w, false);
-        const int8_t* x = xq.q.data() + r * a.in + b * QK;
-        int32_t isum = 0;
-        for (int j = 0; j < 8; ++j)
-          for (int k = 0; k < 4; ++k) {
-            const int32_t q = lane_byte(w[j], k);
-            isum += (T == Q8_0V ? static_cast<int8_t>(q) : q) * x[4 * j + k];
-          }
-        if (T == Q4_0V || T == Q5_0V) isum -= v_offset(T) * xq.sq[r * a.blocks + b];  // Q8_0: signed, no offset
-        const float dw = half_at(vd_at(a, T, g, b) + 2 * c);
-        acc = std::fma(dw * xq.dx[r * a.blocks + b], static_cast<float>(isum), acc);
-        if (v_has_m(T)) acc = std::fma(half_at(vm_at(a, T, g, b) + 2 * c), xq.sx[r * a.blocks + b], acc);
-      }
+      for (int64_t b = 0; b < a.blocks; ++b) add(c, r, b, acc);
       a.y[r * a.out + o] = acc;
     }
   }
 }
 
+template <int64_t T>
+void v_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  walk_scalar(a, g, r0, nr, [&](int64_t c, int64_t r, int64_t b, float& acc) {
+    uint32_t w[8];  // lane_byte(w[j], k): element 4j + k's quant
+    v_unpack<Lane32, T>(vq_at(a, T, g, b) + 4 * c, w, false);
+    const int8_t* x = xq.q.data() + r * a.in + b * QK;
+    int32_t isum = 0;
+    for (int j = 0; j < 8; ++j)
+      for (int k = 0; k < 4; ++k) {
+        const int32_t q = lane_byte(w[j], k);
+        isum += (T == Q8_0V ? static_cast<int8_t>(q) : q) * x[4 * j + k];
+      }
+    if (T == Q4_0V || T == Q5_0V) isum -= v_offset(T) * xq.sq[r * a.blocks + b];  // Q8_0: signed, no offset
+    const float dw = half_at(vd_at(a, T, g, b) + 2 * c);
+    acc = std::fma(dw * xq.dx[r * a.blocks + b], static_cast<float>(isum), acc);
+    if (v_has_m(T)) acc = std::fma(half_at(vm_at(a, T, g, b) + 2 * c), xq.sx[r * a.blocks + b], acc);
+  });
+}
+
 // ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
 #if defined(VERISPEC_VNNI512)
 constexpr int V512_ROWS = 16;  // rows a tile: 16 accumulators + 8 weight registers + temporaries in 32 registers
+// FN<T, NR> for NR = 1 .. 16 by the row count (0: none): a tile's rows are a template argument, so its accumulators
+// stay in registers and its loops unroll.
+#define VERISPEC_BY_ROWS16(FN, T)                                                                                     \
+  {                                                                                                                   \
+    nullptr, FN<T, 1>, FN<T, 2>, FN<T, 3>, FN<T, 4>, FN<T, 5>, FN<T, 6>, FN<T, 7>, FN<T, 8>, FN<T, 9>, FN<T, 10>,     \
+        FN<T, 11>, FN<T, 12>, FN<T, 13>, FN<T, 14>, FN<T, 15>, FN<T, 16>                                              \
+  }
 
 // A tile's sums (NR rows of 16 channels) into y: rows r0 .., the channels of group g (the last group's masked to out).
 template <int NR> inline void store_group512(const Args& a, const __m512 (&acc)[NR], int64_t g, int64_t r0) {
@@ -234,11 +248,7 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
 template <int64_t T>
 void v_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
   using Fn = void (*)(const Args&, const QuantX&, int64_t, int64_t);
-  static constexpr Fn by_rows[V512_ROWS + 1] = {
-      nullptr, v_tile512_rows<T, 1>, v_tile512_rows<T, 2>, v_tile512_rows<T, 3>, v_tile512_rows<T, 4>,
-      v_tile512_rows<T, 5>, v_tile512_rows<T, 6>, v_tile512_rows<T, 7>, v_tile512_rows<T, 8>, v_tile512_rows<T, 9>,
-      v_tile512_rows<T, 10>, v_tile512_rows<T, 11>, v_tile512_rows<T, 12>, v_tile512_rows<T, 13>,
-      v_tile512_rows<T, 14>, v_tile512_rows<T, 15>, v_tile512_rows<T, 16>};
+  static constexpr Fn by_rows[V512_ROWS + 1] = VERISPEC_BY_ROWS16(v_tile512_rows, T);
   by_rows[nr](a, xq, g, r0);
 }
 #endif
@@ -261,46 +271,58 @@ inline void v_store256(const Args& a, const __m256* acc, int rows, int64_t rt, i
   }
 }
 
-template <int64_t T>
-void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
-  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // (maddubs + madd only)
-  for (int h = 0; h < 2; ++h) {  // channels 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte chunk
+// 4 unsigned bytes u times 4 signed bytes s in each 32-bit lane, summed exactly into acc: vpdpbusd where the build
+// has it, else maddubs + madd (exact while a pair's |sum| < 2^15: the callers' operands keep it so).
+inline __m256i dpbusd256(__m256i acc, __m256i u, __m256i s) {
+#if defined(VERISPEC_DPBUSD256)
+  return VERISPEC_DPBUSD256(acc, u, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)));
+#endif
+}
+
+// The AVX2 tiles' walk (the V layouts' here, the VK records' in quant_vk.h): each half h of group g's 16 channels
+// (8 lanes: bytes 32h .. 32h + 31 of every 64-byte chunk), its rows V256_ROWS at a time, block by block:
+// add(b, h, rt, rows, acc) adds block b's terms to the sums of rows rt .. rt + rows - 1, which are then stored.
+template <class Add>
+VERISPEC_KQ_INLINE void walk256(const Args& a, int64_t g, int64_t r0, int64_t nr, Add&& add) {
+  for (int h = 0; h < 2; ++h) {
     const int64_t o0 = g * VCH + 8 * h;
     if (o0 >= a.out) return;
     for (int64_t rt = r0; rt < r0 + nr; rt += V256_ROWS) {
       const int rows = static_cast<int>(std::min<int64_t>(V256_ROWS, r0 + nr - rt));
       __m256 acc[V256_ROWS];
       for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* q = vq_at(a, T, g, b) + 32 * h;
-        __m256i w[8];  // (Q8_0: signed, multiplied by sign below)
-        v_unpack<Lanes256, T>(q, w, false);
-        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vd_at(a, T, g, b) + 16 * h)));
-        __m256 mw = _mm256_setzero_ps();
-        if (v_has_m(T)) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vm_at(a, T, g, b) + 16 * h)));
-        for (int r = 0; r < rows; ++r) {
-          const int64_t row = rt + r, at = row * a.blocks + b;
-          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
-          __m256i isum = _mm256_setzero_si256();
-          for (int j = 0; j < 8; ++j) {
-            const __m256i x = _mm256_set1_epi32(x4[j]);
-            // Q8: |k| times x with k's sign (pairs |sum| <= 2 * 128 * 127: no saturation); Q4: k <= 15 unsigned
-            const __m256i u = T == Q8_0V ? _mm256_sign_epi8(w[j], w[j]) : w[j];
-            const __m256i v = T == Q8_0V ? _mm256_sign_epi8(x, w[j]) : x;
-#if defined(VERISPEC_DPBUSD256)
-            isum = VERISPEC_DPBUSD256(isum, u, v);  // 4 products a lane summed exactly into it
-#else
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), ones));
-#endif
-          }
-          if (T == Q4_0V || T == Q5_0V) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(v_offset(T) * xq.sq[at]));
-          acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq.dx[at])), _mm256_cvtepi32_ps(isum), acc[r]);
-          if (v_has_m(T)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sx[at]), acc[r]);
-        }
-      }
+      for (int64_t b = 0; b < a.blocks; ++b) add(b, h, rt, rows, acc);
       v_store256(a, acc, rows, rt, o0);
     }
   }
+}
+
+template <int64_t T>
+void v_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
+  walk256(a, g, r0, nr, [&](int64_t b, int h, int64_t rt, int rows, __m256* acc) __attribute__((always_inline)) {
+    __m256i w[8];  // (Q8_0: signed, multiplied by sign below)
+    v_unpack<Lanes256, T>(vq_at(a, T, g, b) + 32 * h, w, false);
+    const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vd_at(a, T, g, b) + 16 * h)));
+    __m256 mw = _mm256_setzero_ps();
+    if (v_has_m(T)) mw = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(vm_at(a, T, g, b) + 16 * h)));
+    for (int r = 0; r < rows; ++r) {
+      const int64_t row = rt + r, at = row * a.blocks + b;
+      const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
+      __m256i isum = _mm256_setzero_si256();
+      for (int j = 0; j < 8; ++j) {
+        const __m256i x = _mm256_set1_epi32(x4[j]);
+        // Q8: |k| times x with k's sign (pairs |sum| <= 2 * 128 * 127: no saturation); Q4: k <= 15 unsigned
+        const __m256i u = T == Q8_0V ? _mm256_sign_epi8(w[j], w[j]) : w[j];
+        const __m256i v = T == Q8_0V ? _mm256_sign_epi8(x, w[j]) : x;
+        isum = dpbusd256(isum, u, v);
+      }
+      if (T == Q4_0V || T == Q5_0V) isum = _mm256_sub_epi32(isum, _mm256_set1_epi32(v_offset(T) * xq.sq[at]));
+      acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(xq.dx[at])), _mm256_cvtepi32_ps(isum), acc[r]);
+      if (v_has_m(T)) acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(xq.sx[at]), acc[r]);
+    }
+  });
 }
 #endif
 

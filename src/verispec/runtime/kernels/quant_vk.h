@@ -101,31 +101,23 @@ inline void vk_dequant_block(const Args& a, int64_t o, int64_t b, float* w) {
 
 template <int64_t T>
 void vk_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
-  for (int64_t c = 0; c < VCH; ++c) {
-    const int64_t o = g * VCH + c;
-    if (o >= a.out) return;
-    for (int64_t r = r0; r < r0 + nr; ++r) {
-      float acc = 0.0f;
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* rec = vk_record(a, T, g, b / 8);
-        const KUnit u = vk_unit_form<T>(rec, b % 8, c);
-        int k[32];
-        vk_quants<T>(rec, b % 8, c, k);
-        const int8_t* x = xq.q.data() + r * a.in + b * QK;
-        const int64_t at = r * a.blocks + b;
-        int32_t sum[2] = {0, 0};
-        for (int e = 0; e < 32; ++e) sum[e / 16] += k[e] * x[e];
-        if (T == Q6_KV) {
-          acc = std::fma(u.a[0] * xq.dx[at], static_cast<float>(sum[0] - 32 * xq.sh[at]), acc);
-          acc = std::fma(u.a[1] * xq.dx[at], static_cast<float>(sum[1] - 32 * (xq.sq[at] - xq.sh[at])), acc);
-        } else {
-          acc = std::fma(u.a[0] * xq.dx[at], static_cast<float>(sum[0] + sum[1]), acc);
-          acc = std::fma(u.c, xq.sx[at], acc);  // u.c = -(dmin mn)
-        }
-      }
-      a.y[r * a.out + o] = acc;
+  walk_scalar(a, g, r0, nr, [&](int64_t c, int64_t r, int64_t b, float& acc) {
+    const uint8_t* rec = vk_record(a, T, g, b / 8);
+    const KUnit u = vk_unit_form<T>(rec, b % 8, c);
+    int k[32];
+    vk_quants<T>(rec, b % 8, c, k);
+    const int8_t* x = xq.q.data() + r * a.in + b * QK;
+    const int64_t at = r * a.blocks + b;
+    int32_t sum[2] = {0, 0};
+    for (int e = 0; e < 32; ++e) sum[e / 16] += k[e] * x[e];
+    if (T == Q6_KV) {
+      acc = std::fma(u.a[0] * xq.dx[at], static_cast<float>(sum[0] - 32 * xq.sh[at]), acc);
+      acc = std::fma(u.a[1] * xq.dx[at], static_cast<float>(sum[1] - 32 * (xq.sq[at] - xq.sh[at])), acc);
+    } else {
+      acc = std::fma(u.a[0] * xq.dx[at], static_cast<float>(sum[0] + sum[1]), acc);
+      acc = std::fma(u.c, xq.sx[at], acc);  // u.c = -(dmin mn)
     }
-  }
+  });
 }
 
 // ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
@@ -177,11 +169,7 @@ void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
 template <int64_t T>
 void vk_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
   using Fn = void (*)(const Args&, const QuantX&, int64_t, int64_t);
-  static constexpr Fn by_rows[V512_ROWS + 1] = {
-      nullptr, vk_tile512_rows<T, 1>, vk_tile512_rows<T, 2>, vk_tile512_rows<T, 3>, vk_tile512_rows<T, 4>,
-      vk_tile512_rows<T, 5>, vk_tile512_rows<T, 6>, vk_tile512_rows<T, 7>, vk_tile512_rows<T, 8>,
-      vk_tile512_rows<T, 9>, vk_tile512_rows<T, 10>, vk_tile512_rows<T, 11>, vk_tile512_rows<T, 12>,
-      vk_tile512_rows<T, 13>, vk_tile512_rows<T, 14>, vk_tile512_rows<T, 15>, vk_tile512_rows<T, 16>};
+  static constexpr Fn by_rows[V512_ROWS + 1] = VERISPEC_BY_ROWS16(vk_tile512_rows, T);
   by_rows[nr](a, xq, g, r0);
 }
 #endif
@@ -190,50 +178,32 @@ void vk_tile512(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t 
 #if defined(VERISPEC_AVX2)
 template <int64_t T>
 void vk_tile256(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int64_t nr) {
-  [[maybe_unused]] const __m256i ones = _mm256_set1_epi16(1);  // (maddubs + madd only)
-  for (int h = 0; h < 2; ++h) {  // channels 8h .. 8h + 7: bytes 32h .. 32h + 31 of each 64-byte chunk
-    const int64_t o0 = g * VCH + 8 * h;
-    if (o0 >= a.out) return;
-    for (int64_t rt = r0; rt < r0 + nr; rt += V256_ROWS) {
-      const int rows = static_cast<int>(std::min<int64_t>(V256_ROWS, r0 + nr - rt));
-      __m256 acc[V256_ROWS];
-      for (int r = 0; r < rows; ++r) acc[r] = _mm256_setzero_ps();
-      for (int64_t b = 0; b < a.blocks; ++b) {
-        const uint8_t* rec = vk_record(a, T, g, b / 8);
-        const int64_t s = b % 8;
-        __m256i w[8];  // channels 8h .. 8h + 7: bytes 32h .. of each chunk and of the high bits' words
-        unpack_quants<Lanes256, vk_high_bits(T)>(vk_unit_at(rec, T, s) + 32 * h, w);
-        __m256 s0, s1;
-        vk_unit_scales<Lanes256, T>(rec, s, 8 * h, vk_d<Lanes256>(rec, 8 * h), vk_dmin<Lanes256>(rec, 8 * h), s0, s1);
-        for (int r = 0; r < rows; ++r) {
-          const int64_t row = rt + r, at = row * a.blocks + b;
-          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
-          __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
-          for (int j = 0; j < 8; ++j) {
-            const __m256i x = _mm256_set1_epi32(x4[j]);
-#if defined(VERISPEC_DPBUSD256)
-            isum[j / 4] = VERISPEC_DPBUSD256(isum[j / 4], w[j], x);  // 4 products a lane summed exactly into it
-#else
-            // k <= 63 unsigned: a pair's |sum| <= 2 * 63 * 127, no saturation
-            isum[j / 4] = _mm256_add_epi32(isum[j / 4], _mm256_madd_epi16(_mm256_maddubs_epi16(w[j], x), ones));
-#endif
-          }
-          const __m256 dx = _mm256_set1_ps(xq.dx[at]);
-          if (T == Q6_KV) {
-            const __m256i i0 = _mm256_sub_epi32(isum[0], _mm256_set1_epi32(32 * xq.sh[at]));
-            const __m256i i1 = _mm256_sub_epi32(isum[1], _mm256_set1_epi32(32 * (xq.sq[at] - xq.sh[at])));
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(i0), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(i1), acc[r]);
-          } else {
-            const __m256i i = _mm256_add_epi32(isum[0], isum[1]);
-            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(i), acc[r]);
-            acc[r] = _mm256_fnmadd_ps(s1, _mm256_set1_ps(xq.sx[at]), acc[r]);
-          }
-        }
+  walk256(a, g, r0, nr, [&](int64_t b, int h, int64_t rt, int rows, __m256* acc) __attribute__((always_inline)) {
+    const uint8_t* rec = vk_record(a, T, g, b / 8);
+    const int64_t s = b % 8;
+    __m256i w[8];  // channels 8h .. 8h + 7: bytes 32h .. of each chunk and of the high bits' words
+    unpack_quants<Lanes256, vk_high_bits(T)>(vk_unit_at(rec, T, s) + 32 * h, w);
+    __m256 s0, s1;
+    vk_unit_scales<Lanes256, T>(rec, s, 8 * h, vk_d<Lanes256>(rec, 8 * h), vk_dmin<Lanes256>(rec, 8 * h), s0, s1);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t row = rt + r, at = row * a.blocks + b;
+      const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
+      __m256i isum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
+      // k <= 63 unsigned: a pair's |sum| <= 2 * 63 * 127 (maddubs does not saturate)
+      for (int j = 0; j < 8; ++j) isum[j / 4] = dpbusd256(isum[j / 4], w[j], _mm256_set1_epi32(x4[j]));
+      const __m256 dx = _mm256_set1_ps(xq.dx[at]);
+      if (T == Q6_KV) {
+        const __m256i i0 = _mm256_sub_epi32(isum[0], _mm256_set1_epi32(32 * xq.sh[at]));
+        const __m256i i1 = _mm256_sub_epi32(isum[1], _mm256_set1_epi32(32 * (xq.sq[at] - xq.sh[at])));
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(i0), acc[r]);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(i1), acc[r]);
+      } else {
+        const __m256i i = _mm256_add_epi32(isum[0], isum[1]);
+        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(i), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(s1, _mm256_set1_ps(xq.sx[at]), acc[r]);
       }
-      v_store256(a, acc, rows, rt, o0);
     }
-  }
+  });
 }
 #endif
 
