@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import torch
 
 from _common import k_quants_on_fp32
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_tokenizer
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_tokenizer
 from verispec.runtime.model.target import load_target
 from verispec.config import RunnerOptions
 from verispec.runtime.runners.select import make_runner
@@ -40,12 +40,12 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=24)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=DEFAULT_TARGET, help="the target (a GGUF file)")
+    parser.add_argument("--model", default=SMOLLM2_TARGET, help="the target (a GGUF file)")
     parser.add_argument("--configs", default="fp32:float32,q8:float32,q8:float16",
                         help="activations:kv-cache-dtype pairs, the first the reference")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    tokenizer = load_tokenizer(DEFAULT_TARGET)
+    tokenizer = load_tokenizer(SMOLLM2_TARGET)
     ids = tokenizer(held_apart_text())["input_ids"]
     chunks = [ids[i : i + args.tokens] for i in range(0, args.chunks * args.tokens, args.tokens)]
     assert len(chunks[-1]) == args.tokens, "not enough text for that many chunks"

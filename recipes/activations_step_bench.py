@@ -22,7 +22,7 @@ import torch
 from _common import fill_slots, k_quants_on_fp32, prefill, step
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.config import RunnerOptions
-from verispec.runtime.model.loading import DEFAULT_TARGET, model_weight_bytes
+from verispec.runtime.model.loading import SMOLLM2_TARGET, model_weight_bytes
 from verispec.runtime.model.target import load_target
 from verispec.runtime.runners.select import make_runner
 
@@ -40,10 +40,10 @@ def main() -> None:
     slots = max(r for r, _ in steps)
     runners = {}
     for config in args.configs.split(","):
-        activations, kv_cache, target = (config.split(":", 2) + [DEFAULT_TARGET])[:3]
+        activations, kv_cache, target = (config.split(":", 2) + [SMOLLM2_TARGET])[:3]
         with k_quants_on_fp32() if activations == "q8-kfp32" else nullcontext():
             model = load_target(target, "gguf", activations=activations.removesuffix("-kfp32"))
-        name = f"{activations}/{kv_cache}" + ("" if target == DEFAULT_TARGET else f" {target.rsplit('/', 1)[-1]}")
+        name = f"{activations}/{kv_cache}" + ("" if target == SMOLLM2_TARGET else f" {target.rsplit('/', 1)[-1]}")
         runners[name] = make_runner(model, 2048, slots,
                                     RunnerOptions(backend="native", compile=False, kv_cache_dtype=kv_cache))
         print(f"{name}: {model_weight_bytes(model) / 1e6:.1f} MB of weights")

@@ -8,7 +8,7 @@ import json
 import torch
 
 from verispec.bench.cross_pair import PROMPTS, gemma_dir, measure
-from verispec.runtime.model.loading import DEFAULT_TARGET
+from verispec.runtime.model.loading import SMOLLM2_TARGET
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     gemma = str(gemma_dir())
-    pairs = {"smollm-target": (DEFAULT_TARGET, gemma), "gemma-target": (gemma, DEFAULT_TARGET)}
+    pairs = {"smollm-target": (SMOLLM2_TARGET, gemma), "gemma-target": (gemma, SMOLLM2_TARGET)}
     chosen = pairs if args.direction == "both" else {args.direction: pairs[args.direction]}
     for name, (target, draft) in chosen.items():
         result = measure(target, draft, PROMPTS[: args.prompts], args.max_new_tokens, args.k)

@@ -14,17 +14,17 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from verispec.drafters.build import build_drafter
 from verispec.drafters.model import ModelDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_tokenizer
+from verispec.runtime.model.loading import SMOLLM2_DRAFT, SMOLLM2_TARGET, load_tokenizer
 from verispec.runtime.model.target import load_target
 
 torch.set_num_threads(2)
 SHAPES = [(128, 4, 0), (128, 4, 16384), (128, 4, 8192), (128, 4, 4096), (128, 2, 8192), (128, 6, 8192),
           (192, 4, 8192), (256, 4, 8192), (256, 2, 8192)]  # (hidden, layers, N; 0 = the full 49,152-token head)
-target = load_target(DEFAULT_TARGET, "gguf", "none", dtype=torch.float32, activations="q8")
-tok = load_tokenizer(DEFAULT_TARGET)
+target = load_target(SMOLLM2_TARGET, "gguf", "none", dtype=torch.float32, activations="q8")
+tok = load_tokenizer(SMOLLM2_TARGET)
 engine = SpeculativeEngine(target, tok, None, max_len=1024, max_batch_size=1)
 runners = {"target (w=1)": engine.target}
-default = build_drafter(DEFAULT_DRAFT, target, tok, 1024).drafter
+default = build_drafter(SMOLLM2_DRAFT, target, tok, 1024).drafter
 default.reserve(1)
 runners["shipped default (128x4, full head)"] = default.runner
 for hidden, layers, n in SHAPES:

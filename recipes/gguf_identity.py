@@ -10,7 +10,7 @@ import torch
 from verispec.bench.prompts import encode_prompts, load_prompts, select_prompts
 from verispec.config import SamplingParams
 from verispec.generator import SpeculativeGenerator
-from verispec.runtime.model.loading import DEFAULT_TARGET
+from verispec.runtime.model.loading import SMOLLM2_TARGET
 
 
 def main() -> None:
@@ -20,7 +20,7 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=13)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    gens = {w: SpeculativeGenerator.from_pretrained(DEFAULT_TARGET, "none", dtype="float32", weights=w)
+    gens = {w: SpeculativeGenerator.from_pretrained(SMOLLM2_TARGET, "none", dtype="float32", weights=w)
             for w in ("gguf", "fp32")}
     prompts = encode_prompts(gens["fp32"].tokenizer, select_prompts(load_prompts(None), None, 1))[: args.prompts]
     params = SamplingParams(max_new_tokens=args.max_new_tokens, ignore_eos=True)

@@ -24,10 +24,11 @@ import time
 import torch
 
 from verispec.bench.machine import measure_bandwidth
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.model.target import load_target
 from verispec.runtime.kernels import layer_loop, quant
-from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.model.twins import use_quantized_weights
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]
 
@@ -60,7 +61,7 @@ def main() -> None:
     ap.add_argument("--loops", default="cpp", help="comma-separated: python, cpp (side by side)")
     ap.add_argument("--weights", default="gguf", help="gguf (the file's blocks), or a quantization of the "
                     "target's linears: int8, Q4_1, Q4_0, Q8_0")
-    ap.add_argument("--model", default=DEFAULT_TARGET, help="the target (default: the embedded SmolLM2)")
+    ap.add_argument("--model", default=SMOLLM2_TARGET, help="the target (default: the embedded SmolLM2)")
     ap.add_argument("--activations", default="fp32", help="with --weights gguf: fp32 or q8 (integer activations)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

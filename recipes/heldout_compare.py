@@ -21,7 +21,7 @@ from verispec.distill.shard_data import _teacher, held_apart, load_shard_samples
 from verispec.distill.shards import read_manifest, read_shard
 from verispec.distill.train import heldout_metrics, reduced_vocab
 from verispec.drafters.head import load_head
-from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+from verispec.runtime.model.loading import SMOLLM2_DRAFT, SMOLLM2_TARGET, load_model, load_tokenizer
 
 ASSETS = Path(__file__).resolve().parents[1] / "src/verispec/assets"
 
@@ -31,21 +31,21 @@ parser.add_argument("--shards", type=Path, default=Path("data/teacher"))
 parser.add_argument("--heldout-shards", type=int, default=0, help="the first N shards' held-apart answers (0: all)")
 parser.add_argument("--heldout-fraction", type=float, default=0.05)
 parser.add_argument("--head", type=Path, nargs="*", default=[ASSETS / "default_head"])
-parser.add_argument("--draft", nargs="*", default=[DEFAULT_DRAFT])
+parser.add_argument("--draft", nargs="*", default=[SMOLLM2_DRAFT])
 parser.add_argument("--out", type=Path, default=None)
 args = parser.parse_args()
 torch.set_num_threads(2)
 
-samples, conversations, _ = load_shard_samples([args.shards], DEFAULT_TARGET, args.work / "topk", 0, False,
+samples, conversations, _ = load_shard_samples([args.shards], SMOLLM2_TARGET, args.work / "topk", 0, False,
                                                limit=args.heldout_shards)
 heldout = [s for s, c in zip(samples, conversations) if held_apart(c, args.heldout_fraction)]
 cache = args.work / f"heldout_features-{args.heldout_shards}.pt"
 if cache.is_file():
     heldout_features = torch.load(cache, weights_only=True)
 else:
-    rows = [r for _, folder, _, entry in shard_entries([args.shards], DEFAULT_TARGET, args.heldout_shards)
+    rows = [r for _, folder, _, entry in shard_entries([args.shards], SMOLLM2_TARGET, args.heldout_shards)
             for r in read_shard(folder / entry["file"]) if held_apart(r.conversation, args.heldout_fraction)]
-    target, options = _teacher(DEFAULT_TARGET, read_manifest(args.shards)["identity"])
+    target, options = _teacher(SMOLLM2_TARGET, read_manifest(args.shards)["identity"])
     clock = time.perf_counter()
     heldout_features = target_features(target, options, rows)
     seconds = time.perf_counter() - clock
@@ -54,7 +54,7 @@ else:
     del target
 assert [len(f) for f in heldout_features] == [len(s.prompt_ids) + len(s.response_ids) for s in heldout]
 print(f"held apart: {len(heldout)} answers, {sum(len(s.response_ids) for s in heldout):,} answer tokens")
-target = load_model(DEFAULT_TARGET, dtype=torch.float32)
+target = load_model(SMOLLM2_TARGET, dtype=torch.float32)
 results = {}
 for folder in args.head:
     clock = time.perf_counter()
@@ -63,7 +63,7 @@ for folder in args.head:
     net.load_export(weights)
     results[f"head {folder}"] = heldout_head_metrics(net, heldout, heldout_features, 4)
     print(f"head {folder}: {results[f'head {folder}']} ({time.perf_counter() - clock:.0f} s)")
-tokenizer = load_tokenizer(DEFAULT_TARGET)
+tokenizer = load_tokenizer(SMOLLM2_TARGET)
 for name in args.draft:
     draft = load_model(name, dtype=torch.float32)
     ids = getattr(draft.config, "draft_vocab", None)

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from _common import quant_shapes
-from verispec.runtime.model.loading import embedded_gguf_path
+from verispec.runtime.model.loading import smollm2_gguf_path
 from verispec.runtime.kernels import fused
 from verispec.runtime.weights import hugepages
-from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.model.gguf_weights import read_gguf_weights
 
 
 def side_by_side(candidates: dict, repeats: int) -> dict[str, float]:
@@ -37,7 +37,7 @@ def side_by_side(candidates: dict, repeats: int) -> dict[str, float]:
 
 
 def linears(rows: int, repeats: int) -> None:
-    by_name = quant_shapes(read_gguf_weights(embedded_gguf_path(), 9, 3), 30)
+    by_name = quant_shapes(read_gguf_weights(smollm2_gguf_path(), 9, 3), 30)
     plain = [by_name[n][i] for i in range(30) for n in ("qkv", "o", "gate_up", "down")] + by_name["lm_head"]
     huge = [copy.copy(w) for w in plain]
     for w, view in zip(huge, hugepages.gather([w.packed for w in plain])):

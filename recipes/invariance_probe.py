@@ -61,10 +61,10 @@ def attention_rows(dtype: torch.dtype) -> None:
 
 
 def costs(dtype: torch.dtype, repeats: int) -> None:
-    from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+    from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
     from verispec.runtime.runners.native import NativeRunner
 
-    model = load_model(DEFAULT_TARGET, dtype=dtype)
+    model = load_model(SMOLLM2_TARGET, dtype=dtype)
     runners = {flag: NativeRunner.from_hf(model, 1024, num_slots=16, batch_invariant=flag) for flag in (False, True)}
     for rows, width in ((1, 1), (1, 5), (16, 1), (16, 5)):
         spent = {False: 0.0, True: 0.0}

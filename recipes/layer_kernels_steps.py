@@ -6,13 +6,13 @@
 import time, sys, torch
 torch.set_num_threads(int(sys.argv[1]))
 from torch.profiler import profile, ProfilerActivity
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.kernels import fused
 from verispec.runtime.runners.native import NativeRunner
 prompt = torch.tensor([[1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]])
 runners = {}
 for name in sys.argv[2].split(","):
-    hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, name))
+    hf = load_model(SMOLLM2_TARGET, dtype=getattr(torch, name))
     for inv in (False, True):
         runners[name, inv] = NativeRunner.from_hf(hf, 2048, batch_invariant=inv)
 best = {}

@@ -15,7 +15,7 @@ from verispec.bench.prompts import default_prompts_path
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.model.loading import DEFAULT_DRAFT, DEFAULT_TARGET, load_model, load_tokenizer
+from verispec.runtime.model.loading import SMOLLM2_DRAFT, SMOLLM2_TARGET, load_model, load_tokenizer
 from verispec.stats import GenerationStats
 
 torch.set_num_threads(int(sys.argv[1]))
@@ -26,12 +26,12 @@ for line in open(default_prompts_path()):
     if row["category"] not in seen:
         seen.add(row["category"])
         prompts.append(row)
-target = load_model(DEFAULT_TARGET, dtype=torch.float32)
-tok = load_tokenizer(DEFAULT_TARGET)
+target = load_model(SMOLLM2_TARGET, dtype=torch.float32)
+tok = load_tokenizer(SMOLLM2_TARGET)
 ids = [tok.apply_chat_template([{"role": "user", "content": p["turns"][0]}], add_generation_prompt=True, tokenize=True)
        for p in prompts[:n_prompts]]
 ids = [list(i["input_ids"]) if hasattr(i, "keys") else list(i) for i in ids]
-drafter = build_drafter(DEFAULT_DRAFT, target, tok, 1024).drafter
+drafter = build_drafter(SMOLLM2_DRAFT, target, tok, 1024).drafter
 engine = SpeculativeEngine(target, tok, drafter, max_len=1024, max_batch_size=1)
 methods = {"target": None, "chain K=4": SpeculativeConfig(num_draft_tokens=4),
            "tree K=4 N=8": SpeculativeConfig(num_draft_tokens=4, tree_nodes=8),

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.kernels import fused
 from verispec.runtime.runners.native import NativeRunner
 
@@ -47,7 +47,7 @@ def main() -> None:
     prompts = {n: torch.randint(100, 40000, (args.batch, n), generator=gen) for n in sizes}
     runners, configs, logits = {}, [], {}
     for name in args.dtypes.split(","):
-        hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, name))
+        hf = load_model(SMOLLM2_TARGET, dtype=getattr(torch, name))
         for attention in ("sdpa", "kernel"):
             runners[name, attention] = NativeRunner.from_hf(hf, args.max_len, num_slots=args.batch,
                                                             batch_invariant=attention == "kernel")

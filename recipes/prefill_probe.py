@@ -18,7 +18,7 @@ import torch
 
 from _common import prefill  # one n-token prompt from an empty cache -> (seconds, last logits)
 from verispec.bench.machine import describe_machine, machine_line
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.model.target import quantize_target
 from verispec.runtime.kernels import dense
 from verispec.runtime.runners.select import make_runner
@@ -38,9 +38,9 @@ def main() -> None:
     configs = []  # (label, runner, dtype, dense path or None)
     for weights in args.weights.split(","):
         dtype = torch.float32 if weights == "gguf" else getattr(torch, weights)
-        model = load_model(DEFAULT_TARGET, dtype=dtype)
+        model = load_model(SMOLLM2_TARGET, dtype=dtype)
         if weights == "gguf":
-            quantize_target(model, DEFAULT_TARGET, weights="gguf")
+            quantize_target(model, SMOLLM2_TARGET, weights="gguf")
         runner = make_runner(model, max(lengths) + 8)
         if weights == "gguf" or not args.paths:
             configs.append((weights, runner, dtype, None))

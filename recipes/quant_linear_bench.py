@@ -15,8 +15,8 @@ import time
 import torch
 
 from _common import baseline_quant_kernel, quant_shapes
-from verispec.runtime.model.loading import embedded_gguf_path
-from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.model.loading import smollm2_gguf_path
+from verispec.runtime.model.gguf_weights import read_gguf_weights
 from verispec.runtime.model.llama import linear, try_pack
 from verispec.runtime.kernels.quant import PATHS
 
@@ -53,7 +53,7 @@ def main() -> None:
     global STAT
     STAT = min if args.stat == "min" else statistics.median
     torch.set_num_threads(args.threads)
-    w = read_gguf_weights(embedded_gguf_path(), 9, 3)
+    w = read_gguf_weights(smollm2_gguf_path(), 9, 3)
     paths = args.paths.split(",")
     old = baseline_quant_kernel(args.baseline) if args.baseline else None
     print(f"threads {args.threads}; µs per call ({args.stat}); GB/s = quantized bytes / time; "

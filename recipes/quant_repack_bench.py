@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from verispec.runtime.model.loading import embedded_gguf_path
-from verispec.runtime.weights.gguf import read_gguf_weights
+from verispec.runtime.model.loading import smollm2_gguf_path
+from verispec.runtime.model.gguf_weights import read_gguf_weights
 from verispec.runtime.kernels.quant import GGML_BLOCKS, KERNEL_PATH, kernel
 from _common import quant_shapes
 
@@ -25,7 +25,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     ext = kernel()
-    linears = quant_shapes(read_gguf_weights(embedded_gguf_path(), 9, 3), 30)
+    linears = quant_shapes(read_gguf_weights(smollm2_gguf_path(), 9, 3), 30)
     calls = {}  # (name, layout) -> [callables]
     for name, weights in linears.items():
         files = [(w.data, GGML_BLOCKS[w.qtype][1]) for w in weights]

@@ -14,7 +14,7 @@ import torch
 
 from _common import baseline_quant_kernel, fill_slots, prefill, step
 from verispec.bench.machine import describe_machine, machine_line
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.model.target import quantize_target
 from verispec.runtime.kernels import layer_loop, quant
 from verispec.runtime.runners.native import NativeRunner
@@ -32,7 +32,7 @@ def main() -> None:
     # quant._KERNEL swaps it everywhere; the C++ loop binds the kernel's address once (an earlier kernel may have none).
     layer_loop.ENABLED = False
     kernels = {"baseline": baseline_quant_kernel(args.baseline), "this": quant.kernel()}
-    hf = quantize_target(load_model(DEFAULT_TARGET, dtype=torch.float32), DEFAULT_TARGET, weights="gguf")
+    hf = quantize_target(load_model(SMOLLM2_TARGET, dtype=torch.float32), SMOLLM2_TARGET, weights="gguf")
     steps = [tuple(int(v) for v in s.split("x")) for s in args.steps.split(",")]
     runner = NativeRunner.from_hf(hf, 2048, num_slots=max(r for r, _ in steps))
     print(machine_line(describe_machine("cpu")) + f"; threads {args.threads}; baseline = the kernel at {args.baseline}")

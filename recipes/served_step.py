@@ -20,7 +20,7 @@ import time
 import torch
 
 from verispec.config import SamplingParams, SpeculativeConfig
-from verispec.runtime.model.loading import DEFAULT_TARGET
+from verispec.runtime.model.loading import SMOLLM2_TARGET
 from verispec.server import ServerConfig
 from verispec.server.served import ServedModel
 
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = ServerConfig(model=DEFAULT_TARGET, spec=SpeculativeConfig(), weights=args.weights,
+    config = ServerConfig(model=SMOLLM2_TARGET, spec=SpeculativeConfig(), weights=args.weights,
                           dtype=torch.float32, max_num_seqs=16)
     if args.load == "main":
         served = ServedModel._load(config)  # what `load` did before: the main thread keeps its OpenMP pool

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.model.target import load_target
 from verispec.runtime.kernels import fused, layer_loop
 from verispec.runtime.model import gemma, llama
@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--weights", default="fp32", help="fp32 (the conversion, in --dtype) or gguf (its blocks)")
     parser.add_argument("--kv-cache-dtype", default="float32", help="the KV cache's entries: float32, float16, auto")
     parser.add_argument("--activations", default="q8", help="with --weights gguf: q8 (integer, the default) or fp32")
-    parser.add_argument("--model", default=DEFAULT_TARGET, help="the target (default: the embedded SmolLM2)")
+    parser.add_argument("--model", default=SMOLLM2_TARGET, help="the target (default: the embedded SmolLM2)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     timed(llama, "linear", "linears")

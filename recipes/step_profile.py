@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from verispec.runtime.model.loading import DEFAULT_TARGET, load_model
+from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.kernels import dense, fused, layer_loop
 from verispec.runtime.runners.native import NativeRunner
 
@@ -79,7 +79,7 @@ def main() -> None:
             os.environ[dense.PATH_ENV] = linears
             dense.reset_paths()  # the weights are packed for this path at load; calls then read the last one set
         for name in args.dtypes.split(","):
-            hf = load_model(DEFAULT_TARGET, dtype=getattr(torch, name))
+            hf = load_model(SMOLLM2_TARGET, dtype=getattr(torch, name))
             for invariant in args.invariant.split(","):
                 for rows in map(int, args.batch.split(",")):
                     for compiled in args.compile.split(","):

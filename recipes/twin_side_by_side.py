@@ -6,7 +6,7 @@ drafters, comma-separated; default self:int8,self:int4,self:q4_0 and the default
 bfloat16; default float32)."""
 import json, os, sys, time
 import torch
-from verispec.runtime.model.loading import load_model, load_tokenizer, DEFAULT_TARGET, DEFAULT_DRAFTER
+from verispec.runtime.model.loading import load_model, load_tokenizer, SMOLLM2_TARGET, SMOLLM2_DRAFTER
 from verispec.bench.prompts import default_prompts_path
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
@@ -20,11 +20,11 @@ for r in rows:
     if r["category"] not in seen:
         seen.add(r["category"]); prompts.append(r)
 prompts = prompts[:n_prompts]
-target = load_model(DEFAULT_TARGET, dtype=getattr(torch, os.environ.get("TWIN_DTYPE", "float32")))
-tok = load_tokenizer(DEFAULT_TARGET)
+target = load_model(SMOLLM2_TARGET, dtype=getattr(torch, os.environ.get("TWIN_DTYPE", "float32")))
+tok = load_tokenizer(SMOLLM2_TARGET)
 ids = [tok.apply_chat_template([{"role": "user", "content": p["turns"][0]}], add_generation_prompt=True, tokenize=True) for p in prompts]
 ids = [list(i["input_ids"]) if isinstance(i, dict) or hasattr(i, "keys") else list(i) for i in ids]
-names = os.environ.get("TWIN_NAMES", f"self:int8,self:int4,self:q4_0,{DEFAULT_DRAFTER}").split(",")
+names = os.environ.get("TWIN_NAMES", f"self:int8,self:int4,self:q4_0,{SMOLLM2_DRAFTER}").split(",")
 drafters = {}
 for n in names:
     t = time.perf_counter(); drafters[n] = build_drafter(n, target, tok, 1024).drafter; print(n, "built in", round(time.perf_counter() - t, 1), "s", flush=True)

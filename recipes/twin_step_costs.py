@@ -5,12 +5,12 @@ import statistics
 import time
 
 import torch
-from verispec.runtime.model.loading import load_model, load_tokenizer, DEFAULT_TARGET
+from verispec.runtime.model.loading import load_model, load_tokenizer, SMOLLM2_TARGET
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
 torch.set_num_threads(2)
-target = load_model(DEFAULT_TARGET, dtype=torch.bfloat16)
-tok = load_tokenizer(DEFAULT_TARGET)
+target = load_model(SMOLLM2_TARGET, dtype=torch.bfloat16)
+tok = load_tokenizer(SMOLLM2_TARGET)
 names = ["self:int8", "self:int8:v8192", "self:int8:v16384", "self:int4", "verispec-draft-smollm2-135m"]
 drafters = {n: build_drafter(n, target, tok, 1024).drafter for n in names}
 engine = SpeculativeEngine(target, tok, None, max_len=1024, max_batch_size=1)

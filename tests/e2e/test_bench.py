@@ -19,7 +19,7 @@ from verispec.bench.costs import (
 from verispec.bench.machine import decode_floor, measure_bandwidth
 from verispec.bench.prompts import PromptError, load_prompts, select_prompts
 from verispec.cli import main
-from verispec.runtime.runners.dtype import choose_dtype, dtype_name
+from verispec.runtime.model.dtype import choose_dtype, dtype_name
 
 AUTO = dtype_name(choose_dtype("cpu")[0])  # what --dtype auto runs the tiny Llama pair in here (bf16 on native-bf16 CPUs)
 

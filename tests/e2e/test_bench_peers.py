@@ -29,7 +29,7 @@ from verispec.bench.prompts import BenchPrompt
 from verispec.bench.suite import BenchSettings
 from verispec.cli import main
 from verispec.runtime.model.memory import weights_bytes
-from verispec.runtime.runners.dtype import choose_dtype, dtype_name
+from verispec.runtime.model.dtype import choose_dtype, dtype_name
 
 AUTO = dtype_name(choose_dtype("cpu")[0])  # what --dtype auto runs the tiny Llama target in here
 

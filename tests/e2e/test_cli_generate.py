@@ -41,7 +41,7 @@ def test_the_targets_twin_as_drafter_equals_target_alone(capsys, model_dirs):
 
 
 def test_json_says_which_dtype_auto_chose_and_why(capsys, model_dirs):
-    from verispec.runtime.runners.dtype import choose_dtype, dtype_name
+    from verispec.runtime.model.dtype import choose_dtype, dtype_name
 
     code, out, _ = run_cli(capsys, "--model", model_dirs["target"], "--prompt", "hi", "--max-new-tokens", 2, "--json",
                            "--draft-model", "none")

@@ -25,7 +25,7 @@ import dataclasses
 
 from verispec.config import SpeculativeConfig
 from verispec.runtime.runners import select as runners
-from verispec.runtime.runners.dtype import NATIVE_BF16_FLAGS, cpu_flags, kernels_built
+from verispec.runtime.model.dtype import NATIVE_BF16_FLAGS, cpu_flags, kernels_built
 from verispec.server import ServerConfig, create_app
 
 MODEL = "target"

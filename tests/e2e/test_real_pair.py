@@ -48,10 +48,11 @@ def test_real_default_answers_sensibly(real_gen):
 
 
 def test_cli_json_real_pair_equals_draft_none(capsys):
-    args = ["generate", "--prompt", PROMPTS[1], "--chat", "--max-new-tokens", "40", "--json"]
+    args = ["generate", "--model", SMOLLM2_TARGET, "--draft-model", f"ngram+{SMOLLM2_DRAFT}", "--prompt", PROMPTS[1],
+            "--chat", "--max-new-tokens", "40", "--json"]
     assert main(args) == 0
     spec = json.loads(capsys.readouterr().out)
-    assert main(args + ["--draft-model", "none"]) == 0
+    assert main(args[:3] + ["--draft-model", "none"] + args[5:]) == 0
     alone = json.loads(capsys.readouterr().out)
     assert spec["token_ids"] == alone["token_ids"]
     assert spec["stats"]["accepted_tokens"] > 0

@@ -7,7 +7,7 @@ import pytest
 
 from verispec.bench.serve_load import parse_concurrency
 from verispec.cli import main as cli_main
-from verispec.runtime.runners.dtype import choose_dtype, dtype_name
+from verispec.runtime.model.dtype import choose_dtype, dtype_name
 
 
 def test_parse_concurrency():

@@ -10,7 +10,7 @@ from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.model import DRAFT_QTYPE, ModelDrafter, draft_model_weights
 from verispec.drafters.ngram import NgramDrafter
 from verispec.engine import CACHE_SLACK, SpeculativeEngine
-from verispec.runtime.runners.native import native_twin_of
+from verispec.runtime.model.twins import native_twin_of
 from verispec.runtime.kernels.quant import QuantWeight
 
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.kernel("quant")]

@@ -24,7 +24,7 @@ from verispec.runtime.model.loading import (SMOLLM2_DRAFTER, SMOLLM2_TARGET, Mod
 from verispec.runtime.model.target import load_target, resolve_weights
 from verispec.runtime.model.native_lm import NativeCausalLM, gguf_config
 from verispec.runtime.model.tokenizer_cache import cached_folder
-from verispec.runtime.runners.native import rope_table
+from verispec.runtime.model.build import rope_table
 from verispec.runtime.runners.select import make_runner
 from verispec.runtime.model.gguf_weights import read_gguf_weights
 from verispec.runtime.weights.gguf_file import open_gguf

@@ -7,7 +7,8 @@ import torch
 from conftest import tiny_llama
 from verispec.runtime.weights import hugepages
 from verispec.runtime.model.llama import DENSE
-from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.model.twins import use_quantized_weights
 from verispec.runtime.kernels.quant import QuantWeight
 
 

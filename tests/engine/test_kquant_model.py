@@ -19,7 +19,8 @@ from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.kernels.quant import STACK, QuantWeight
 from verispec.runtime.model.llama import LlamaModel
-from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.model.twins import use_quantized_weights
 
 # GGUF name -> block type: layer 0 as Q4_K_M makes a 256-multiple layer (Q6_K for v and down), layer 1 as it makes
 # the rows it cannot cut in super-blocks (Q5_0, and Q8_0 for v); Q5_K and Q5_1 where Q5_K_M would put them

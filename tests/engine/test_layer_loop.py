@@ -14,8 +14,9 @@ from kquant_reference import quantize
 from test_gemma import tiny_gemma
 from verispec.runtime.kernels import layer_loop
 from verispec.runtime.kernels.quant import QuantWeight
-from verispec.runtime.runners.native import (NativeRunner, adopt, build_model, model_spec, use_quantized_weights,
-                                             weights_of)
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.model.build import build_model, model_spec, weights_of
+from verispec.runtime.model.twins import adopt, use_quantized_weights
 
 pytestmark = [pytest.mark.kernel("layer"), pytest.mark.usefixtures("one_thread")]
 

@@ -9,7 +9,8 @@ from transformers import MistralConfig, MistralForCausalLM
 from conftest import BUILDERS, VOCAB, _common, tiny_llama
 from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.runners.native import NativeRunner, load_safetensors
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.model.build import load_safetensors
 from verispec.runtime.runners.select import HFRunner, make_runner
 
 ATOL = 1e-4

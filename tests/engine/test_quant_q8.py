@@ -177,7 +177,7 @@ def test_speculation_and_batches_on_integer_activations_equal_the_target_alone(q
     from verispec.drafters.build import model_drafter
     from verispec.drafters.ngram import NgramDrafter
     from verispec.engine import SpeculativeEngine
-    from verispec.runtime.runners.native import use_quantized_weights
+    from verispec.runtime.model.twins import use_quantized_weights
 
     target, draft = trained_pair
     quantized = copy.deepcopy(target)
@@ -200,7 +200,9 @@ def test_integer_activations_are_another_model_close_to_the_fp32_one(trained_pai
     of their range on a tiny trained model."""
     import copy
 
-    from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+    from verispec.runtime.runners.native import NativeRunner
+
+    from verispec.runtime.model.twins import use_quantized_weights
 
     target, _ = trained_pair
     logits = {}

@@ -14,7 +14,8 @@ from verispec.config import RunnerOptions, SamplingParams
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.model.llama import LlamaModel
 from verispec.runtime.kernels import quant
-from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.model.twins import use_quantized_weights
 from verispec.runtime.kernels.quant import GGML_BLOCKS, PATHS, QuantWeight, dequantize_reference, kernel, quantize_int8
 
 QTYPES = sorted(GGML_BLOCKS) + ["int8"]

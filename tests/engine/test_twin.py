@@ -14,7 +14,8 @@ from verispec.config import RunnerOptions, SamplingParams, SpeculativeConfig
 from verispec.drafters.build import build_drafter
 from verispec.drafters.twin import TwinDrafter
 from verispec.engine import SpeculativeEngine
-from verispec.runtime.runners.native import NativeRunner, use_quantized_weights
+from verispec.runtime.runners.native import NativeRunner
+from verispec.runtime.model.twins import use_quantized_weights
 from verispec.runtime.kernels.quant import QuantWeight
 from verispec.stats import GenerationStats
 

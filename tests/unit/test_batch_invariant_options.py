@@ -22,7 +22,7 @@ def test_runner_options_batch_invariant(argv, want):
 
 def test_unset_means_on_where_the_kernels_run(trained_pair):
     from verispec.config import RunnerOptions
-    from verispec.runtime.runners.dtype import kernels_built
+    from verispec.runtime.model.dtype import kernels_built
     from verispec.runtime.runners.select import make_runner
 
     target, _ = trained_pair

@@ -2,7 +2,7 @@
 
 import torch
 
-from verispec.runtime.runners import compile as compile_mod
+from verispec.runtime.model import compile as compile_mod
 
 
 def test_cache_folder_is_keyed_and_made(monkeypatch, tmp_path):

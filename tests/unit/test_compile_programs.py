@@ -4,7 +4,7 @@ reaches the caller."""
 
 import pytest
 
-from verispec.runtime.runners import compile as compile_mod
+from verispec.runtime.model import compile as compile_mod
 
 
 @pytest.fixture

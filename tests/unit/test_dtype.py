@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from verispec.runtime.runners.dtype import choose_dtype, resolve_dtype
+from verispec.runtime.model.dtype import choose_dtype, resolve_dtype
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma"})
 AVX512_BF16 = AVX2 | {"avx512f", "avx512_bf16", "avx512_vnni"}
@@ -94,7 +94,7 @@ def test_server_config_auto_on_quantized_weights_is_fp32(weights, quantization):
 
 def test_the_kv_cache_dtype_choice():
     from verispec.config import RunnerOptions
-    from verispec.runtime.runners.dtype import resolve_kv_cache_dtype
+    from verispec.runtime.model.dtype import resolve_kv_cache_dtype
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     # auto: float16 only for integer activations on the CPU kernels; the model's dtype elsewhere, with the reason

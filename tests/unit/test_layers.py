@@ -26,6 +26,14 @@ LAYERS = [
     ("apps", ["generator", "server", "cli", "bench", "distill", "__init__", "__main__"]),
 ]
 
+# Inside runtime/, the same rule between its rooms: kernels, weights, caches and threads below the models (model/:
+# architectures, building, twins, loading), the models below the runners that run them (runners/).
+RUNTIME_LAYERS = [
+    ("runtime parts", ["runtime.kernels", "runtime.weights", "runtime.caches", "runtime.threads", "runtime"]),
+    ("runtime.model", ["runtime.model"]),
+    ("runtime.runners", ["runtime.runners"]),
+]
+
 
 def module_names(src: Path = SRC, package: str = PACKAGE) -> dict[str, Path]:
     files = sorted((src / package).rglob("*.py"))
@@ -58,12 +66,24 @@ def import_graph(src: Path = SRC, package: str = PACKAGE) -> dict[str, set[str]]
     return graph
 
 
-def layer_of(module: str) -> int:
+def layer_of(module: str, layers: list = LAYERS) -> int:
     rest = module.removeprefix(PACKAGE + ".") if module != PACKAGE else "__init__"
-    for index, (_, prefixes) in enumerate(LAYERS):
-        if any(rest == p or rest.startswith(p + ".") for p in prefixes):
-            return index
+    matches = [(len(p), index) for index, (_, prefixes) in enumerate(layers) for p in prefixes
+               if rest == p or rest.startswith(p + ".")]  # the longest prefix decides (runtime.model over runtime)
+    if matches:
+        return max(matches)[1]
     raise AssertionError(f"{module} is in no layer: add it to LAYERS in {__file__}")
+
+
+def upward_imports(graph: dict[str, set[str]], layers: list) -> list[str]:
+    """Every import from a module to one in a higher layer (modules outside `layers`' prefixes ignored)."""
+    def inside(m: str) -> bool:
+        rest = m.removeprefix(PACKAGE + ".")
+        return any(rest == p or rest.startswith(p + ".") for _, prefixes in layers for p in prefixes)
+
+    return [f"{m} ({layers[layer_of(m, layers)][0]}) imports {d} ({layers[layer_of(d, layers)][0]})"
+            for m, deps in sorted(graph.items()) if inside(m) for d in sorted(deps)
+            if inside(d) and layer_of(d, layers) > layer_of(m, layers)]
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -114,9 +134,21 @@ def test_no_import_cycles():
 
 
 def test_imports_only_go_down_the_layers():
-    upward = [f"{m} ({LAYERS[layer_of(m)][0]}) imports {d} ({LAYERS[layer_of(d)][0]})"
-              for m, deps in sorted(import_graph().items()) for d in sorted(deps) if layer_of(d) > layer_of(m)]
+    upward = upward_imports(import_graph(), LAYERS)
     assert not upward, "imports going up the layers:\n" + "\n".join(upward)
+
+
+def test_runtimes_rooms_import_only_down():
+    upward = upward_imports(import_graph(), RUNTIME_LAYERS)
+    assert not upward, "imports going up runtime's rooms:\n" + "\n".join(upward)
+
+
+def test_the_rooms_check_catches_a_model_that_imports_its_runner():
+    """Negative control: the old two-way (model/native_lm importing runners/native) is an upward import."""
+    graph = {"verispec.runtime.model.native_lm": {"verispec.runtime.runners.native"},
+             "verispec.runtime.runners.native": {"verispec.runtime.model.llama"}}
+    assert upward_imports(graph, RUNTIME_LAYERS) == [
+        "verispec.runtime.model.native_lm (runtime.model) imports verispec.runtime.runners.native (runtime.runners)"]
 
 
 # Run with `python -c` in a fresh interpreter, which has loaded only what start-up loads: the driver uses os and sys

@@ -14,7 +14,7 @@ from ..drafters.build import build_drafter
 from ..drafters.model import draft_model_weights
 from ..drafters.spec import parse_drafter_spec
 from ..config import RunnerOptions
-from ..runtime.runners.compile import cache_counts
+from ..runtime.model.compile import cache_counts
 from ..runtime.runners.select import runner_info
 from ..runtime.model.loading import model_weight_bytes
 from ..runtime.threads import governor

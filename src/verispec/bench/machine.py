@@ -82,7 +82,7 @@ def _bandwidth_gb_s(device: str, threads: int) -> float:
 def describe_machine(device: torch.device | str) -> dict:
     import transformers
 
-    from ..runtime.runners.dtype import NATIVE_BF16_FLAGS, choose_dtype, cpu_flags, dtype_name
+    from ..runtime.model.dtype import NATIVE_BF16_FLAGS, choose_dtype, cpu_flags, dtype_name
 
     device = torch.device(device)
     auto, why = choose_dtype(device)

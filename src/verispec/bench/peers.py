@@ -201,7 +201,7 @@ def vllm_dtype(config, dtype: str) -> str:
     this device (bf16 where the CPU has native bf16), vLLM's fastest here."""
     if not is_quantized(getattr(config, "weights", "fp32"), getattr(config, "quantization", "none")):
         return dtype
-    from ..runtime.runners.dtype import choose_dtype, dtype_name
+    from ..runtime.model.dtype import choose_dtype, dtype_name
 
     return dtype_name(choose_dtype(config.device)[0])
 

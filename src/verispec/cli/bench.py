@@ -21,7 +21,7 @@ from ..config import StructuredOutput
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..runtime.model.target import is_quantized
 from . import CliError
-from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
+from ..runtime.model.dtype import DTYPE_CHOICES, dtype_name
 from . import bench_serve
 from .common import (THREADS_HELP, add_chat_template_arg, add_runner_args, add_weights_args, apply_threads,
                      check_device_flag, positive_int, runner_options, threads_arg,

@@ -18,7 +18,7 @@ def _dtypes(args) -> list[str]:
 def dtypes_from_args(args) -> list[str]:
     """--dtypes (else --dtype) as dtype names, 'auto' resolved for --device as the server resolves it (quantized
     weights: float32). CliError on an unknown name."""
-    from ..runtime.runners.dtype import DTYPE_CHOICES, dtype_name
+    from ..runtime.model.dtype import DTYPE_CHOICES, dtype_name
 
     dtypes = _dtypes(args)
     if bad := [d for d in dtypes if d not in DTYPE_CHOICES]:

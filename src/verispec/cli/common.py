@@ -11,7 +11,7 @@ import torch
 
 from ..config import KV_CACHE_DTYPES, RUNNER_BACKENDS, RunnerOptions
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
-from ..runtime.runners.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
+from ..runtime.model.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
 from ..runtime.threads import configure_threads, parse_threads
 from . import CliError
 

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from ..distill.shards import ShardError
     from ..distill.teacher_job import TeacherConfig, TeacherError, identity, run_teacher
     from ..runtime.model.loading import ModelLoadError, load_tokenizer, resolve_model_path
-    from ..runtime.runners.dtype import dtype_name, resolve_kv_cache_dtype
+    from ..runtime.model.dtype import dtype_name, resolve_kv_cache_dtype
     from .common import target_plan
 
     try:

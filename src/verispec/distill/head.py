@@ -37,7 +37,7 @@ class HeadNet(nn.Module):
 
     def __init__(self, config: HeadConfig, target, vocab: torch.Tensor, seed: int = 0, max_len: int = 4096) -> None:
         super().__init__()
-        from ..runtime.runners.native import rope_table
+        from ..runtime.model.build import rope_table
 
         c = config
         d, hd = c.hidden_size, c.head_dim

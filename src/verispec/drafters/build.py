@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from ..config import cache_len
-from ..runtime.runners.native import model_device
+from ..runtime.model.twins import model_device
 from .base import Drafter
 from .cascade import SEPARATOR, CascadeDrafter
 from .cross_tokenizer import cross_tokenizer_drafter, same_tokenizer

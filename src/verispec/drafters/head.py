@@ -141,7 +141,7 @@ class HeadDrafter(Drafter):
         lm = target.get_output_embeddings().weight.detach()[self.vocab]  # [draft_vocab, hidden]
         self.lm_head = Linear(lm.to(self.dtype), None, pack=True)
         self.swap_weights(pack_head(self.spec, w, self.dtype, self.device))
-        from ..runtime.runners.native import rope_table
+        from ..runtime.model.build import rope_table
 
         cos, sin = rope_table(target, self.max_len)
         self.cos, self.sin = cos.to(self.device), sin.to(self.device)  # [max_len, head_dim]

@@ -41,7 +41,7 @@ def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
     """What `model`'s weights run as under the runner `options`: DRAFT_QTYPE or "float" (see DRAFT_WEIGHTS)."""
     from ..runtime.kernels import quant
     from ..runtime.model.llama import LlamaSpec, UnsupportedModel
-    from ..runtime.runners.native import model_device
+    from ..runtime.model.twins import model_device
 
     if DRAFT_WEIGHTS not in ("auto", "float", DRAFT_QTYPE):
         raise ValueError(f"VERISPEC_DRAFT_WEIGHTS={DRAFT_WEIGHTS!r}: choose auto, float or {DRAFT_QTYPE}")
@@ -68,7 +68,8 @@ def to_draft_blocks(model: PreTrainedModel, max_len: int) -> None:
     HF keeps its float copies (the bench's HF assisted generation runs them)."""
     from ..runtime.kernels.quant import quantize_linears
     from ..runtime.model.llama import Linear
-    from ..runtime.runners.native import use_quantized_weights, weights_of
+    from ..runtime.model.build import weights_of
+    from ..runtime.model.twins import use_quantized_weights
 
     if DRAFT_ACTIVATIONS not in ("q8", "fp32"):
         raise ValueError(f"VERISPEC_DRAFT_ACTIVATIONS={DRAFT_ACTIVATIONS!r}: choose q8 or fp32")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime.runners.native import model_device
+from ..runtime.model.twins import model_device
 
 
 DRAFT_HINT = "leave it out to run the drafter on the target's device"

@@ -26,8 +26,9 @@ from torch import nn
 from ..config import RunnerOptions
 from ..runtime.model.memory import twin_bytes
 from ..runtime.model.llama import LlamaModel, UnsupportedModel
-from ..runtime.runners.native import (NativeModel, NativeRunner, build_model, model_spec, native_twin_of,
-                                      table_positions, weights_of)
+from ..runtime.runners.native import NativeRunner
+from ..runtime.model.build import NativeModel, build_model, model_spec, table_positions, weights_of
+from ..runtime.model.twins import native_twin_of
 from ..runtime.kernels.quant import BLOCK, quantize_linears
 from .model import ModelDrafter
 from .twin_head import reduce_head

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..kernels import dense, fused, layer_loop
 from ..weights import hugepages
-from ..runners.compile import run_program
+from ..model.compile import run_program
 from ..kernels.invariant import MAX_INVARIANT_IN, block_attention, split_in
 from ..caches.kv_cache import entry_index, write_entries
 from .architectures import UnsupportedModel
@@ -174,7 +174,7 @@ def _packed(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 
 def own(tensor: torch.Tensor) -> nn.Parameter:
     """A copy the model owns: nothing it holds aliases the source's tensors (or the file those are mapped from),
-    so the source can be freed (native.release_hf_weights). A quantized weight (runtime/kernels/quant.py) is kept as it is."""
+    so the source can be freed (twins.release_hf_weights). A quantized weight (runtime/kernels/quant.py) is kept as it is."""
     if not isinstance(tensor, torch.Tensor):
         return tensor
     return nn.Parameter(tensor.detach().clone(), requires_grad=False)

@@ -194,7 +194,7 @@ def float_dtype(dtype: str | torch.dtype, device: str | torch.device, name_or_pa
                 runner: str = "auto"):
     """`runtime/runners/dtype.resolve_dtype` for a model on float weights: 'auto' is the device's fast dtype where
     the model runs natively, float32 otherwise (its config is read only then). -> (dtype, why)."""
-    from ..runners.dtype import resolve_dtype
+    from .dtype import resolve_dtype
 
     return resolve_dtype(dtype, device, False, dtype != "auto" or in_native_family(name_or_path, runner))
 
@@ -329,7 +329,7 @@ def load_pair(
 
 def model_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's parameters and buffers in their current dtype, tied weights counted once (a target on
-    quantized weights: its native twin's bytes, as `native.adopt` recorded them)."""
+    quantized weights: its native twin's bytes, as `twins.adopt` recorded them)."""
     if hasattr(model, "_verispec_weight_bytes"):
         return model._verispec_weight_bytes
     seen: set[int] = set()

@@ -189,7 +189,7 @@ def twin_bytes(target_config, qtype: str, head_tokens: int | None, max_len: int,
     """What the twin adds beside its target: its weights and its KV cache of `slots` slots of `max_len` entries
     (the target's layers, heads and dtype). UnsupportedModel (a ValueError) where the target is outside the
     native family, which the twin runs on."""
-    from ..runners.native import model_spec
+    from ..model.build import model_spec
 
     spec = model_spec(target_config, max_len)
     return twin_weight_bytes(spec, qtype, head_tokens) + slots * kv_cache_bytes(target_config, max_len, dtype)

@@ -8,13 +8,14 @@ same fields transformers' conversion sets), its native model (`llama.LlamaModel`
 straight from the blocks, and a `NativeCausalLM` stands where
 callers expect the Hugging Face model: the config, the generation config and every weight by its Hugging Face name
 and shape (meta tensors: the native model holds the values). Registered as the native twin's source
-(`runners/native.adopt`), it runs on `NativeRunner` exactly as a converted model whose weights were released to
+(`twins.adopt`), it runs on `NativeRunner` exactly as a converted model whose weights were released to
 the blocks (`quantize_target`) does; it has no forward of its own.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,8 +23,8 @@ import torch
 from torch import nn
 from transformers import GenerationConfig, PretrainedConfig
 
-from ..runners.hf import is_hf_model
-from ..runners.native import adopt, build_model, model_spec, table_positions
+from ..model.build import build_model, model_spec, table_positions
+from ..model.twins import adopt
 from ..weights.gguf_file import GGUFFile, open_gguf
 from .architectures import GLOBAL, SLIDING
 from .gguf_weights import file_architecture, read_gguf_weights
@@ -149,6 +150,13 @@ def _one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def is_hf_model(obj) -> bool:
+    """Whether obj is a Hugging Face model, without importing Hugging Face modeling (~1.5 s of start-up): where
+    it was never imported, nothing is one."""
+    modeling = sys.modules.get("transformers.modeling_utils")
+    return modeling is not None and isinstance(obj, modeling.PreTrainedModel)
 
 
 def is_causal_lm(obj) -> bool:

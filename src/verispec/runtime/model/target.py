@@ -83,7 +83,7 @@ def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, t
                          weights: str = "fp32", quantization: str = "none", runner: str = "auto"):
     """`runtime/runners/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights, else as for any
     model on float weights (`loading.float_dtype`). -> (dtype, why)."""
-    from ..runners.dtype import resolve_dtype
+    from .dtype import resolve_dtype
 
     if weights == "auto":
         weights, _ = resolve_weights(weights, target, dtype, device, quantization, runner)
@@ -201,7 +201,7 @@ def quantize_target(model, name_or_path: str | os.PathLike, weights: str = "fp32
     """The loaded target on quantized weights (runtime/kernels/quant.py), in place: `weights="gguf"` its GGUF file's own
     blocks (the same values as the fp32 conversion), `quantization="int8"` its linears per channel. Afterwards only
     the native runner runs it. -> model."""
-    from ..runners.native import use_quantized_weights
+    from ..model.twins import use_quantized_weights
 
     gguf_file = check_weights(name_or_path, weights, quantization, next(model.parameters()).dtype)
     if gguf_file is not None or quantization != "none":

@@ -15,7 +15,6 @@ fp32; logprobs to ~1e-5). `RunnerOptions.batch_invariant` applies to the native 
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -26,13 +25,6 @@ from ..caches.kv_cache import SlotCache, StepLayout, attention_mask
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-def is_hf_model(obj) -> bool:
-    """Whether obj is a Hugging Face model, without importing Hugging Face modeling (~1.5 s of start-up): where
-    it was never imported, nothing is one."""
-    modeling = sys.modules.get("transformers.modeling_utils")
-    return modeling is not None and isinstance(obj, modeling.PreTrainedModel)
 
 
 class HFRunner(SlotRunner):

@@ -9,10 +9,12 @@ from typing import TYPE_CHECKING
 
 from ...config import RunnerOptions
 from .base import RunnerOutput, SlotRunner
-from .compile import cache_counts
-from .dtype import choose_dtype, dtype_name, kernels_built
+from ..model.compile import cache_counts
+from ..model.dtype import choose_dtype, dtype_name, kernels_built
 from .hf import HFRunner
-from .native import NativeRunner, UnsupportedModel, default_compile, model_device
+from ..model.architectures import UnsupportedModel
+from ..model.twins import model_device
+from .native import NativeRunner, default_compile
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -53,7 +55,7 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
         model = model.hf_model()  # Hugging Face modeling on the same weights (ValueError where it has none)
     if options.backend == "hf" and getattr(model, "_verispec_released", False):
         raise ValueError("this model's Hugging Face weights were released to the native runner "
-                         "(native.release_hf_weights): use the runner backend 'auto' or 'native', or load it again")
+                         "(twins.release_hf_weights): use the runner backend 'auto' or 'native', or load it again")
     if options.backend != "hf":
         try:
             compile = default_compile(model) if options.compile is None else options.compile

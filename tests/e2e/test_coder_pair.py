@@ -1,0 +1,83 @@
+"""The embedded default, the coder pair (Qwen2.5-Coder-1.5B-Instruct with its 0.5B, Q4_K_M files from
+verispec[coder]): right on its own blocks, exact with its draft, started without Hugging Face modeling. Slow: the
+files are 1.6 GB (`make test-slow`, after `make demo` or `pip install 'verispec[coder]'`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from verispec.config import RunnerOptions
+from verispec.generator import SpeculativeGenerator
+from verispec.runtime.model.loading import CODER_DRAFT, CODER_TARGET
+
+pytestmark = pytest.mark.slow
+
+PROMPT = "Write a Python function that reverses a linked list."
+# llama.cpp's greedy answer on the same file begins so (its tokens; verispec's q8 activations compute as it does)
+LINKED_LIST_CODE = "self.next = next"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return SpeculativeGenerator.from_pretrained(CODER_TARGET, CODER_DRAFT, K=4, max_len=1024)
+
+
+def test_the_target_writes_what_llamacpp_writes(pair):
+    """The Qwen2 layout read right (q/k rows as stored): the answer does not derail where the Llama-permuted read
+    did ("self.next can reverse a linked list")."""
+    text = pair.generate(PROMPT, chat=True, max_new_tokens=64, speculative=False)
+    assert LINKED_LIST_CODE in text, text
+
+
+def test_speculation_with_the_05b_equals_the_target_alone(pair):
+    ids = pair.encode(PROMPT, chat=True)
+    spec = pair.generate(ids, max_new_tokens=48, return_dict=True)
+    alone = pair.generate(ids, max_new_tokens=48, speculative=False)
+    assert spec.token_ids == alone
+    assert spec.stats.accepted_tokens > 0.5 * spec.stats.draft_tokens  # the pair agrees on code
+
+
+def test_seeded_coupled_sampling_equals_the_target_alone(pair):
+    ids = pair.encode(PROMPT, chat=True)
+    kw = dict(max_new_tokens=32, temperature=0.8, top_p=0.95, seed=7, coupled=True)
+    assert pair.generate(ids, **kw) == pair.generate(ids, speculative=False, **kw)
+
+
+def test_a_batch_equals_each_row_alone(pair):
+    prompts = [pair.encode(PROMPT, chat=True), pair.encode("Explain what a Python decorator is.", chat=True)]
+    batch = pair.generate(prompts, max_new_tokens=24)
+    assert batch == [pair.generate(p, max_new_tokens=24, speculative=False) for p in prompts]
+
+
+def test_fp32_activations_equal_the_fp32_conversion():
+    """The blocks' values are the fp32 conversion's: greedy tokens equal (fp32 activations and cache)."""
+    options = RunnerOptions(kv_cache_dtype="float32")
+    blocks = SpeculativeGenerator.from_pretrained(CODER_TARGET, "none", max_len=256, weights="gguf",
+                                                  activations="fp32", runner=options)
+    ids = blocks.encode(PROMPT, chat=True)
+    ours = blocks.generate(ids, max_new_tokens=32)
+    del blocks
+    conversion = SpeculativeGenerator.from_pretrained(CODER_TARGET, "none", max_len=256, weights="fp32",
+                                                      dtype=torch.float32, runner=options)
+    assert ours == conversion.generate(ids, max_new_tokens=32)
+
+
+def test_the_default_start_imports_no_hugging_face_modeling():
+    script = ("import contextlib, io, json, sys\n"
+              "from verispec.cli import main\n"
+              "out = io.StringIO()\n"
+              "with contextlib.redirect_stdout(out):\n"
+              "    main(['generate', '--prompt', 'def add(a, b):', '--max-new-tokens', '2', '--json'])\n"
+              "heavy = [m for m in ('transformers.modeling_utils', 'transformers.models') if m in sys.modules]\n"
+              "print(json.dumps({'heavy': heavy, 'startup_s': json.loads(out.getvalue())['startup_s']}))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert run.returncode == 0, run.stderr
+    report = json.loads(run.stdout.strip().splitlines()[-1])
+    assert report["heavy"] == [] and report["startup_s"] > 0
