@@ -71,7 +71,7 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
 
     Our methods draft with the drafter `config.draft` names (a model, 'ngram', 'ngram+MODEL', ...); HF assisted
     generation gets its draft model, when it names one (model-free drafters: our methods only)."""
-    from ..runtime.model.loading import load_model, load_tokenizer
+    from ..runtime.model.loading import load_draft, load_model, load_tokenizer
     from ..runtime.model.target import load_target
 
     torch_dtype = getattr(torch, dtype)  # 'float32' -> torch.float32
@@ -79,7 +79,9 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
                          activations=config.activations)
     spec = parse_drafter_spec(config.draft)
     model_name = spec.model
-    draft = None if model_name is None else load_model(model_name, dtype=torch_dtype, device=config.device)
+    hf_runs = any(f.startswith("hf") for f in config.settings.families)  # HF assisted generation needs HF's draft
+    load = load_model if hf_runs else load_draft  # (a GGUF draft otherwise runs its own blocks: loading.load_draft)
+    draft = None if model_name is None else load(model_name, dtype=torch_dtype, device=config.device)
     tokenizer = load_tokenizer(config.target, config.chat_template)
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
