@@ -26,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from ..kernels.ext import cache_root
 from .dtype import cpu_flags
 
 logger = logging.getLogger("verispec")
@@ -37,7 +38,7 @@ _SOURCES: list[str] = []  # the runtime sources' hash, computed once
 
 def cache_dir() -> Path:
     """~/.cache/verispec/compile/<torch version>-<hash of the CPU flags> ($VERISPEC_CACHE overrides the root)."""
-    root = Path(os.environ.get("VERISPEC_CACHE", Path.home() / ".cache" / "verispec"))
+    root = cache_root()
     flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
     return root / "compile" / f"torch-{torch.__version__}-cpu-{flags}"
 

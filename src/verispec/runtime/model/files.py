@@ -3,14 +3,8 @@
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
+from ..kernels.ext import cache_root  # noqa: F401  (one definition: $VERISPEC_CACHE, else ~/.cache/verispec)
 
 
 class ModelLoadError(ValueError):
     """A model or tokenizer could not be found or read; the message names the path and the fix."""
-
-
-def cache_root() -> Path:
-    """Folder for converted and joined models: `$VERISPEC_CACHE`, else `~/.cache/verispec`."""
-    return Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
