@@ -11,7 +11,7 @@ from ..config import RunnerOptions, SpeculativeConfig
 from ..drafters.placement import check_device
 from ..drafters.spec import DEFAULT_HEAD, NONE, parse_drafter_spec
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
-from ..runtime.model.target import resolve_activations, resolve_target_dtype, resolve_weights
+from ..runtime.model.target import TargetOptions, resolve_target
 from .protocol import MAX_CHOICES
 
 NGRAM = "ngram"
@@ -117,24 +117,17 @@ class ServerConfig:
     """The online trainer's AdamW learning rate (--online-lr)."""
 
     def __post_init__(self) -> None:
-        if self.weights == "auto" or not self.weights_reason:  # 'auto' -> gguf or fp32 (replace() keeps a resolved one)
+        resolved = self.weights_reason and self.activations_reason and self.dtype_reason \
+            and isinstance(self.dtype, torch.dtype)  # (replace() keeps a resolved plan)
+        if not resolved:  # weights, activations and dtype decided once, each with why (target.resolve_target)
             draft = self.draft_model
             reads = draft not in (None, "auto") and parse_drafter_spec(draft).reads_target_weights  # head, twin
-            weights, reason = resolve_weights(self.weights, self.model, self.dtype, self.device, self.quantization,
-                                              self.runner.backend, drafter_reads_weights=reads,
-                                              compile=self.runner.compile)
-            object.__setattr__(self, "weights", weights)
-            object.__setattr__(self, "weights_reason", reason)
-        if self.activations == "auto" or not self.activations_reason:  # for the resolved weights
-            activations, reason = resolve_activations(self.activations, self.weights)
-            object.__setattr__(self, "activations", activations)
-            object.__setattr__(self, "activations_reason", reason)
-        if not (isinstance(self.dtype, torch.dtype) and self.dtype_reason):  # (replace() keeps a resolved one)
-            # ValueError naming the choices; quantized weights compute in float32, so 'auto' is float32 there
-            dtype, reason = resolve_target_dtype(self.dtype, self.device, self.model, self.weights,
-                                                 self.quantization, self.runner.backend)
-            object.__setattr__(self, "dtype", dtype)
-            object.__setattr__(self, "dtype_reason", reason)
+            plan = resolve_target(TargetOptions(self.weights, self.quantization, self.dtype, self.activations,
+                                                self.device, self.runner.backend, self.runner.compile,
+                                                drafter_reads_weights=reads), self.model)
+            for name, value in (("weights", plan.weights), ("activations", plan.activations), ("dtype", plan.dtype)):
+                object.__setattr__(self, name, value)
+                object.__setattr__(self, f"{name}_reason", plan.reasons[name])
         if self.max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {self.max_len}")
         if self.draft_device is not None:
