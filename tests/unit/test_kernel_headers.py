@@ -34,5 +34,5 @@ def test_every_local_include_is_hashed_into_the_build_key():
     assert [str(p) for p in ext.local_includes(KERNELS / "layer_kernel.cpp")] == [
         "layer_loop.h", "layer_ops.h", "attention.h", "layer_common.h", "parallel.h", "pool_api.h"]
     assert [str(p) for p in ext.local_includes(KERNELS / "quant_kernel.cpp")] == [
-        "quant_common.h", "quant_gemm512.h", "quant_vk.h", "parallel.h", "quant_k.h", "quant_q8.h", "pool_api.h",
-        "quant_unpack.h"]
+        "quant_common.h", "quant_gemm512.h", "quant_vk.h", "quant_pack.h", "parallel.h", "quant_k.h", "quant_q8.h",
+        "pool_api.h", "quant_unpack.h"]

@@ -14,10 +14,11 @@ dequantize-then-matmul (same values, slower). Outputs equal the fp32 conversion'
 The kernel has an AVX-512, an AVX2 (+FMA, F16C) and a scalar path (paths.py `KernelPath`), each with its own fixed
 summation order; the best one the CPU runs is used, or the one `VERISPEC_QUANT_PATH` (avx512, avx2, scalar; read at
 start-up) names.
-Q4_0, Q4_1, Q5_0 and Q5_1 blocks are repacked once, when a `QuantWeight` is made (`pack_q4`: the same bytes
-reordered, so channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are contiguous;
-only the last group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data` gives the
-file's bytes back. K-quants keep the file's layout (their fp32-activation tiles decode a super-block's scales once).
+Q4_0, Q4_1, Q5_0 and Q5_1 blocks are repacked once, when a `QuantWeight`'s `packed` is first read (`pack_q4`: the
+same bytes reordered, so channels come in groups of 4 whose nibbles share 32-bit lanes and whose fp16 scales are
+contiguous; only the last group's padding is added), into the layout the kernel reads fastest; `QuantWeight.data`
+gives the file's bytes back. K-quants keep the file's layout (their fp32-activation tiles decode a super-block's
+scales once).
 
 Integer activations (`activations="q8"`, quant_q8.h): the GGUF block types as llama.cpp computes them, activations
 quantized per row in blocks of 32 to int8 (one fp32 scale a block), exact integer dot products per block, the blocks
@@ -102,9 +103,9 @@ class QuantWeight:
         self._scales_arg = _or_empty(scales)  # what the kernel takes (made once: it is passed every call)
         self.shape = torch.Size((data.shape[0], in_features))
         if activations == "q8":
-            self.packed, self.kernel_id = pack_v(data, qtype), V_LAYOUTS[qtype]
+            self._file, self.kernel_id = data, V_LAYOUTS[qtype]  # `packed` made on first use: `__getattr__`
         elif qtype in REPACKED and REPACK:
-            self.packed, self.kernel_id = pack_q4(data, qtype), REPACKED[qtype]
+            self._file, self.kernel_id = data, REPACKED[qtype]
         else:
             self.packed = data.contiguous()
             self.kernel_id = INT8[1] if qtype == INT8[0] else kernel_id(qtype)
@@ -118,14 +119,28 @@ class QuantWeight:
         weight.packed, weight.kernel_id = packed, REPACKED[qtype]
         return weight
 
+    def __getattr__(self, name: str):
+        # A repacked weight keeps the file's blocks (`_file`) until `packed` is first read, and is packed then, once:
+        # so `cat` fuses q/k/v and gate/up from the file's bytes and packs only the fused weight, never each part and
+        # then (after unpacking them) the stack. Only called for names not set: every other one is missing.
+        file = self.__dict__.get("_file") if name == "packed" else None
+        if file is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        packed = pack_v(file, self.qtype) if self.kernel_id in V_LAYOUTS.values() else pack_q4(file, self.qtype)
+        packed = self.__dict__.setdefault("packed", packed)  # (two threads here pack the same bytes; one is kept)
+        self.__dict__.pop("_file", None)
+        return packed
+
     def __repr__(self) -> str:
         return f"QuantWeight({self.qtype}, {tuple(self.shape)})"
 
     @property
     def data(self) -> torch.Tensor:
-        """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked)."""
+        """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked already)."""
         if self.kernel_id == STACK:
             raise TypeError("a stack of weights of different types has no one row layout: see its .parts")
+        if "_file" in self.__dict__:  # not packed yet
+            return self.__dict__["_file"]
         if self.kernel_id in V_LAYOUTS.values():
             return unpack_v(self.packed, self.qtype, self.shape[0])
         return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.kernel_id in REPACKED.values() else self.packed
@@ -188,7 +203,8 @@ def cat(weights: list[QuantWeight]) -> QuantWeight:
     """Weights of one input size stacked along the output dimension (fused q/k/v, gate/up). Of one type and
     activations: repacked weights whose sizes are whole groups stack as they are (`pack_q4` keeps each group of 4
     channels in one row: the same bytes as repacking the stack); others are stacked as the file's blocks and
-    repacked. Of several (a K-quant file's q/k/v can mix Q5_0 and Q8_0): a `stack` of them."""
+    repacked (weights fused at load are not packed yet: their blocks stack as they came, and only the stack is
+    packed). Of several (a K-quant file's q/k/v can mix Q5_0 and Q8_0): a `stack` of them."""
     first = weights[0]
     if any(w.shape[1] != first.shape[1] for w in weights):
         raise ValueError("only quantized weights of one input size fuse")
@@ -302,9 +318,15 @@ def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
     [chunks][16 channels][4 bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel) and (Q5) its
     [16 channels] u32 fifth bits (V_Q5_BITS' order), then every block's 16 fp16 d, then (Q4_1, Q5_1) every block's
     16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never returned).
-    K-quants: `pack_vk`'s records."""
+    K-quants: `pack_vk`'s records. Moved by quant_pack.h where the kernel is built, else by `pack_v_reference`."""
     if qtype in K_BLOCKS:
         return pack_vk(data, qtype)
+    ext = kernel()
+    return pack_v_reference(data, qtype) if ext is None else ext.pack_v(data, kernel_id(qtype))
+
+
+def pack_v_reference(data: torch.Tensor, qtype: str) -> torch.Tensor:
+    """`pack_v` of the 32-weight blocks in numpy (the fallback, and the reference the C++ is tested against)."""
     out, size = data.shape[0], GGML_BLOCKS[qtype][0]
     first, count, scales = _v_fields(qtype)
     groups = -(-out // V_GROUP)
@@ -327,6 +349,12 @@ def unpack_v(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
     """`pack_v`'s inverse: [ceil(out / 16), 16 * row_bytes] -> [out, row_bytes], the file's bytes."""
     if qtype in K_BLOCKS:
         return unpack_vk(packed, qtype, out)
+    ext = kernel()
+    return unpack_v_reference(packed, qtype, out) if ext is None else ext.unpack_v(packed, kernel_id(qtype), out)
+
+
+def unpack_v_reference(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
+    """`unpack_v` of the 32-weight blocks in numpy (the fallback, and the reference)."""
     groups, size = packed.shape[0], GGML_BLOCKS[qtype][0]
     first, count, scales = _v_fields(qtype)
     q5 = qtype in ("Q5_0", "Q5_1")

@@ -29,6 +29,7 @@
 #include "quant_common.h"
 #include "quant_gemm512.h"
 #include "quant_vk.h"
+#include "quant_pack.h"
 
 #include <map>
 #include <string>
@@ -758,6 +759,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scales"), py::arg("qtype"), py::arg("in_features"), py::arg("out_features"), py::arg("path") = 0);
   m.def("dequantize", &dequantize, "dequantized rows", py::arg("data"), py::arg("scales"), py::arg("qtype"),
         py::arg("in_features"), py::arg("out_features"), py::arg("ids"));
+  m.def("pack_v", &verispec_pack::pack_v, "[out, row_bytes] GGUF blocks -> their V / VK layout (quant_pack.h)",
+        py::arg("data"), py::arg("ggml_type"));
+  m.def("unpack_v", &verispec_pack::unpack_v, "a V / VK layout -> the file's [out, row_bytes] blocks (quant_pack.h)",
+        py::arg("packed"), py::arg("ggml_type"), py::arg("out_features"));
   m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (AUTO: the best here)");
   m.def("path_numbers", [] {  // (a test holds them equal to paths.py's)
     return std::map<std::string, int64_t>{{"auto", AUTO}, {"scalar", SCALAR}, {"avx2", AVX2}, {"avx512", AVX512}};

@@ -1,15 +1,20 @@
 """The K-quants' integer-activation layouts ("VK", quant_vk.h): `pack_vk` reorders a Q4_K / Q5_K / Q6_K weight's
 super-blocks into records of 16 channels (each unit of 32 weights as quant_q8.h's Q4 V chunks, the 6-bit scales and
-mins a byte each), `unpack_vk` gives the file's bytes back. Moved in numpy (strided byte copies)."""
+mins a byte each), `unpack_vk` gives the file's bytes back. Moved by quant_pack.h where the quant kernel is built (at
+memory speed); the numpy versions here (`pack_vk_reference`, `unpack_vk_reference`) are the fallback elsewhere and the
+reference tests/unit/test_quant_pack.py holds the C++ to, byte for byte."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from .ext import KERNELS, build
+
 VK_GROUP = 16  # output channels of a record
 SUPER = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}  # bytes of a super-block in the file
 RECORD = {"Q4_K": 148, "Q5_K": 180, "Q6_K": 210}  # bytes a channel's super-block takes in a record
+GGML_TYPE = {"Q4_K": 12, "Q5_K": 13, "Q6_K": 14}  # what quant_pack.h calls them (quant.py K_BLOCKS' kernel ids)
 
 
 def _fields(qtype: str, blk: np.ndarray) -> dict[str, np.ndarray]:
@@ -56,6 +61,18 @@ _Q6_PLACES = [8 * (j % 4) + 2 * (j // 4) for j in range(16)]  # element j of a h
 def pack_vk(data: torch.Tensor, qtype: str) -> torch.Tensor:
     """[out, row_bytes] Q4_K / Q5_K / Q6_K super-blocks -> [ceil(out / 16), 16 * RECORD * super-blocks], quant_vk.h's
     records (a last group short of 16 channels padded with zeros: computed, never returned)."""
+    ext = build("quant", KERNELS["quant"])
+    return pack_vk_reference(data, qtype) if ext is None else ext.pack_v(data, GGML_TYPE[qtype])
+
+
+def unpack_vk(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
+    """`pack_vk`'s inverse: [ceil(out / 16), 16 * RECORD * super-blocks] -> [out, row_bytes], the file's bytes."""
+    ext = build("quant", KERNELS["quant"])
+    return unpack_vk_reference(packed, qtype, out) if ext is None else ext.unpack_v(packed, GGML_TYPE[qtype], out)
+
+
+def pack_vk_reference(data: torch.Tensor, qtype: str) -> torch.Tensor:
+    """`pack_vk` in numpy."""
     out = data.shape[0]
     groups = -(-out // VK_GROUP)
     raw = data.contiguous().numpy()
@@ -84,8 +101,8 @@ def pack_vk(data: torch.Tensor, qtype: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(record).reshape(groups, -1))
 
 
-def unpack_vk(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
-    """`pack_vk`'s inverse: [ceil(out / 16), 16 * RECORD * super-blocks] -> [out, row_bytes], the file's bytes."""
+def unpack_vk_reference(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:
+    """`unpack_vk` in numpy."""
     groups = packed.shape[0]
     n = packed.shape[1] // (VK_GROUP * RECORD[qtype])
     rec = packed.contiguous().numpy().reshape(groups, n, VK_GROUP * RECORD[qtype])
