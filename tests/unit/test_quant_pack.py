@@ -87,7 +87,7 @@ def test_a_weight_fused_at_load_is_packed_once_from_the_files_blocks(qtype, monk
     reference's packing of the stacked blocks, and each part, read later, packs its own blocks."""
     calls = []
     pack_v = quant.pack_v
-    monkeypatch.setattr(quant, "pack_v", lambda data, qt: calls.append(data.shape[0]) or pack_v(data, qt))
+    monkeypatch.setattr(quant, "pack_v", lambda data, qt, into=None: calls.append(data.shape[0]) or pack_v(data, qt, into))
     monkeypatch.setattr(quant, "unpack_v", lambda *args: pytest.fail("unpacked a weight to fuse it"))
     parts = [blocks(qtype, out, 512, seed) for seed, out in enumerate((48, 16, 16))]
     weights = [QuantWeight(qtype, p, 512, activations="q8") for p in parts]
@@ -110,3 +110,30 @@ def test_a_packed_weight_fuses_and_computes_as_before():
     fresh = torch.cat([QuantWeight("Q4_K", p, 512, activations="q8") for p in parts])
     assert torch.equal(torch.cat(used).packed, fresh.packed)
     assert torch.equal(fresh.linear(x, None), each)
+
+
+@pytest.mark.kernel("quant")
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
+def test_blocks_read_when_needed_are_packed_straight_into_their_place(qtype):
+    """A weight of `Deferred` blocks (how a GGUF file's are read: nothing until used) reads them once, through the
+    mapped path where it has one, and packs them into the given view: the same bytes as packing them in memory; a
+    view of the wrong shape is refused."""
+    from contextlib import contextmanager
+
+    data = blocks(qtype, 40, 512, 3)
+    reads = []
+
+    @contextmanager
+    def mapped():
+        reads.append("mapped")
+        yield data
+
+    weight = QuantWeight(qtype, quant.Deferred(data.shape, lambda: reads.append("copy") or data.clone(), mapped), 512,
+                         activations="q8")
+    shape, dtype = weight.packed_spec()
+    assert reads == [] and dtype == torch.uint8
+    view = torch.full(shape, 7, dtype=torch.uint8)
+    weight.pack_into(view)
+    assert reads == ["mapped"] and weight.packed is view and torch.equal(view, reference_pack(data, qtype))
+    with pytest.raises(RuntimeError, match="into"):
+        quant.pack_v(data, qtype, into=torch.empty(shape[0], shape[1] + 1, dtype=torch.uint8))

@@ -32,6 +32,8 @@ each: 1.03x the file's bytes for Q4_K / Q5_K, 1.00x for Q6_K).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import os
 
 import numpy as np
@@ -40,7 +42,7 @@ import torch.nn.functional as F
 
 from .ext import build
 from .paths import KernelPath, numbers
-from .quant_vk import pack_vk, unpack_vk
+from .quant_vk import RECORD, SUPER, VK_GROUP, pack_vk, unpack_vk
 
 # GGML types with blocks of 32 weights -> (bytes per block, kernel id = the GGML type id); INT8 is verispec's own.
 GGML_BLOCKS = {"Q4_0": (18, 2), "Q4_1": (20, 3), "Q5_0": (22, 6), "Q5_1": (24, 7), "Q8_0": (34, 8)}
@@ -80,6 +82,49 @@ def kernel():
     return _KERNEL[0]
 
 
+class Deferred:
+    """A GGUF tensor's [out, row_bytes] blocks, read when first needed (`load()`): a model's blocks are then never
+    all in memory beside their packed copies (each is read, packed into its place in the weights' arena and let go:
+    `llama.onto_huge_pages`), so a start's peak memory stays near the file's size."""
+
+    def __init__(self, shape, load, mapped=None) -> None:
+        self.shape = torch.Size(shape)
+        self.load = load  # () -> [out, row_bytes] uint8, a copy
+        self.mapped = mapped  # None, or () -> a context giving the bytes without a copy (the file's own pages)
+
+    @staticmethod
+    def cat(parts: list) -> Deferred:
+        """The parts (Deferred or tensors, one row size) stacked along the rows, read when first needed."""
+        rows = sum(p.shape[0] for p in parts)
+
+        def load() -> torch.Tensor:
+            out = torch.empty(rows, parts[0].shape[1], dtype=torch.uint8)
+            at = 0
+            for part in parts:
+                with blocks_of(part) as data:
+                    out[at : at + data.shape[0]] = data
+                at += part.shape[0]
+            return out
+
+        return Deferred((rows, parts[0].shape[1]), load)
+
+
+def materialize(data) -> torch.Tensor:
+    """The bytes of `data` (a tensor, or a `Deferred` read now)."""
+    return data.load() if isinstance(data, Deferred) else data
+
+
+@contextmanager
+def blocks_of(data):
+    """The bytes of `data` for a `with` block: a Deferred's straight from the file's pages where it can (let go
+    after), else a copy; a tensor as it is."""
+    if isinstance(data, Deferred) and data.mapped is not None:
+        with data.mapped() as view:
+            yield view
+    else:
+        yield materialize(data)
+
+
 class QuantWeight:
     """A quantized `[out, in]` weight: `packed` uint8, what the kernel reads (Q4_0 / Q4_1: `pack_q4`'s
     `[ceil(out / 4), 4 * row_bytes]`; else the file's `[out, row_bytes]` GGUF blocks, or int8 values), `scales`
@@ -107,7 +152,7 @@ class QuantWeight:
         elif qtype in REPACKED and REPACK:
             self._file, self.kernel_id = data, REPACKED[qtype]
         else:
-            self.packed = data.contiguous()
+            self.packed = materialize(data).contiguous()
             self.kernel_id = INT8[1] if qtype == INT8[0] else kernel_id(qtype)
 
     @classmethod
@@ -126,6 +171,7 @@ class QuantWeight:
         file = self.__dict__.get("_file") if name == "packed" else None
         if file is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        file = materialize(file)
         packed = pack_v(file, self.qtype) if self.kernel_id in V_LAYOUTS.values() else pack_q4(file, self.qtype)
         packed = self.__dict__.setdefault("packed", packed)  # (two threads here pack the same bytes; one is kept)
         self.__dict__.pop("_file", None)
@@ -134,13 +180,42 @@ class QuantWeight:
     def __repr__(self) -> str:
         return f"QuantWeight({self.qtype}, {tuple(self.shape)})"
 
+    def packed_spec(self) -> tuple[torch.Size, torch.dtype]:
+        """The shape and dtype `packed` has (or will have once packed: from the blocks' shape, nothing read)."""
+        if "_file" not in self.__dict__:
+            return self.packed.shape, self.packed.dtype
+        return self._packed_shape(), torch.uint8
+
+    def _packed_shape(self) -> torch.Size:
+        out, row = self.__dict__["_file"].shape
+        if self.kernel_id in V_LAYOUTS.values():
+            width = VK_GROUP * RECORD[self.qtype] * (row // SUPER[self.qtype]) if self.qtype in K_BLOCKS \
+                else V_GROUP * row
+            return torch.Size((-(-out // V_GROUP), width))
+        return torch.Size((-(-out // GROUP), GROUP * row))
+
+    def pack_into(self, view: torch.Tensor) -> None:
+        """Pack (where not packed yet: straight into `view`, for V / VK layouts) or move `packed` into `view` (a
+        place in the weights' arena, of `packed_spec()`); the blocks' own copies are let go."""
+        file = self.__dict__.get("_file")
+        if file is not None and self.kernel_id in V_LAYOUTS.values():
+            with blocks_of(file) as data:
+                pack_v(data, self.qtype, into=view)
+            self.__dict__.pop("_file")
+        else:
+            packed = self.packed
+            if packed.shape != view.shape:
+                raise AssertionError(f"{self}: packed {tuple(packed.shape)}, its place {tuple(view.shape)}")
+            view.copy_(packed)
+        self.packed = view
+
     @property
     def data(self) -> torch.Tensor:
         """[out, row_bytes] uint8: the blocks as the file has them (a copy where they are repacked already)."""
         if self.kernel_id == STACK:
             raise TypeError("a stack of weights of different types has no one row layout: see its .parts")
         if "_file" in self.__dict__:  # not packed yet
-            return self.__dict__["_file"]
+            return materialize(self.__dict__["_file"])
         if self.kernel_id in V_LAYOUTS.values():
             return unpack_v(self.packed, self.qtype, self.shape[0])
         return unpack_q4(self.packed, self.qtype, self.shape[0]) if self.kernel_id in REPACKED.values() else self.packed
@@ -215,7 +290,11 @@ def cat(weights: list[QuantWeight]) -> QuantWeight:
         return QuantWeight.repacked(first.qtype, torch.cat([w.packed for w in weights]),
                                     sum(w.shape[0] for w in weights), first.shape[1])
     scales = None if first.scales is None else torch.cat([w.scales for w in weights])
-    return QuantWeight(first.qtype, torch.cat([w.data for w in weights]), first.shape[1], scales, first.activations)
+    if all(isinstance(w.__dict__.get("_file"), Deferred) for w in weights):  # nothing read yet: nor now
+        data = Deferred.cat([w.__dict__["_file"] for w in weights])
+    else:
+        data = torch.cat([w.data for w in weights])
+    return QuantWeight(first.qtype, data, first.shape[1], scales, first.activations)
 
 
 STACK = 300  # the kernel id of a stack of weights of different types (quant_kernel.cpp stack_linear)
@@ -312,17 +391,21 @@ def _spread_qh(qh: np.ndarray, inverse: bool = False) -> np.ndarray:
     return out
 
 
-def pack_v(data: torch.Tensor, qtype: str) -> torch.Tensor:
+def pack_v(data: torch.Tensor, qtype: str, into: torch.Tensor | None = None) -> torch.Tensor:
     """[out, row_bytes] Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 blocks -> [ceil(out / 16), 16 * row_bytes], the
     integer-activation kernel's layout (quant_q8.h): per group of 16 channels, for every block its quants as
     [chunks][16 channels][4 bytes] (a chunk: the file's quant bytes 4i .. 4i + 3 of each channel) and (Q5) its
     [16 channels] u32 fifth bits (V_Q5_BITS' order), then every block's 16 fp16 d, then (Q4_1, Q5_1) every block's
     16 fp16 m. The same bytes; a last group short of 16 channels is padded with zeros (computed, never returned).
-    K-quants: `pack_vk`'s records. Moved by quant_pack.h where the kernel is built, else by `pack_v_reference`."""
+    K-quants: `pack_vk`'s records. Moved by quant_pack.h where the kernel is built, else by `pack_v_reference`.
+    into: where to write them (a contiguous uint8 tensor of their shape), -> into."""
     if qtype in K_BLOCKS:
-        return pack_vk(data, qtype)
+        return pack_vk(data, qtype, into)
     ext = kernel()
-    return pack_v_reference(data, qtype) if ext is None else ext.pack_v(data, kernel_id(qtype))
+    if ext is not None:
+        return ext.pack_v(data, kernel_id(qtype), into)
+    packed = pack_v_reference(data, qtype)
+    return packed if into is None else into.copy_(packed)
 
 
 def pack_v_reference(data: torch.Tensor, qtype: str) -> torch.Tensor:

@@ -760,7 +760,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize", &dequantize, "dequantized rows", py::arg("data"), py::arg("scales"), py::arg("qtype"),
         py::arg("in_features"), py::arg("out_features"), py::arg("ids"));
   m.def("pack_v", &verispec_pack::pack_v, "[out, row_bytes] GGUF blocks -> their V / VK layout (quant_pack.h)",
-        py::arg("data"), py::arg("ggml_type"));
+        py::arg("data"), py::arg("ggml_type"), py::arg("into") = py::none());
   m.def("unpack_v", &verispec_pack::unpack_v, "a V / VK layout -> the file's [out, row_bytes] blocks (quant_pack.h)",
         py::arg("packed"), py::arg("ggml_type"), py::arg("out_features"));
   m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (AUTO: the best here)");

@@ -230,13 +230,17 @@ inline int64_t checked_blocks(const torch::Tensor& t2d, int64_t type, int64_t by
 }
 
 // [out, row_bytes] blocks of GGML type `type` -> [ceil(out / 16), 16 * row_bytes] (quant.py `pack_v`, `pack_vk`).
-inline torch::Tensor pack_v(torch::Tensor data, int64_t type) {
+inline torch::Tensor pack_v(torch::Tensor data, int64_t type, c10::optional<torch::Tensor> into) {
   const int64_t size = file_bytes(type);
   const int64_t n = checked_blocks(data, type, size, "pack_v data");
   data = data.contiguous();
   const int64_t out = data.size(0), groups = (out + CH - 1) / CH, row = data.size(1);
   const int64_t run = k_type(type) ? CH * record_bytes(type) * n : CH * row;
-  auto packed = torch::empty({groups, run}, torch::kUInt8);
+  // `into`: the packed bytes' place (a view of the weights' arena), written directly instead of a new tensor
+  auto packed = into.has_value() ? *into : torch::empty({groups, run}, torch::kUInt8);
+  TORCH_CHECK(packed.scalar_type() == torch::kUInt8 && packed.is_contiguous() && packed.dim() == 2 &&
+                  packed.size(0) == groups && packed.size(1) == run,
+              "pack_v into: a contiguous uint8 [", groups, ", ", run, "] tensor is needed");
   const std::vector<uint8_t> zeros(static_cast<size_t>(row), 0);
   const uint8_t* src = data.data_ptr<uint8_t>();
   uint8_t* dst = packed.data_ptr<uint8_t>();

@@ -58,11 +58,15 @@ _Q5_PLACES = [8 * (j % 4) + j // 4 if j < 16 else 8 * ((j - 16) % 4) + 4 + (j - 
 _Q6_PLACES = [8 * (j % 4) + 2 * (j // 4) for j in range(16)]  # element j of a half of 16: bits 8k + 2i
 
 
-def pack_vk(data: torch.Tensor, qtype: str) -> torch.Tensor:
+def pack_vk(data: torch.Tensor, qtype: str, into: torch.Tensor | None = None) -> torch.Tensor:
     """[out, row_bytes] Q4_K / Q5_K / Q6_K super-blocks -> [ceil(out / 16), 16 * RECORD * super-blocks], quant_vk.h's
-    records (a last group short of 16 channels padded with zeros: computed, never returned)."""
+    records (a last group short of 16 channels padded with zeros: computed, never returned); into: where to write
+    them (contiguous uint8, their shape), -> into."""
     ext = build("quant", KERNELS["quant"])
-    return pack_vk_reference(data, qtype) if ext is None else ext.pack_v(data, GGML_TYPE[qtype])
+    if ext is not None:
+        return ext.pack_v(data, GGML_TYPE[qtype], into)
+    packed = pack_vk_reference(data, qtype)
+    return packed if into is None else into.copy_(packed)
 
 
 def unpack_vk(packed: torch.Tensor, qtype: str, out: int) -> torch.Tensor:

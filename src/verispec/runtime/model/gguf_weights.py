@@ -10,12 +10,14 @@ know raises `architectures.Unknown`.
 
 from __future__ import annotations
 
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..kernels.quant import NATIVE_TYPES, V_LAYOUTS, QuantWeight
+from ..kernels.quant import NATIVE_TYPES, V_LAYOUTS, Deferred, QuantWeight
 from ..weights.gguf_file import GGUFFile, open_gguf
 from .architectures import Architecture, architecture
 
@@ -53,6 +55,23 @@ def _unpermute(rows: torch.Tensor, heads: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(moved).reshape(rows.shape))
 
 
+def _tensor(file: GGUFFile, info, heads: int | None) -> torch.Tensor:
+    """A tensor's bytes as [out, row_bytes] uint8 (a float tensor's [nbytes]), its q/k rows un-permuted where
+    `heads` is given."""
+    raw = torch.from_numpy(file.read(info))  # [nbytes] uint8
+    if heads is None:
+        return raw if len(info.shape) == 1 else raw.view(info.shape[0], -1)
+    return _unpermute(raw.view(info.shape[0], -1), heads)
+
+
+@contextmanager
+def _mapped(file: GGUFFile, info):
+    """A quantized tensor's [out, row_bytes] bytes straight from the file's pages (`GGUFFile.mapped`), read-only."""
+    with file.mapped(info) as raw, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "The given NumPy array is not writable")
+        yield torch.from_numpy(raw).view(info.shape[0], -1)
+
+
 def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int,
                       activations: str = "fp32") -> dict[str, torch.Tensor | QuantWeight]:
     """-> {Hugging Face name: float32 tensor or QuantWeight (computing with `activations`: quant.py)}. ValueError
@@ -65,15 +84,17 @@ def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int,
         if kind not in _FLOAT_TYPES and kind not in NATIVE_TYPES:
             raise ValueError(f"{path}: tensor {info.name} is {kind}, which --weights gguf does not run "
                              f"(it runs {', '.join(NATIVE_TYPES)}): use --weights fp32 (the converted model)")
-        raw = torch.from_numpy(file.read(info))  # [nbytes] uint8
-        if kind in _FLOAT_TYPES:
-            value = raw.view(_FLOAT_TYPES[kind]).float().reshape(info.shape)
-        else:
-            value = raw.view(info.shape[0], -1)  # [out, row_bytes]
+        heads = None
         if arch.permuted_qk and name.endswith(("q_proj.weight", "k_proj.weight")):
-            value = _unpermute(value, num_heads if ".q_proj." in name else num_kv_heads)
-        if arch.norm_offset and name.endswith("norm.weight"):  # as transformers' conversion undoes it
-            value = value - arch.norm_offset
-        weights[name] = value if kind in _FLOAT_TYPES else \
-            QuantWeight(kind, value, info.shape[-1], activations=tensor_activations(kind, activations))
+            heads = num_heads if ".q_proj." in name else num_kv_heads
+        if kind in _FLOAT_TYPES:
+            value = _tensor(file, info, heads).view(_FLOAT_TYPES[kind]).float().reshape(info.shape)
+            if arch.norm_offset and name.endswith("norm.weight"):  # as transformers' conversion undoes it
+                value = value - arch.norm_offset
+            weights[name] = value
+        else:  # the blocks read when first needed (packing them into place, or a lookup)
+            blocks = Deferred((info.shape[0], info.nbytes // info.shape[0]),
+                              lambda info=info, heads=heads: _tensor(file, info, heads),
+                              None if heads is not None else lambda info=info: _mapped(file, info))
+            weights[name] = QuantWeight(kind, blocks, info.shape[-1], activations=tensor_activations(kind, activations))
     return weights

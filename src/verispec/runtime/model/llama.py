@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import dense, fused, layer_loop
+from ..kernels import dense, fused, layer_loop, quant
 from ..weights import hugepages
 from ..model.compile import run_program
 from ..kernels.invariant import MAX_INVARIANT_IN, block_attention, split_in
@@ -412,26 +412,29 @@ def onto_huge_pages(linears: list[Linear]) -> None:
     in the order a step reads them (`hugepages.arena`: a layer's weights are each under 2 MiB, so alone they sit
     on 4 KiB pages). A weight shared by two linears (a tied LM head) moves once. Each old copy is let go as soon
     as it is moved (the embedded GGUF target: peak and resident memory after load +19 MB for 96 MB of blocks)."""
-    owners: dict[int, list] = {}  # id of the tensor -> [tensor, the places that hold it]
+    owners: dict[int, list] = {}  # id of the weight -> [(shape, dtype), the weight, the linears holding it]
     for linear in linears:
         w = linear.weight
         if linear.packed == DENSE:
-            owners.setdefault(id(w), [w]).append((linear, "weight"))
-        elif not isinstance(w, (torch.Tensor, tuple)) and hasattr(w, "packed"):  # a QuantWeight
-            owners.setdefault(id(w.packed), [w.packed]).append((w, "packed"))
+            owners.setdefault(id(w), [(w.shape, w.dtype), w]).append(linear)
+        elif isinstance(w, quant.QuantWeight):  # packed into its place as it moves (`pack_into`): never all at once
+            owners.setdefault(id(w), [w.packed_spec(), w])
     entries = list(owners.values())
     del owners
-    made = hugepages.arena([entry[0] for entry in entries])
+    made = hugepages.arena_for([entry[0] for entry in entries])
     if made is None:
         return
     buffer, views = made
     for i, view in enumerate(views):
-        tensor, *places = entries[i]
-        entries[i] = None  # with `tensor` gone below, nothing here holds the old copy any more
-        view.copy_(tensor)
-        for holder, name in places:
-            setattr(holder, name, nn.Parameter(view, requires_grad=False) if name == "weight" else view)
-        del tensor, places
+        _, weight, *holders = entries[i]
+        entries[i] = None  # with `weight` gone below, nothing here holds the old copy any more
+        if isinstance(weight, quant.QuantWeight):
+            weight.pack_into(view)
+        else:
+            view.copy_(weight)
+            for linear in holders:
+                linear.weight = nn.Parameter(view, requires_grad=False)
+        del weight, holders
     hugepages.settle(buffer)
 
 

@@ -16,6 +16,7 @@ lengths. The header is read through a memory map; tensors are read into fresh ar
 from __future__ import annotations
 
 import mmap
+from contextlib import contextmanager
 import os
 import struct
 from dataclasses import dataclass
@@ -181,6 +182,24 @@ class GGUFFile:
             if f.readinto(memoryview(out)) != info.nbytes:
                 raise GGUFError(f"{self.path}: tensor {info.name} ends past the end of the file")
         return out
+
+    @contextmanager
+    def mapped(self, info: TensorInfo):
+        """The tensor's bytes, [nbytes] uint8, read-only, straight from the file's pages (no copy) for the `with`
+        block; afterwards the pages are let go from this process (`MADV_DONTNEED`: they stay in the page cache, out
+        of the resident memory), so reading a whole model through the map never holds it all."""
+        if info.offset + info.nbytes > len(self._map):
+            raise GGUFError(f"{self.path}: tensor {info.name} ends past the end of the file")
+        start = info.offset // mmap.PAGESIZE * mmap.PAGESIZE  # (madvise takes whole pages)
+        if hasattr(self._map, "madvise"):  # read ahead in large runs rather than a fault per page
+            self._map.madvise(mmap.MADV_WILLNEED, start, info.offset + info.nbytes - start)
+        view = np.frombuffer(self._map, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        try:
+            yield view
+        finally:
+            del view
+            if hasattr(self._map, "madvise"):
+                self._map.madvise(mmap.MADV_DONTNEED, start, info.offset + info.nbytes - start)
 
 
 _OPEN: dict = {}  # the last file read: (path, size, mtime) -> GGUFFile

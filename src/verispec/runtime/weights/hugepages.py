@@ -104,13 +104,22 @@ def arena(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]
     per tensor with its shape and dtype, cut in order, each on a 64-byte boundary); None where it is not wanted (too
     small, not on the CPU, turned off). The caller fills the views (`copy_`) and can drop each original as it goes,
     so memory peaks at the arena plus what is not moved yet, then calls `settle(arena)`."""
-    sizes = [(t.nbytes + 63) // 64 * 64 for t in tensors]
-    if not tensors or any(t.device.type != "cpu" for t in tensors) or not wanted(sum(sizes)):
+    if any(t.device.type != "cpu" for t in tensors):
+        return None
+    return arena_for([(t.shape, t.dtype) for t in tensors])
+
+
+def arena_for(specs: list[tuple[torch.Size, torch.dtype]]) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+    """`arena` for tensors not made yet, by (shape, dtype): the caller fills each view as it makes its tensor (so
+    the tensors never all exist beside the arena)."""
+    nbytes = [torch.Size(shape).numel() * dtype.itemsize for shape, dtype in specs]
+    sizes = [(n + 63) // 64 * 64 for n in nbytes]
+    if not specs or not wanted(sum(sizes)):
         return None
     buffer = empty((sum(sizes),), torch.uint8)
     views, offset = [], 0
-    for t, size in zip(tensors, sizes):
-        views.append(buffer[offset : offset + t.nbytes].view(t.dtype).view(t.shape))
+    for (shape, dtype), n, size in zip(specs, nbytes, sizes):
+        views.append(buffer[offset : offset + n].view(dtype).view(shape))
         offset += size
     return buffer, views
 
