@@ -199,7 +199,7 @@ class RunnerOptions:
     """Native runner: the KV cache's entries. "float16" / "bfloat16" halve the bytes attention reads each step
     (each entry rounded once, to nearest even: a row's bits still never depend on the others); "float32" /
     the model's dtype keep them as computed. "auto": float16 where GGUF blocks compute with integer activations
-    (--activations q8) on the CPU kernels, the model's dtype elsewhere (runners/dtype.py::resolve_kv_cache_dtype
+    (--activations q8) on the CPU kernels, the model's dtype elsewhere (model/dtype.py::resolve_kv_cache_dtype
     says why). The HF runner ignores it."""
 
     def __post_init__(self) -> None:

@@ -98,7 +98,7 @@ class SpeculativeGenerator:
 
         `draft` is a model (same forms), a draft head ('head:PATH', 'verispec-head-smollm2-135m'), or a drafter
         name such as 'none' (the target alone) or a cascade ('ngram+verispec-head-smollm2-135m'). dtype: a torch
-        dtype, its name, or 'auto' (default; runtime/runners/dtype.py says what it picks and why). weights: 'auto'
+        dtype, its name, or 'auto' (default; runtime/model/dtype.py says what it picks and why). weights: 'auto'
         (default) a GGUF target's own quantized blocks (float32 compute; the embedded default is a GGUF file) where
         verispec's GGUF kernel runs them and dtype is 'auto', else the float conversion (`target.resolve_weights`);
         'fp32' the float conversion, 'gguf' the blocks; quantization='int8': weight-only int8 (a different model).

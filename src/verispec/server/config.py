@@ -39,7 +39,7 @@ class ServerConfig:
     """Longest prompt + output in tokens (the KV cache is allocated for this)."""
     dtype: torch.dtype | str = "auto"
     """Weights dtype of the target and of every drafter the server loads: a torch dtype, its name, or 'auto'
-    (runtime/runners/dtype.py: bf16 where the device computes it natively and speculation stays exact); resolved to a
+    (runtime/model/dtype.py: bf16 where the device computes it natively and speculation stays exact); resolved to a
     torch dtype when the config is made, with `dtype_reason` saying why."""
     dtype_reason: str = ""
     """Why the dtype is what it is (set from `dtype`)."""

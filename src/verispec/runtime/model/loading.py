@@ -160,7 +160,7 @@ def resolve_model_path(name_or_path: str | os.PathLike) -> Path:
 def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto",
                device: str | torch.device = "cpu"):
     """Load a causal LM in eval mode with gradients off (see `resolve_model_path` for accepted names). dtype: a
-    torch dtype, its name, or 'auto' (runtime/runners/dtype.py: the device's fast dtype where speculation stays exact)."""
+    torch dtype, its name, or 'auto' (runtime/model/dtype.py: the device's fast dtype where speculation stays exact)."""
     dtype, _ = float_dtype(dtype, device, name_or_path)
     path = resolve_model_path(name_or_path)
     if path.suffix == ".gguf":
@@ -177,7 +177,7 @@ def load_model(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto
 def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> bool:
     """Whether the model runs on verispec's native runner (`runtime/model/llama.py`'s family or Gemma 3,
     `gemma.py`) with this runner backend: what `--dtype auto` needs to know before loading it
-    (runtime/runners/dtype.py). False where its config is unreadable."""
+    (runtime/model/dtype.py). False where its config is unreadable."""
     if runner == "hf":
         return False
     from .gemma import ARCHITECTURES as GEMMA
@@ -192,7 +192,7 @@ def in_native_family(name_or_path: str | os.PathLike, runner: str = "auto") -> b
 
 def float_dtype(dtype: str | torch.dtype, device: str | torch.device, name_or_path: str | os.PathLike,
                 runner: str = "auto"):
-    """`runtime/runners/dtype.resolve_dtype` for a model on float weights: 'auto' is the device's fast dtype where
+    """`runtime/model/dtype.resolve_dtype` for a model on float weights: 'auto' is the device's fast dtype where
     the model runs natively, float32 otherwise (its config is read only then). -> (dtype, why)."""
     from .dtype import resolve_dtype
 

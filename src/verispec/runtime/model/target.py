@@ -81,7 +81,7 @@ def resolve_target(options: TargetOptions, target: str | os.PathLike) -> TargetP
 
 def resolve_target_dtype(dtype: str | torch.dtype, device: str | torch.device, target: str | os.PathLike,
                          weights: str = "fp32", quantization: str = "none", runner: str = "auto"):
-    """`runtime/runners/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights, else as for any
+    """`runtime/model/dtype.resolve_dtype` for this target: 'auto' is float32 on quantized weights, else as for any
     model on float weights (`loading.float_dtype`). -> (dtype, why)."""
     from .dtype import resolve_dtype
 
