@@ -4,7 +4,7 @@ In order:
 1. the registry of known pairs (`REGISTRY`), matched by normalised family and size, so
    `meta-llama/Llama-3.1-8B-Instruct`, `Meta-Llama-3.1-8B-Instruct` and `llama3.1-8b` all find `llama-3.1-8b`;
    the draft's instruct variant is tried first for an instruct target;
-2. the embedded default pair (models.DEFAULT_TARGET -> models.DEFAULT_DRAFT);
+2. the known pairs of verispec's named models (the coder pair, SmolLM2 and its draft, Gemma 3 with prompt lookup);
 3. a tokenizer-family match among the models available locally (the Hugging Face cache, the bundled draft,
    and any `search_dirs`): same vocabulary size, BOS/UNK tokens and tokenizer class, at most half the target's
    size; the largest at or below 1/8 of the target's size, else the smallest;

@@ -4,7 +4,8 @@
 |---|---|
 | `config.py` | `ServerConfig`: which target and drafter, default speculation, context length |
 | `protocol.py` | pydantic request and response bodies (OpenAI schemas plus `speculative`) |
-| `runtime.py` | `ServedModel`: target, tokenizer, engine, cached drafters, prompt encoding |
+| `served.py` | `ServedModel`: target, tokenizer, engine, cached drafters, prompt encoding |
+| `echo.py` | `echo` on `/v1/completions`: the prompt's logprobs from the target's own forward |
 | `jobs.py` | `Job`, its `JobHandle` and events: a request as the threads pass it on |
 | `prepare.py` | the front end: prompts tokenized and checked, grammars compiled, off the engine thread |
 | `worker.py` | `EngineWorker`: the one thread that runs the model, a step loop over the shared batch |

@@ -1,6 +1,6 @@
 """What every runner shares: `RunnerOutput` (what a forward returns) and `SlotRunner` (slots, lengths, rollback and
-compaction as bookkeeping on a `SlotCache`). The Hugging Face runner (hf_runner.py) and the native runner
-(native.py) both build on it; runner.py picks one (`make_runner`)."""
+compaction as bookkeeping on a `SlotCache`). The Hugging Face runner (hf.py) and the native runner
+(native.py) both build on it; select.py picks one (`make_runner`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`NativeRunner`: the runner interface of `runner.HFRunner` on verispec's own models (`model/llama.py`: the Llama
+"""`NativeRunner`: the runner interface of `hf.HFRunner` on verispec's own models (`model/llama.py`: the Llama
 family, optionally torch.compiled; `model/gemma.py`: Gemma 3, eager), picked by the config (`model_spec`). The engine cannot tell the two apart: same slots, same lengths, same masks.
 
 Compilation (`compile=True`): the whole step (`llama.model_forward`: every layer and the LM head) is one compiled
@@ -52,7 +52,7 @@ def default_compile(hf_model) -> bool:
 
 class NativeRunner(SlotRunner):
     """`num_slots` sequences' KV caches of `max_len` entries on a native model (`LlamaModel`, `GemmaModel`); see
-    runner.HFRunner."""
+    hf.HFRunner."""
 
     backend = "native"
 

@@ -1,5 +1,5 @@
 """Which runner runs a model: `make_runner` picks the native Llama-family runner (native.py) where it applies and
-the Hugging Face runner (hf_runner.py) otherwise; `runner_info` describes the pick. The runner classes are
+the Hugging Face runner (hf.py) otherwise; `runner_info` describes the pick. The runner classes are
 re-exported here, so callers import runners from one place."""
 
 from __future__ import annotations
