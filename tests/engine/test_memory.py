@@ -1,5 +1,6 @@
 """The draft memory check: sizes from headers and configs (nothing loaded), free memory, and the verdict."""
 
+import math
 import sys
 
 import pytest
@@ -174,3 +175,17 @@ def test_the_servers_guard_reads_free_memory_on_the_draft_device(monkeypatch, sa
         runtime.ServedModel._make_room(served, "draft", draft)
     monkeypatch.setattr(runtime, "free_memory_bytes", free_on(int((need + spoken_for) / memory.HEADROOM) + 64, 0))
     runtime.ServedModel._make_room(served, "draft", draft)
+
+
+def test_a_gguf_files_weights_as_stored_or_converted():
+    """A GGUF draft on the CPU runs its own blocks: the memory check counts the file's tensor bytes; converted, its
+    elements in the dtype."""
+    from verispec.runtime.model.loading import smollm2_gguf_path
+    from verispec.runtime.model.memory import weights_bytes
+    from verispec.runtime.weights.gguf_file import open_gguf
+
+    path = smollm2_gguf_path()
+    tensors = open_gguf(path).tensors
+    assert weights_bytes(path, torch.float32, stored=True) == sum(t.nbytes for t in tensors)
+    assert weights_bytes(path, torch.float32) == 4 * sum(math.prod(t.shape) for t in tensors)
+    assert weights_bytes(path, torch.float32, stored=True) < path.stat().st_size < weights_bytes(path, torch.float32)

@@ -14,6 +14,7 @@ KV cache (the target's size per slot).
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -62,21 +63,32 @@ def safetensors_numel(path: Path) -> tuple[int, int]:
     return numel, stored
 
 
-def weights_bytes(path: str | os.PathLike, dtype: torch.dtype = torch.float32) -> int | None:
+def weights_bytes(path: str | os.PathLike, dtype: torch.dtype = torch.float32, stored: bool = False) -> int | None:
     """Bytes the weights in a model folder (or .gguf file) take once loaded in `dtype`; None if unknown.
 
-    safetensors: elements from the headers x dtype bytes. GGUF: elements from its tensor index (it is dequantised
-    on load). Other formats (.bin): the file sizes, the stored dtype being unknown.
+    safetensors: elements from the headers x dtype bytes. GGUF: its tensors' bytes as stored where `stored` and the
+    architecture table knows the file (its blocks run as they are: a draft on the CPU, `loading.load_draft`), else
+    elements x dtype bytes (the fp32 conversion); read from verispec's own header parser (gguf-py's reader parses
+    every metadata array, seconds for a 151k-token vocabulary). Other formats (.bin): the file sizes, the stored
+    dtype being unknown.
     """
     path = Path(path)
     size = dtype_bytes(dtype)
     if path.is_file() and path.suffix == ".gguf":
-        try:
-            from gguf import GGUFReader
+        from ..weights.gguf_file import open_gguf
+        from .gguf_weights import file_architecture
 
-            return sum(int(t.n_elements) for t in GGUFReader(path).tensors) * size
+        try:
+            file = open_gguf(path)
         except Exception:  # noqa: BLE001 - an unreadable index only means "unknown"; loading will say why
             return None
+        if stored:
+            try:
+                file_architecture(file)
+                return sum(t.nbytes for t in file.tensors)
+            except ValueError:  # not in the table: converted on load
+                pass
+        return sum(math.prod(t.shape) for t in file.tensors) * size
     if not path.is_dir():
         return None
     shards = sorted(path.glob("*.safetensors"))
@@ -141,7 +153,7 @@ def check_draft_memory(
     `target_path` is given (the target is not loaded yet); compared against HEADROOM x free memory (`free_bytes`,
     or measured by `free_memory_bytes(device)`).
     """
-    weights = weights_bytes(draft_path, dtype)
+    weights = weights_bytes(draft_path, dtype, stored=torch.device(device).type == "cpu")
     if weights is not None and target_path is not None:
         target_weights = weights_bytes(target_path, dtype)
         weights = None if target_weights is None else weights + target_weights
