@@ -5,7 +5,8 @@ overlaps when any of its n-grams is one of the evaluation texts'. N = 8 words: l
 ("what is the difference between") do not count, short enough that a copied sentence or clause does.
 
 The evaluation texts (`evaluation_texts`): every turn of the Spec-Bench prompts in `shared/data` (which include the
-MT-bench categories, both turns), the packaged bench workloads (`assets/bench/*.jsonl`), the demo prompts and the
+MT-bench categories, both turns), the packaged bench workloads (`assets/bench/*.jsonl`), the code workload's
+prompts (`bench/code_workload.py`, seed 0: the standard library's functions it quotes), the demo prompts and the
 bench's shared system prompt.
 """
 
@@ -49,11 +50,12 @@ def overlapping(train: Iterable[str], evaluation: Iterable[str], n: int = N) -> 
 def evaluation_texts(spec_bench: Path | None) -> list[str]:
     """Every text the benchmarks prompt with (module docstring); `spec_bench`: the Spec-Bench JSONL (None: left
     out)."""
+    from verispec.bench.code_workload import build_prompts
     from verispec.bench.demos import DEMO_PROMPTS
     from verispec.bench.prompts import SYSTEM_PROMPT, json_extraction_files, repetitive_prompts_file
 
     files = [repetitive_prompts_file(), json_extraction_files()[0]] + ([Path(spec_bench)] if spec_bench else [])
-    texts = [SYSTEM_PROMPT] + [p.text for p in DEMO_PROMPTS]
+    texts = [SYSTEM_PROMPT] + [p.text for p in DEMO_PROMPTS] + [t for r in build_prompts(0) for t in r["turns"]]
     for path in files:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
