@@ -3,7 +3,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: install kernels demo test test-unit test-slow test-fuzz test-browser bench clean
+.PHONY: install coder kernels demo test test-unit test-slow test-fuzz test-browser bench clean
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -22,6 +22,8 @@ install: $(VENV)/.installed
 $(VENV)/.coder: $(VENV)/.installed
 	$(PIP) install -q -c constraints.txt -e ".[coder]"
 	touch $@
+
+coder: $(VENV)/.coder
 
 # verispec's C++ kernels, each built in its own process at once (they are otherwise built one after the other on
 # first use; cached under ~/.cache/verispec/ext, so this is a no-op once built).
