@@ -4,17 +4,14 @@ files are 1.6 GB (`make test-slow`, after `make demo` or `pip install 'verispec[
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
 from verispec.config import RunnerOptions
 from verispec.generator import SpeculativeGenerator
 from verispec.runtime.model.loading import CODER_DRAFT, CODER_TARGET
+
+from start_probe import start_report
 
 pytestmark = pytest.mark.slow
 
@@ -69,15 +66,5 @@ def test_fp32_activations_equal_the_fp32_conversion():
 
 
 def test_the_default_start_imports_no_hugging_face_modeling():
-    script = ("import contextlib, io, json, sys\n"
-              "from verispec.cli import main\n"
-              "out = io.StringIO()\n"
-              "with contextlib.redirect_stdout(out):\n"
-              "    main(['generate', '--prompt', 'def add(a, b):', '--max-new-tokens', '2', '--json'])\n"
-              "heavy = [m for m in ('transformers.modeling_utils', 'transformers.models') if m in sys.modules]\n"
-              "print(json.dumps({'heavy': heavy, 'startup_s': json.loads(out.getvalue())['startup_s']}))\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert run.returncode == 0, run.stderr
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = start_report(["--prompt", "def add(a, b):", "--max-new-tokens", "2"])
     assert report["heavy"] == [] and report["startup_s"] > 0

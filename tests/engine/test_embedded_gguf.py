@@ -7,10 +7,7 @@ where a missing package is a failure, not a silent skip.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -28,6 +25,8 @@ from verispec.runtime.model.build import rope_table
 from verispec.runtime.runners.select import make_runner
 from verispec.runtime.model.gguf_weights import read_gguf_weights
 from verispec.runtime.weights.gguf_file import open_gguf
+
+from start_probe import start_report
 
 PROMPTS = ["What is the capital of France?", "Write a Python function that adds two numbers.",
            "List three colours of the rainbow."]
@@ -146,16 +145,6 @@ def test_the_tokenizer_cache_is_keyed_by_the_files_version(tmp_path):
 def test_generate_on_the_default_path_imports_no_hugging_face_modeling(gguf_file):
     """What keeps the start short (docs/runner.md, "Start-up"): neither the target nor the default draft needs Hugging
     Face's modeling or its model families (~1.5 s to import), and --json reports the start-up seconds."""
-    script = ("import contextlib, io, json, sys\n"
-              "from verispec.cli import main\n"
-              "out = io.StringIO()\n"
-              "with contextlib.redirect_stdout(out):\n"
-              "    main(['generate', '--model', 'smollm2-135m-instruct', '--draft-model', "
-              "'ngram+verispec-draft-smollm2-135m', '--prompt', 'Hi', '--max-new-tokens', '2', '--json'])\n"
-              "heavy = [m for m in ('transformers.modeling_utils', 'transformers.models') if m in sys.modules]\n"
-              "print(json.dumps({'heavy': heavy, 'startup_s': json.loads(out.getvalue())['startup_s']}))\n")
-    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
-    assert run.returncode == 0, run.stderr
-    report = json.loads(run.stdout.strip().splitlines()[-1])
+    report = start_report(["--model", SMOLLM2_TARGET, "--draft-model", SMOLLM2_DRAFTER, "--prompt", "Hi",
+                           "--max-new-tokens", "2"], timeout=300)
     assert report["heavy"] == [] and report["startup_s"] > 0
