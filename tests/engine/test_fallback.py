@@ -217,9 +217,13 @@ def test_cli_corrupt_draft_falls_back_bad_path_exits_2(folders, capsys, tmp_path
 
 
 def test_cli_missing_default_draft_uses_ngram(folders, capsys, monkeypatch, tmp_path):
-    import verispec.runtime.model.loading as models
+    import dataclasses
 
-    monkeypatch.setattr(models, "_DEFAULT_DRAFT_DIR", tmp_path / "not-shipped")
+    from verispec.runtime.model.packaged import CODER_DRAFT, PACKAGED
+
+    # the default draft's packages not installed (and no joined file in the cache)
+    missing = dataclasses.replace(PACKAGED[CODER_DRAFT], filename="not-joined.gguf", packages=("verispec-no-such-part",))
+    monkeypatch.setitem(PACKAGED, CODER_DRAFT, missing)
     code = main(["generate", "--model", str(folders["target"]), "--prompt", "the cat", "--max-new-tokens", "8",
                  "--json", "--device", "cpu"])
     out = capsys.readouterr()
