@@ -489,7 +489,9 @@ def test_real_default_model_calls_tools():
     """The embedded SmolLM2-135M target (generic format) with its default drafter: every call parses and validates
     against its function's schema, tool_choice is honoured, and speculation changes nothing."""
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in REAL_TOOLS}
-    config = ServerConfig(enable_speculative=True, max_len=2048)
+    from verispec.runtime.model.loading import SMOLLM2_DRAFTER, SMOLLM2_TARGET
+
+    config = ServerConfig(model=SMOLLM2_TARGET, draft_model=SMOLLM2_DRAFTER, enable_speculative=True, max_len=2048)
     with ServerThread(create_app(config)) as running:
         client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=300)
         for prompt in REAL_PROMPTS:
