@@ -74,7 +74,10 @@ def resolve_target(options: TargetOptions, target: str | os.PathLike) -> TargetP
     dtype, dtype_why = resolve_target_dtype(o.dtype, o.device, target, weights, o.quantization, o.runner)
     activations, activations_why = resolve_activations(o.activations, weights)
     if weights != "fp32" or o.quantization != "none":
-        check_weights(target, weights, o.quantization, dtype)
+        try:
+            check_weights(target, weights, o.quantization, dtype)
+        except ModelLoadError:  # the combination is fine; the model is not found: loading says so
+            pass
     return TargetPlan(str(target), weights, dtype, activations, o.quantization, str(o.device),
                       {"weights": weights_why, "activations": activations_why, "dtype": dtype_why})
 
