@@ -171,8 +171,8 @@ class QuantWeight:
         file = self.__dict__.get("_file") if name == "packed" else None
         if file is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        file = materialize(file)
-        packed = pack_v(file, self.qtype) if self.kernel_id in V_LAYOUTS.values() else pack_q4(file, self.qtype)
+        with blocks_of(file) as data:  # (the file's own pages where it can: no copy, as pack_into reads them)
+            packed = pack_v(data, self.qtype) if self.kernel_id in V_LAYOUTS.values() else pack_q4(data, self.qtype)
         packed = self.__dict__.setdefault("packed", packed)  # (two threads here pack the same bytes; one is kept)
         self.__dict__.pop("_file", None)
         return packed
