@@ -39,6 +39,8 @@ class GenerationStats:
     acceptance_mode: str = "exact"  # verification mode: 'exact' (lossless) or e.g. 'top_k:5' (LOSSY); 'mixed' if both
     lossy: bool = False  # True when a lossy acceptance mode changed the output distribution
     rounds_by_stage: dict[str, int] = field(default_factory=dict)  # drafter (a cascade's stage) -> rounds it drafted
+    draft_tokens_by_stage: dict[str, int] = field(default_factory=dict)  # stage -> its draft tokens (as draft_tokens)
+    accepted_by_stage: dict[str, int] = field(default_factory=dict)  # stage -> of those, accepted (as accepted_tokens)
 
     def record_round(self, proposed: int, accepted: int, committed: int, verified: int | None = None) -> None:
         """One round: `proposed` draft positions (a tree's depth), the leading `accepted` of them accepted,
@@ -54,6 +56,12 @@ class GenerationStats:
         for position in range(proposed):
             self.proposed_by_position[position] += 1
             self.accepted_by_position[position] += position < accepted
+
+    def record_stage(self, stage: str, drafted: int, accepted: int) -> None:
+        """A round the drafter stage `stage` drafted: `drafted` draft tokens counted, the leading `accepted` kept."""
+        self.rounds_by_stage[stage] = self.rounds_by_stage.get(stage, 0) + 1
+        self.draft_tokens_by_stage[stage] = self.draft_tokens_by_stage.get(stage, 0) + drafted
+        self.accepted_by_stage[stage] = self.accepted_by_stage.get(stage, 0) + accepted
 
     @property
     def rounds_by_k(self) -> list[int]:
@@ -90,8 +98,11 @@ class GenerationStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for name in ("draft_s", "verify_s", "prefill_s", "wall_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for stage, rounds in other.rounds_by_stage.items():
-            self.rounds_by_stage[stage] = self.rounds_by_stage.get(stage, 0) + rounds
+        for mine, theirs in ((self.rounds_by_stage, other.rounds_by_stage),
+                             (self.draft_tokens_by_stage, other.draft_tokens_by_stage),
+                             (self.accepted_by_stage, other.accepted_by_stage)):
+            for stage, count in theirs.items():
+                mine[stage] = mine.get(stage, 0) + count
         for mine, theirs in (
             (self.proposed_by_position, other.proposed_by_position),
             (self.accepted_by_position, other.accepted_by_position),

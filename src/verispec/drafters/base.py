@@ -97,6 +97,9 @@ class Drafter(ABC):
     wants_tokens: bool = False  # observe_tokens gets each round's committed tokens (host ints: no device read)
     prefills_lazily: bool = False  # a row's first draft pays its prompt's prefill (model.py): adaptive K leaves a
     # row's first round to the target alone, so the first token comes as with speculation off
+    max_depth: int | None = None  # adaptive K's ceiling for its rounds (None: the request's max_speculation_depth)
+    per_request: bool = False  # made for one sequence (a prediction): its adaptive policy learns acceptance anew,
+    # with the cost estimates every drafter of its class shares (engine/policy.py)
 
     def reserve(self, num_slots: int, runner: RunnerOptions | None = None) -> None:
         """The engine runs up to num_slots sequences at once (called before any `begin`); a drafter with a model

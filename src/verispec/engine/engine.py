@@ -29,6 +29,7 @@ import torch
 
 from ..config import MAX_VERIFY_WIDTH, RunnerOptions, SamplingParams, SpeculativeConfig, cache_len
 from ..drafters.base import Drafter
+from ..drafters.prediction import with_prediction
 from ..sampling import Grammar
 from ..runtime.caches.prefix_cache import PrefixCache
 from ..runtime.runners.select import make_runner
@@ -145,13 +146,23 @@ class SpeculativeEngine:
 
     # -- requests ------------------------------------------------------------------------------------------------
 
-    def check_request(self, prompt_len: int, params: SamplingParams) -> None:
+    def check_request(self, prompt_len: int, params: SamplingParams, prediction_len: int | None = None) -> None:
+        """Raises ValueError naming the fix for a request that cannot run: an empty prompt, a prompt and answer
+        longer than max_len, or (prediction_len: its tokens) an empty prediction, or one the context cannot hold
+        after the prompt."""
         if prompt_len < 1:
             raise ValueError("the prompt is empty: give at least one token")
         if prompt_len + params.max_new_tokens > self.max_len:
             raise ValueError(
                 f"prompt ({prompt_len} tokens) plus max_new_tokens ({params.max_new_tokens}) exceeds max_len "
                 f"({self.max_len}); shorten the prompt, lower max_new_tokens or raise max_len"
+            )
+        if prediction_len is not None and prediction_len < 1:
+            raise ValueError("the prediction is empty: give its text, or leave prediction out")
+        if prediction_len is not None and prompt_len + prediction_len > self.max_len:
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) plus prediction ({prediction_len} tokens) exceeds max_len "
+                f"({self.max_len}): no answer could use all of it; shorten the prediction or raise max_len"
             )
 
     def new_grammar(self, params: SamplingParams) -> Grammar | None:
@@ -171,6 +182,7 @@ class SpeculativeEngine:
         grammar: Grammar | None = None,
         scope: str | None = None,
         resume: Continuation | None = None,
+        prediction: Seq[int] | None = None,
     ) -> Sequence:
         """Queue a request; it starts at the next step with a free slot. prompt_ids is copied, never written to.
 
@@ -182,10 +194,12 @@ class SpeculativeEngine:
         generated and handed out (a failover, server/scale/ingress.py): it goes on after it as one uninterrupted
         request, handing out only what follows (requests.resume_output; output that ends the request leaves it
         finished at once, queued nowhere); ValueError where that output is not one this request could have
-        generated."""
+        generated. `prediction`: token ids of the answer the caller expects (OpenAI's predicted outputs): they draft
+        first, in front of the request's drafter, or alone with use_drafter=False (drafters/prediction.py); the
+        output is the target's all the same."""
         spec = spec or self.spec
         prompt = torch.as_tensor(prompt_ids, dtype=torch.long).flatten()  # [n]
-        self.check_request(prompt.numel(), params)
+        self.check_request(prompt.numel(), params, None if prediction is None else len(prediction))
         if not spec.lossless and not self._warned_lossy:
             self._warned_lossy = True
             logger.warning("acceptance %s is LOSSY: outputs no longer follow the target's distribution",
@@ -194,6 +208,8 @@ class SpeculativeEngine:
         if drafter is not None and not self.calls.backoff(drafter).should_try():
             logger.info("drafter %s skipped for this request (back-off after failures)", drafter.name)
             drafter = None
+        if prediction is not None:
+            drafter = with_prediction(prediction, drafter)
         if drafter is not None:
             drafter.reserve(self.max_batch_size, self.runner_options)  # idempotent: a request-named drafter gets its slots here
             self._share_prefix_cache(drafter)
@@ -267,12 +283,14 @@ class SpeculativeEngine:
         use_drafter: bool = True,
         drafter: Drafter | None = None,
         resume: Continuation | None = None,
+        prediction: Seq[int] | None = None,
     ) -> Iterator[GenerationChunk]:
         """One request through the step loop: a chunk per round; the last chunk carries the request's stats.
-        `resume`: output it already generated (`add_request`): the chunks hand out only what follows.
+        `resume`: output it already generated, `prediction`: the answer's expected token ids (`add_request`): the
+        chunks hand out only what follows.
 
         Closing the iterator early (a client went away) aborts the request; its figures still count."""
-        seq = self.add_request(prompt_ids, params, spec, use_drafter, drafter, resume=resume)
+        seq = self.add_request(prompt_ids, params, spec, use_drafter, drafter, resume=resume, prediction=prediction)
         try:
             while not seq.finished:
                 if seq in self.step():
@@ -281,8 +299,9 @@ class SpeculativeEngine:
             if not seq.finished:
                 self.abort(seq)
 
-    def generate(self, prompt_ids: Seq[int] | torch.Tensor, params: SamplingParams, **kwargs) -> GenerationResult:
-        return self.generate_batch([prompt_ids], [params], **kwargs)[0]
+    def generate(self, prompt_ids: Seq[int] | torch.Tensor, params: SamplingParams,
+                 prediction: Seq[int] | None = None, **kwargs) -> GenerationResult:
+        return self.generate_batch([prompt_ids], [params], predictions=[prediction], **kwargs)[0]
 
     def generate_batch(
         self,
@@ -291,14 +310,21 @@ class SpeculativeEngine:
         spec: SpeculativeConfig | None = None,
         use_drafter: bool = True,
         drafter: Drafter | None = None,
+        predictions: Seq[Seq[int] | None] | None = None,
     ) -> list[GenerationResult]:
         """Run many prompts together (up to max_batch_size at once, the rest as slots free up), each with its
-        own SamplingParams; -> one result per prompt, in order."""
+        own SamplingParams; -> one result per prompt, in order. `predictions`: per prompt, the token ids of its
+        expected answer, or None (`add_request`)."""
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"got {len(prompts)} prompts but {len(params)} SamplingParams: give one per prompt")
-        seqs = [self.add_request(ids, p, spec, use_drafter, drafter) for ids, p in zip(prompts, params)]
+        predictions = [None] * len(prompts) if predictions is None else list(predictions)
+        if len(predictions) != len(prompts):
+            raise ValueError(f"got {len(prompts)} prompts but {len(predictions)} predictions: give one per prompt "
+                             "(None for a prompt without one)")
+        seqs = [self.add_request(ids, p, spec, use_drafter, drafter, prediction=prediction)
+                for ids, p, prediction in zip(prompts, params, predictions)]
         try:
             while any(not seq.finished for seq in seqs):
                 self.step()

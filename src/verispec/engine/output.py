@@ -64,10 +64,12 @@ class OutputStep:
                     self.calls.on_row(seq, lambda d: d.observe_features(seq.slot, features))
                 entry = by_policy.setdefault(id(policy), (policy, [], proposal.seconds, drafts.ks[i]))
                 entry[1].append((depth, accepted))
-            seq.stats.record_round(proposed, min(accepted, kept), kept, drafted if kept == len(committed) else None)
+            verified = drafted if kept == len(committed) else None
+            seq.stats.record_round(proposed, min(accepted, kept), kept, verified)
             seq.stats.draft_s += proposal.seconds + proposal.catch_up_s  # a deferred draft prefill is draft time
             if drafted and drafts.stages[i] is not None:
-                seq.stats.rounds_by_stage[drafts.stages[i]] = seq.stats.rounds_by_stage.get(drafts.stages[i], 0) + 1
+                seq.stats.record_stage(drafts.stages[i], proposed if verified is None else verified,
+                                       min(accepted, kept))
             seq.stats.verify_s += verdict.verify_s
         for policy, pairs, draft_s, k in by_policy.values():
             policy.record_step(pairs, draft_s, k, verdict.verify_s, tokens_fed)

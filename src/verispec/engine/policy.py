@@ -96,6 +96,7 @@ class AdaptivePolicy:
         self._probe_interval = probe_every
         self._since_probe = 0
         self._rates: dict[tuple, list[float]] = {}  # (batch size, rows) -> rates, dropped by record()
+        self._costs_from: AdaptivePolicy | None = None  # whose cost estimates this policy shares (share_costs)
 
     # -- estimates -----------------------------------------------------------------------------------------------
 
@@ -197,8 +198,18 @@ class AdaptivePolicy:
                 self.accepted[position] = self.decay * self.accepted[position] + float(position < num_accepted)
         if draft_steps > 0 and self._warmed(0):
             self.draft_s = self._ema(self.draft_s, draft_s / draft_steps)
+            if self._costs_from is not None:
+                self._costs_from.draft_s = self.draft_s
         if self._warmed(tokens):
             self.verify_s[tokens] = self._ema(self.verify_s.get(tokens), verify_s)
+
+    def share_costs(self, other: AdaptivePolicy) -> None:
+        """Measure costs into `other`'s estimates (the same objects) and start from them: its verify passes by width
+        and its draft step. Acceptance stays this policy's own."""
+        self.verify_s = other.verify_s
+        self._warm = other._warm
+        self.draft_s = other.draft_s
+        self._costs_from = other
 
     def snapshot(self) -> dict:
         """The current estimates, for benchmarks and metrics."""
@@ -277,14 +288,21 @@ class DraftPolicies:
         self.stage_probe_every = stage_probe_every
         self._passed_over: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stage -> rounds it could
         # have drafted but another stage won since it last drafted
+        self._shared_costs: dict[tuple, AdaptivePolicy] = {}  # (per-request drafter class, depth) -> the policy
+        # whose cost estimates its drafters' policies share
 
     def get(self, spec, drafter) -> FixedK | AdaptivePolicy:
+        """A drafter's `max_depth` replaces the request's max_speculation_depth; a `per_request` drafter's policy
+        measures its costs into the estimates its class shares, so a new request's prediction knows them already."""
         if not spec.adaptive or drafter is None:
             return FixedK(spec.num_draft_tokens)
+        depth = drafter.max_depth or spec.max_speculation_depth
         by_depth = self._adaptive.setdefault(drafter, {})
-        if spec.max_speculation_depth not in by_depth:
-            by_depth[spec.max_speculation_depth] = AdaptivePolicy(spec.max_speculation_depth, spec.num_draft_tokens)
-        return by_depth[spec.max_speculation_depth]
+        if depth not in by_depth:
+            policy = by_depth[depth] = AdaptivePolicy(depth, spec.num_draft_tokens)
+            if drafter.per_request:
+                policy.share_costs(self._shared_costs.setdefault((type(drafter), depth), AdaptivePolicy(depth)))
+        return by_depth[depth]
 
     def route(self, spec, drafter, token_ids, batch_size: int = 1):
         """The drafter (a cascade's stage) that drafts after `token_ids` [n] this step (class docstring)."""
