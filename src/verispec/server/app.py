@@ -19,6 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..config import SamplingParams, SpeculativeConfig
+from ..drafters.prediction import NAME as PREDICTION
 from ..drafters.spec import NONE
 from ..stats import GenerationStats
 from .config import ServerConfig
@@ -151,6 +152,10 @@ class Server:
         if isinstance(body.speculative, SpeculativeOptions) and body.speculative.coupling is not None:
             params = replace(params, coupled=body.speculative.coupling == "gumbel")
         spec, drafter = self.speculation(body.speculative, params)
+        predicted = prediction = predicted_text(body)
+        if body.speculative is False or (isinstance(body.speculative, SpeculativeOptions)
+                                         and body.speculative.enabled is False):
+            prediction = None  # the target alone, as asked: nothing drafts (usage reports no prediction token)
         annotate = isinstance(body.speculative, SpeculativeOptions) and body.speculative.annotate
         if annotate and not body.stream:
             raise invalid("speculative.annotate adds a field to each streamed chunk: set stream to true.",
@@ -166,7 +171,7 @@ class Server:
             prompts=prompts, prompt_param=prompt_param, params=params, max_tokens=max_tokens, n=body.n,
             speculative=drafter is not None, spec=spec, drafter_name=drafter, handle=handle, annotate=annotate,
             arrival=arrival, scope=self.scope(request), key=self.key(request), tools=tools, progress=progress,
-            resume=None if resume is None else resume.continuation, echo=echo,
+            resume=None if resume is None else resume.continuation, echo=echo, prediction=prediction,
         ))
         try:
             first = await self._next(handle, request)
@@ -177,6 +182,8 @@ class Server:
             raise first.error
         assert isinstance(first, Started), first
         drafter = drafter if first.speculative else None
+        if prediction is not None:  # what speculative_metrics names as the drafter
+            drafter = PREDICTION if drafter is None else f"{PREDICTION}+{drafter}"
         builder = ResponseBuilder(chat, self.model_id)
         if resume is not None:  # the same stream, picked up: its text offsets where it was left, its id and created
             builder.offsets[0] = first.logprob_chars
@@ -186,7 +193,7 @@ class Server:
             handle=handle, builder=builder, count=len(prompts) * body.n, prompt_tokens=first.prompt_tokens,
             drafter=drafter, spec=spec, logprobs=params.logprobs is not None, n=body.n, tools=tools,
             progress=progress, resumed=None if resume is None else first,
-            role_sent=resume is not None and bool(resume.id),
+            role_sent=resume is not None and bool(resume.id), predicted=predicted is not None,
         )
         if body.stream:
             include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -240,7 +247,8 @@ class Server:
             messages = [tool_message(out) for out in outputs]
             finish_reasons = [finish_reason(f, bool(out.calls)) for f, out in zip(finish_reasons, outputs)]
         return reply.builder.response(joined, finish_reasons,
-                                      usage(reply.prompt_tokens, total.generated_tokens, cached), reply.metrics(total),
+                                      usage(reply.prompt_tokens, total.generated_tokens, cached, reply.prediction(total)),
+                                      reply.metrics(total),
                                       logprobs if reply.logprobs else None, messages)
 
     async def _stream(self, reply: _Reply, include_usage: bool, outcome: _Outcome) -> AsyncIterator[str]:
@@ -291,7 +299,8 @@ class Server:
                     outcome.status = 200  # never splits (server/resume.py)
                     if include_usage:
                         end += builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens +
-                                                         reply.resumed_tokens, cached), reply.metrics(total))
+                                                         reply.resumed_tokens, cached, reply.prediction(total)),
+                                                   reply.metrics(total))
                     yield FINISHED_LINE + end + DONE
                     return
                 yield end
@@ -303,7 +312,7 @@ class Server:
                 outcome.status = 200
                 if include_usage:
                     yield builder.usage_chunk(usage(reply.prompt_tokens, total.generated_tokens + reply.resumed_tokens,
-                                                    cached), reply.metrics(total))
+                                                    cached, reply.prediction(total)), reply.metrics(total))
                 break
         yield DONE
 
@@ -327,6 +336,11 @@ class _Reply:
     progress: bool = False  # the stream reports its tokens for a failover (server/resume.py)
     resumed: Started | None = None  # a stream picked up from an earlier replica: what it had shown
     role_sent: bool = False  # ... and its chat role chunk was sent there
+    predicted: bool = False  # the request has a prediction: usage reports its tokens
+
+    def prediction(self, total: GenerationStats) -> GenerationStats | None:
+        """What usage reads the prediction's tokens from (None without a prediction)."""
+        return total if self.predicted else None
 
     @property
     def resumed_tokens(self) -> int:
@@ -360,6 +374,16 @@ class _JobStream(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self._on_close()
+
+
+def predicted_text(body: SamplingFields) -> str | None:
+    """The request's prediction as text (a chat request's text parts joined); None without one (or an empty one,
+    which predicts nothing)."""
+    prediction = getattr(body, "prediction", None)
+    if prediction is None:
+        return None
+    text = prediction if isinstance(prediction, str) else prediction.text()
+    return text or None
 
 
 def _completion_prompts(body: CompletionRequest) -> list[Prompt]:

@@ -130,5 +130,6 @@ class Job:
     progress: bool = False  # the stream reports its tokens for a failover (server/resume.py)
     resume: Continuation | None = None  # output an earlier replica streamed: this job goes on after it
     echo: bool = False  # each choice starts with its prompt (an `Echo`), with its logprobs when params ask for them
+    prediction: str | None = None  # the answer's expected text: every choice drafts from it (drafters/prediction.py)
     arrival: float = field(default_factory=time.perf_counter)
     first_token_at: float | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ..drafters.prediction import NAME as PREDICTION
 from ..stats import GenerationStats
 
 # Latency buckets in seconds: tiny CPU models answer in milliseconds, 135M-parameter models in tenths.
@@ -39,6 +40,10 @@ class ServerMetrics:
         self.accepted_tokens_by_position = Counter("verispec_accepted_tokens_by_position",
                                                    "Draft tokens accepted at each draft position", ["position"],
                                                    registry=r)
+        self.prediction_tokens = Counter("verispec_prediction_tokens", "Draft tokens proposed from requests' "
+                                         "predictions (predicted outputs)", registry=r)
+        self.accepted_prediction_tokens = Counter("verispec_accepted_prediction_tokens", "Draft tokens from requests' "
+                                                  "predictions the target accepted", registry=r)
         self.fallbacks = Counter("verispec_fallbacks", "Drafter failures that sent a generation on to the target "
                                  "alone", registry=r)
         self.draft_seconds = Counter("verispec_draft_seconds", "Time spent drafting", registry=r)
@@ -110,6 +115,8 @@ class ServerMetrics:
         self.draft_tokens.inc(stats.draft_tokens)
         self.accepted_tokens.inc(stats.accepted_tokens)
         self.fallbacks.inc(stats.fallbacks)
+        self.prediction_tokens.inc(stats.draft_tokens_by_stage.get(PREDICTION, 0))
+        self.accepted_prediction_tokens.inc(stats.accepted_by_stage.get(PREDICTION, 0))
         self.draft_seconds.inc(stats.draft_s)
         self.verify_seconds.inc(stats.verify_s)
         for position, (proposed, accepted) in enumerate(zip(stats.proposed_by_position,

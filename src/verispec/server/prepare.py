@@ -43,6 +43,7 @@ class PreparedChoice:
     params: SamplingParams  # max_new_tokens filled in (max_tokens or the rest of the context); seed + choice
     grammar: Grammar | None  # this sequence's own grammar state, compiled (None without a constraint)
     resume: Continuation | None = None  # output an earlier replica streamed (the job's, for its one choice)
+    prediction: list[int] | None = None  # the job's prediction, tokenized (each choice drafts from its own copy)
 
 
 @dataclass
@@ -65,6 +66,7 @@ def prepare(served: ServedModel, job: Job) -> PreparedJob:
             served.check_prompt(len(ids), job.prompt_param)
         return PreparedJob(job, [PreparedChoice(prompts[i // job.n], job.params, None)
                                  for i in range(len(prompts) * job.n)], prompt_tokens)
+    prediction = None if job.prediction is None else served.encode_prediction(job.prediction)
     choices: list[PreparedChoice] = []
     for index in range(len(prompts) * job.n):
         ids = prompts[index // job.n]
@@ -75,7 +77,9 @@ def prepare(served: ServedModel, job: Job) -> PreparedJob:
         except ValueError as exc:
             raise invalid(str(exc), param="min_tokens") from exc
         served.check_request(len(ids), params, job.prompt_param)
-        choices.append(PreparedChoice(ids, params, None, job.resume))
+        if prediction is not None:
+            served.check_prediction(len(ids), len(prediction))
+        choices.append(PreparedChoice(ids, params, None, job.resume, prediction))
     for choice in choices:  # after the length checks: a request refused for its length compiles nothing
         try:
             choice.grammar = served.engine.new_grammar(choice.params)

@@ -68,7 +68,7 @@ class ResponseFormat(_Request):
 
 
 # OpenAI fields verispec does not implement: a request that sets one gets a 400 naming it, never silence.
-UNSUPPORTED_FIELDS = ("functions", "function_call", "audio", "modalities", "prediction", "web_search_options",
+UNSUPPORTED_FIELDS = ("functions", "function_call", "audio", "modalities", "web_search_options",
                       "reasoning_effort", "suffix", "best_of", "service_tier", "store", "metadata")
 # Tool calling is chat's (server/tools/); a text completion that asks for it gets the same 400.
 CHAT_ONLY_FIELDS = ("tools", "tool_choice", "parallel_tool_calls")
@@ -115,7 +115,6 @@ class SamplingFields(_Request):
     function_call: object | None = None
     audio: object | None = None
     modalities: object | None = None
-    prediction: object | None = None
     web_search_options: object | None = None
     reasoning_effort: object | None = None
     suffix: object | None = None
@@ -165,6 +164,17 @@ class ChatMessage(_Request):
         return "".join(part.text if isinstance(part, TextPart) else part.refusal for part in self.content)
 
 
+class Prediction(_Request):
+    """OpenAI's predicted output: text the answer is expected to repeat (a file being edited), drafted from and
+    verified like any draft (drafters/prediction.py): the answer is the target's all the same."""
+
+    type: Literal["content"]
+    content: str | list[TextPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[object] | None = None
@@ -178,6 +188,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     echo: object | None = None  # text completions only (COMPLETION_ONLY_FIELDS): declared for a clear 400
+    prediction: Prediction | None = None
+    """The answer's expected text ({"type": "content", "content": text or text parts})."""
 
 
 class CompletionRequest(SamplingFields):
@@ -189,6 +201,8 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(default=16, ge=0)  # OpenAI's default for completions; 0 only with echo
     echo: bool = False
     """The prompt in front of the completion; with logprobs, its tokens' logprobs too (the first one null)."""
+    prediction: str | Prediction | None = None
+    """The completion's expected text (verispec's extension of OpenAI's chat field; the chat form is taken too)."""
 
 
 # -- responses -------------------------------------------------------------------------------------------------------
@@ -198,11 +212,20 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (OpenAI's field)
 
 
+class CompletionTokensDetails(BaseModel):
+    """OpenAI's predicted-output figures: the prediction's draft tokens the target accepted and those it did not
+    (rejected, or after a rejection in their round); their sum is the prediction tokens proposed."""
+
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None  # with a prediction only
 
 
 class SpeculativeMetrics(BaseModel):

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from ..config import SpeculativeConfig
+from ..drafters.prediction import NAME as PREDICTION
 from ..engine import TokenLogprob, TokenOrigin
 from ..stats import GenerationStats
 from .protocol import (
@@ -27,6 +28,7 @@ from .protocol import (
     DeltaToolCall,
     FunctionCall,
     PromptTokensDetails,
+    CompletionTokensDetails,
     SpeculativeMetrics,
     TokenLogprobEntry,
     ToolCall,
@@ -110,11 +112,20 @@ def speculative_metrics(stats: GenerationStats, draft_model: str | None, spec: S
     )
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> Usage:
-    """cached_tokens: of prompt_tokens (each prompt counted once), those served from the prefix cache."""
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0,
+          prediction: GenerationStats | None = None) -> Usage:
+    """cached_tokens: of prompt_tokens (each prompt counted once), those served from the prefix cache. prediction:
+    for a request with one, its choices' statistics (merged): the prediction's draft tokens accepted, and those
+    proposed but not accepted (OpenAI's accepted / rejected prediction tokens; they add up to those proposed)."""
+    details = None
+    if prediction is not None:
+        accepted = prediction.accepted_by_stage.get(PREDICTION, 0)
+        rejected = prediction.draft_tokens_by_stage.get(PREDICTION, 0) - accepted
+        details = CompletionTokensDetails(accepted_prediction_tokens=accepted, rejected_prediction_tokens=rejected)
     return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
                  total_tokens=prompt_tokens + completion_tokens,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+                 completion_tokens_details=details)
 
 
 def sse(chunk: ChatCompletionChunk | CompletionChunk | dict, annotation: list[dict] | None = None) -> str:

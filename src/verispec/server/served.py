@@ -343,6 +343,18 @@ class ServedModel:
             raise APIError(400, f"The prompt has {prompt_len} tokens, more than this model's context of "
                                 f"{self.config.max_len} tokens.", param=param, code="context_length_exceeded")
 
+    def encode_prediction(self, text: str) -> list[int]:
+        """A prediction's text -> its token ids (as the answer would spell it: no special tokens added)."""
+        return self._tokenize(text, "prediction", add_special_tokens=False)
+
+    def check_prediction(self, prompt_len: int, prediction_len: int) -> None:
+        """A prediction the context cannot hold after the prompt is a 400 (the engine's own check)."""
+        try:
+            self.engine.check_request(prompt_len, SamplingParams(max_new_tokens=1), prediction_len)
+        except ValueError as exc:
+            raise APIError(400, f"{exc} (this model's context is {self.config.max_len} tokens).",
+                           param="prediction", code="context_length_exceeded") from exc
+
     def check_request(self, prompt_len: int, params: SamplingParams, param: str) -> None:
         """The engine's length checks as a 400 (the engine would raise the same ValueError when it starts)."""
         if prompt_len < 1:

@@ -250,7 +250,8 @@ class EngineWorker:
             for choice in prepared.choices:
                 seqs.append(self.engine.add_request(choice.prompt_ids, choice.params, spec=job.spec,
                                                     use_drafter=drafter is not None, drafter=drafter,
-                                                    grammar=choice.grammar, scope=job.scope, resume=choice.resume))
+                                                    grammar=choice.grammar, scope=job.scope, resume=choice.resume,
+                                                    prediction=choice.prediction))
         except BaseException as exc:
             for seq in seqs:
                 self.engine.abort(seq)
@@ -260,7 +261,8 @@ class EngineWorker:
         special = job.tools.format.special_tokens if job.tools is not None else None
         choices = [_Choice(index, seq, marks=MarkedText(self.served.tokenizer, special) if special else None)
                    for index, seq in enumerate(seqs)]
-        started = Started(prepared.prompt_tokens, drafter is not None)
+        speculative = drafter is not None or job.prediction is not None  # a prediction drafts on its own too
+        started = Started(prepared.prompt_tokens, speculative)
         if job.resume is not None:
             choice, tokenizer = choices[0], self.served.tokenizer
             started.resumed = len(job.resume.token_ids)
@@ -269,7 +271,7 @@ class EngineWorker:
                 started.shown = choice.marks.feed(job.resume.token_ids, started.shown)
             started.logprob_chars = sum(len(tokenizer.decode([t])) for t in job.resume.token_ids)
         job.handle.put(started)
-        return choices, drafter is not None
+        return choices, speculative
 
     def _echoes(self, prepared: PreparedJob) -> list[Echo]:
         """Each choice's prompt to echo, with its tokens' logprobs when the request asks for logprobs: one target
