@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafters.build import build_drafter
+from ..drafters.build import build_drafter, head_ids_for
 from ..drafters.model import draft_model_weights
 from ..drafters.spec import parse_drafter_spec
 from ..config import RunnerOptions
@@ -80,9 +80,14 @@ def load_models(config: BenchConfig, dtype: str, prompts: Sequence[BenchPrompt])
     spec = parse_drafter_spec(config.draft)
     model_name = spec.model
     hf_runs = any(f.startswith("hf") for f in config.settings.families)  # HF assisted generation needs HF's draft
-    load = load_model if hf_runs else load_draft  # (a GGUF draft otherwise runs its own blocks: loading.load_draft)
-    draft = None if model_name is None else load(model_name, dtype=torch_dtype, device=config.device)
     tokenizer = load_tokenizer(config.target, config.chat_template)
+    if model_name is None:
+        draft = None
+    elif hf_runs:
+        draft = load_model(model_name, dtype=torch_dtype, device=config.device)
+    else:  # a GGUF draft runs its own blocks (loading.load_draft), its head reduced as the spec says
+        draft = load_draft(model_name, dtype=torch_dtype, device=config.device,
+                           head_ids=head_ids_for(spec.model_stage, target, tokenizer))
     encoded = encode_prompts(tokenizer, prompts)
     max_len = max(len(p.token_ids) for p in encoded) + config.settings.max_new_tokens + 8
     drafter = build_drafter(spec, target, tokenizer, max_len, draft_model=draft).drafter

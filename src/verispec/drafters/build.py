@@ -32,6 +32,7 @@ from .ngram import NgramDrafter
 from .placement import check_device, on_target_device
 from .spec import NONE, DraftStage, DrafterSpec, parse_drafter_spec
 from .twin import twin_drafter, twin_memory_bytes
+from .vocab_ranks import draft_head_ids
 
 logger = logging.getLogger("verispec")
 ON_ERROR = ("raise", "fallback")
@@ -125,17 +126,28 @@ def _build_stage(stage: DraftStage, build: _Build) -> DrafterLoad:
         if check is not None and not check.fits:
             return DrafterLoad(None, NONE, name, warning=f"draft model {name} not used (not enough memory: {check})")
         return DrafterLoad(twin_drafter(build.target, name, build.cache_len), name, name)
-    if build.draft_model is not None:
-        return DrafterLoad(_loaded_drafter(build, build.draft_model, name), name, name)
+    label = stage.label
+    if build.draft_model is not None and (stage.draft_vocab is None or _has_head(build.draft_model, stage, build)):
+        return DrafterLoad(_loaded_drafter(build, build.draft_model, name), label, label)
     if build.on_error == "raise":
         from ..runtime.model.loading import load_draft
 
-        draft = load_draft(name, dtype=build.dtype, device=build.device)
-        return DrafterLoad(_loaded_drafter(build, draft, name), name, name)
-    drafter, reason = _try_model_drafter(name, build)
+        draft_tokenizer = _draft_tokenizer(name, build.tokenizer)
+        draft = load_draft(name, dtype=build.dtype, device=build.device,
+                           head_ids=_head_ids(stage.draft_vocab, build, draft_tokenizer))
+        return DrafterLoad(_loaded_drafter(build, draft, name, draft_tokenizer), label, label)
+    drafter, reason = _try_model_drafter(name, build, stage.draft_vocab)
     if drafter is None:
-        return DrafterLoad(None, NONE, name, warning=f"draft model {name} not used ({reason})")
-    return DrafterLoad(drafter, name, name)
+        return DrafterLoad(None, NONE, label, warning=f"draft model {name} not used ({reason})")
+    return DrafterLoad(drafter, label, label)
+
+
+def _has_head(draft, stage: DraftStage, build: _Build) -> bool:
+    """Whether an already loaded draft model has the head `stage` asks for (its `draft_vocab`'s rows): else it is
+    loaded anew (the bench compares heads of one draft: `--also-drafters MODEL:v8192,MODEL:vfull`)."""
+    ids = _head_ids(stage.draft_vocab, build, _draft_tokenizer(stage.name, build.tokenizer))
+    has = getattr(draft.config, "draft_vocab", None)
+    return (ids is None and not has) or (ids is not None and has is not None and ids.tolist() == list(has))
 
 
 def _twin_memory(name: str, build: _Build):
@@ -174,8 +186,25 @@ def _auto(build: _Build) -> DrafterLoad:
                        f"auto-selected draft {choice.draft} not used ({reason}); using the n-gram drafter")
 
 
-def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | None]:
-    """(the model drafter, None), or (None, why) when the draft does not fit or fails to load.
+def head_ids_for(stage: DraftStage, target, tokenizer) -> torch.Tensor | None:
+    """The token ids the draft model of `stage` keeps in its head (`DraftStage.draft_vocab`), for a caller that
+    loads the draft itself (`load_draft(..., head_ids=)`: the bench); None: the whole head."""
+    build = _Build(target, tokenizer, 0, torch.float32, "cpu", "raise", None, None, False, None, None)
+    return _head_ids(stage.draft_vocab, build, _draft_tokenizer(stage.name, tokenizer))
+
+
+def _head_ids(draft_vocab: int | None, build: _Build, draft_tokenizer) -> torch.Tensor | None:
+    """The token ids a draft model's reduced head keeps (`DraftStage.draft_vocab`, vocab_ranks.py), or None: the
+    whole head (asked for, or a draft with another tokenizer, whose ids are not the target's)."""
+    if draft_tokenizer is not None and not same_tokenizer(build.tokenizer, draft_tokenizer):
+        return None
+    vocab_size = build.target.get_output_embeddings().weight.shape[0]
+    return draft_head_ids(draft_vocab, build.tokenizer, build.target, vocab_size)
+
+
+def _try_model_drafter(name: str, build: _Build, draft_vocab: int | None = None) -> tuple[Drafter | None, str | None]:
+    """(the model drafter, None), or (None, why) when the draft does not fit or fails to load. draft_vocab: its
+    head's rows (`DraftStage.draft_vocab`).
 
     Raises for a path that does not exist and for a vocabulary mismatch (a draft with the target's tokenizer but
     another output size): those are the user's to fix. A draft with another tokenizer drafts across tokenizers.
@@ -191,11 +220,13 @@ def _try_model_drafter(name: str, build: _Build) -> tuple[Drafter | None, str | 
                                        free_bytes=build.free_bytes)
             if not check.fits:
                 return None, f"not enough memory: {check}"
+    draft_tokenizer = _draft_tokenizer(name, build.tokenizer)
     try:
-        draft = load_draft(name, dtype=build.dtype, device=build.device)
+        draft = load_draft(name, dtype=build.dtype, device=build.device,
+                           head_ids=_head_ids(draft_vocab, build, draft_tokenizer))
     except Exception as exc:  # noqa: BLE001 - the path exists: corrupt weights (safetensors raises its own type), OOM
         return None, f"loading failed: {type(exc).__name__}: {exc}"
-    return _loaded_drafter(build, draft, name), None
+    return _loaded_drafter(build, draft, name, draft_tokenizer), None
 
 
 def check_vocab_match(target, draft) -> None:
@@ -209,10 +240,15 @@ def check_vocab_match(target, draft) -> None:
         )
 
 
-def _loaded_drafter(build: _Build, draft, name: str) -> Drafter:
-    """The drafter for the draft model `name`, loaded as `draft`, with its own tokenizer read from `name`."""
-    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer,
-                          _draft_tokenizer(name, build.tokenizer), name)
+_UNREAD = object()
+
+
+def _loaded_drafter(build: _Build, draft, name: str, draft_tokenizer=_UNREAD) -> Drafter:
+    """The drafter for the draft model `name`, loaded as `draft`, with its own tokenizer (read from `name` where
+    not given)."""
+    if draft_tokenizer is _UNREAD:
+        draft_tokenizer = _draft_tokenizer(name, build.tokenizer)
+    return _model_drafter(build.target, draft, build.cache_len, build.tokenizer, draft_tokenizer, name)
 
 
 def _draft_tokenizer(name: str, target_tokenizer=None):

@@ -18,6 +18,7 @@ from ..sampling import check_finite, process_logits, row_choices, sample_from_pr
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
 from .model_tree import grow_trees
 from .tree import TREE_BEAM
+from ..runtime.model.reduced_head import expand_logits
 from .twin_head import ReducedHead, draft_vocab_ids, restrict_logits
 
 if TYPE_CHECKING:
@@ -239,13 +240,27 @@ class ModelDrafter(Drafter):
         self.runner.reset(slot)
         self._unstarted.pop(slot, None)
 
-    def _logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """The runner's logits [batch, n, vocab], restricted to a reduced head where the runner ran the full one."""
-        if self.vocab_ids is None or getattr(self.model, "_verispec_reduced_head", False):
+    def _logits(self, logits: torch.Tensor, compact: bool = False) -> torch.Tensor:
+        """The runner's logits [batch, n, vocab], restricted to a reduced head where the runner ran the full one. A
+        compact reduced head's (runtime/model/reduced_head.py: [batch, n, len(vocab_ids)]) are put in their tokens'
+        places, or kept as they are with `compact` (the caller maps them: `_greedy_choices`)."""
+        if self.vocab_ids is None:
             return logits
         if self.vocab_ids.device != logits.device:
             self.vocab_ids = self.vocab_ids.to(logits.device)
+        if logits.shape[-1] == self.vocab_ids.numel() < self.model.config.vocab_size:  # a compact head's subset
+            return logits if compact else expand_logits(logits, self.vocab_ids, self.model.config.vocab_size)
+        if getattr(self.model, "_verispec_reduced_head", False):
+            return logits
         return restrict_logits(logits, self.vocab_ids)
+
+    def _greedy_choices(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Plain greedy rows' draft tokens [batch] from `_logits(..., compact=True)` [batch, 1, n]: the first
+        maximum (row_choices' rule), mapped to its token id where the head is compact; the same token as
+        process_logits + row_choices give on the vocabulary-wide logits (-inf outside the subset), without them."""
+        if self.vocab_ids is not None and logits.shape[-1] == self.vocab_ids.numel():
+            return self.vocab_ids[logits[:, 0].max(dim=-1).indices]
+        return logits[:, 0, :vocab_size].max(dim=-1).indices
 
     def _tree_forward(self, tokens: torch.Tensor, positions: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:
         """One depth of token trees (model_tree.py): tokens, positions [batch, w] and tree_mask [batch, w, m] from
@@ -285,7 +300,9 @@ class ModelDrafter(Drafter):
         tokens = cross(tokens, device)  # the committed tokens: one copy to the draft's device
         sampling = batch.sampling.to(device)  # the rows' logits processing, where q is computed
         last = torch.tensor([[max(feed.numel() - 1, 0)] for feed in feeds], device=device)  # [batch, 1]
-        logits = self._logits(self.runner.forward(tokens, logits_at=last).logits)  # [batch, 1, vocab]
+        # Chains of plain greedy rows take the argmax of the raw logits (a compact head's: [batch, 1, n])
+        plain = not any(trees) and plain_greedy(sampling) and not any(row.threshold > 0 for row in rows)
+        logits = self._logits(self.runner.forward(tokens, logits_at=last).logits, plain)  # [batch, 1, vocab or n]
         for row, length in zip(rows, kept):
             self.runner.truncate(length, row.slot)  # padding dropped: draft tokens go right after the real ones
         # Trees where a row is offered one and every depth's entries fit (each depth feeds <= TREE_BEAM per row).
@@ -308,11 +325,14 @@ class ModelDrafter(Drafter):
         uniforms = step_uniforms(rows, sampled, ks, device) if any(sampled) and drafted_k else None  # [batch, max k]
         for step in range(drafted_k):
             check_finite(logits, "draft")
-            pending = torch.stack(drafted, dim=1) if drafted else None  # [batch, step]
-            processed = process_logits(logits, sampling, pending, start=step)  # [batch, 1, vocab]
-            tokens_now = row_choices(processed, sampling, start=step)[:, 0]  # [batch]
-            processed = processed[:, 0]  # [batch, vocab]
             q = None
+            if plain:
+                tokens_now = self._greedy_choices(logits, sampling.vocab_size)  # [batch]
+            else:
+                pending = torch.stack(drafted, dim=1) if drafted else None  # [batch, step]
+                processed = process_logits(logits, sampling, pending, start=step)  # [batch, 1, vocab]
+                tokens_now = row_choices(processed, sampling, start=step)[:, 0]  # [batch]
+                processed = processed[:, 0]  # [batch, vocab]
             if any(sampled):
                 q = stable_softmax(processed)  # [batch, vocab]
                 drawn = torch.tensor(sampled, device=device)  # [batch] bool
@@ -329,7 +349,7 @@ class ModelDrafter(Drafter):
             drafted.append(tokens_now)
             probs.append(q)
             if step + 1 < drafted_k:
-                logits = self._logits(self.runner.forward(tokens_now.unsqueeze(1)).logits)  # [batch, 1, vocab]
+                logits = self._logits(self.runner.forward(tokens_now.unsqueeze(1)).logits, plain)  # [batch, 1, vocab or n]
         # Each drafting row keeps seq[:N] plus its fed draft tokens (all but the last); idle rows what they caught up.
         for i, row in enumerate(rows):
             self.runner.truncate(kept[i] + max(steps[i] - 1, 0) if ks[i] > 0 else kept[i], row.slot)
@@ -344,6 +364,14 @@ class ModelDrafter(Drafter):
             q_rows = q_all[i, :n] if n and sampled[i] else None  # [n, vocab]
             proposals.append(DraftProposal(token_ids, q_rows, seconds, catch_up_s=catch_up[i]))
         return proposals
+
+
+def plain_greedy(sampling) -> bool:
+    """Whether every row of a SamplingBatch is greedy without logits processing (no penalties, bias, minimum
+    length, grammar or coupled noise): each row's token is then the argmax of the raw logits."""
+    return (sampling.all_greedy and sampling.noise_seeds is None and sampling.context_mask is None
+            and sampling.output_counts is None and sampling.logit_bias is None and sampling.eos_mask is None
+            and not sampling.grammars)
 
 
 def step_uniforms(rows: list[DraftRow], sampled: list[bool], ks: list[int], device: torch.device | str) -> torch.Tensor:

@@ -4,13 +4,15 @@ Values: 'none' (the target alone); a name in `NAMED_DRAFTERS` (named.py: 'ngram'
 'auto' (the registered draft for the target, see drafters/auto.py); the target's own quantized twin ('self:int8',
 'self:int4', ...: twin.py); a draft head ('head:PATH', a folder holding
 head_config.json, or the shipped head's name `DEFAULT_HEAD`: see head.py); anything else names a draft model (a
-folder, a .gguf file, a hub id or the embedded default draft's name). Several values joined by '+' make a cascade
+folder, a .gguf file, a hub id or the embedded default draft's name), its LM head reduced to the N most frequent
+tokens with ':vN' ('MODEL:v16384'; ':vfull' keeps the whole head; vocab_ranks.py). Several values joined by '+' make a cascade
 (cascade.py): 'ngram+MODEL' drafts by prompt lookup where the sequence repeats itself and with MODEL elsewhere. A
 path that exists is never split at '+'.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,12 +20,14 @@ from .cascade import split_spec
 from .head import HEAD_PREFIX, is_head_folder
 from .named import NAMED_DRAFTERS
 from .twin import is_twin, twin_qtype
+from .vocab_ranks import DEFAULT_DRAFT_VOCAB, MIN_DRAFT_VOCAB
 
 NONE = "none"
 AUTO = "auto"
 DEFAULT_HEAD = "verispec-head-smollm2-135m"  # the draft head shipped for the embedded default target
 DEFAULT_HEAD_DIR = Path(__file__).resolve().parent.parent / "assets" / "default_head"
 KINDS = ("named", "auto", "head", "twin", "model")
+_VOCAB_SUFFIX = re.compile(r"(?P<model>.+):v(?P<size>[^:/]*)")  # a draft model's reduced head: 'MODEL:vN'
 
 
 @dataclass(frozen=True)
@@ -34,15 +38,32 @@ class DraftStage:
     """'named' (a NAMED_DRAFTERS entry), 'auto' (drafters/auto.py picks), 'head' (a trained draft head), 'twin' (the target's
     quantized twin, twin.py), 'model'."""
     name: str
-    """The value as the user wrote it: 'ngram', 'auto', 'head:DIR', 'self:int8', a model path or hub id."""
+    """The value as the user wrote it: 'ngram', 'auto', 'head:DIR', 'self:int8', a model path or hub id (without
+    its ':vN', which is `draft_vocab`)."""
     head_dir: Path | None = None
     """The head's folder (kind 'head' only)."""
+    draft_vocab: int | None = None
+    """Rows a draft model's LM head keeps (kind 'model' only; written 'MODEL:vN', 'MODEL:vfull' for 0): the N most
+    frequent tokens and the special ones (vocab_ranks.py). None: `vocab_ranks.DEFAULT_DRAFT_VOCAB` where a shipped
+    table knows the tokenizer, else the whole head; 0: the whole head."""
+
+    @property
+    def label(self) -> str:
+        """The stage as the user wrote it: its name, with ':vN' where a head size was asked for."""
+        if self.draft_vocab is None:
+            return self.name
+        return f"{self.name}:v{self.draft_vocab or 'full'}"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"drafter kind must be one of {', '.join(KINDS)}, got {self.kind!r}")
         if (self.kind == "head") != (self.head_dir is not None):
             raise ValueError(f"drafter {self.name!r}: a head_dir is given exactly for kind 'head'")
+        if self.draft_vocab is not None and self.kind != "model":
+            raise ValueError(f"drafter {self.name!r}: only a draft model's head is reduced (':vN')")
+        if self.draft_vocab and self.draft_vocab < MIN_DRAFT_VOCAB:
+            raise ValueError(f"--draft-model {self.name}:v{self.draft_vocab}: a draft model's head keeps at least "
+                             f"{MIN_DRAFT_VOCAB} token ids (or ':vfull', the whole head)")
 
 
 @dataclass(frozen=True)
@@ -65,6 +86,11 @@ class DrafterSpec:
     def model(self) -> str | None:
         """The draft model this value names, if any ('ngram+MODEL' -> 'MODEL'; 'ngram' -> None)."""
         return next((stage.name for stage in self.stages if stage.kind == "model"), None)
+
+    @property
+    def model_stage(self) -> DraftStage | None:
+        """The stage that names a draft model, if any."""
+        return next((stage for stage in self.stages if stage.kind == "model"), None)
 
     @property
     def reads_target_weights(self) -> bool:
@@ -91,6 +117,19 @@ def head_path(name: str) -> Path | None:
     return Path(name).expanduser() if is_head_folder(Path(name).expanduser()) else None
 
 
+def draft_vocab_suffix(name: str) -> tuple[str, int | None]:
+    """'MODEL:v16384' -> ('MODEL', 16384), 'MODEL:vfull' -> ('MODEL', 0), 'MODEL' -> ('MODEL', None). A path that
+    exists keeps its name whole. ValueError for a ':v' that is not a count."""
+    match = _VOCAB_SUFFIX.fullmatch(name)
+    if match is None or Path(name).expanduser().exists():
+        return name, None
+    size = match["size"]
+    if size != "full" and not size.isdigit():
+        raise ValueError(f"--draft-model {name!r}: a draft model's reduced head is written ':vN' (N token ids, e.g. "
+                         f"{match['model']}:v{DEFAULT_DRAFT_VOCAB}) or ':vfull' (the whole head)")
+    return match["model"], 0 if size == "full" else int(size)
+
+
 def parse_stage(name: str) -> DraftStage:
     """One value of a '+' list -> its stage (a head folder is looked up on disk; a model is not: build.py loads it)."""
     if name == AUTO:
@@ -103,7 +142,8 @@ def parse_stage(name: str) -> DraftStage:
     head = head_path(name)
     if head is not None:
         return DraftStage("head", name, head)
-    return DraftStage("model", name)
+    model, draft_vocab = draft_vocab_suffix(name)
+    return DraftStage("model", model, draft_vocab=draft_vocab)
 
 
 def parse_drafter_spec(value: str | DrafterSpec | None) -> DrafterSpec:

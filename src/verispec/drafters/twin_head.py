@@ -18,49 +18,16 @@ in its config.json as `draft_vocab` (ascending target ids): its head was trained
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from ..runtime.model.reduced_head import ReducedHead
+
+__all__ = ["ReducedHead", "draft_vocab_ids", "reduce_head", "restrict_logits", "subset_ids"]
 
 
 def subset_ids(vocab_size: int, size: int, always: list[int]) -> torch.Tensor:
     """[n] ascending token ids: 0..size-1 and the `always` ids (end-of-sequence), within the vocabulary."""
     extra = [i for i in always if size <= i < vocab_size]
     return torch.tensor(sorted(set(range(min(size, vocab_size))) | set(extra)), dtype=torch.long)
-
-
-class ReducedHead:
-    """Stands where the LM head's `[vocab, hidden]` weight does (as runtime/kernels/quant.py's QuantWeight does) and answers
-    `F.linear`: logits of `ids` from `weight` (their rows, quantized), -inf for every other token."""
-
-    def __init__(self, weight, ids: torch.Tensor, vocab_size: int) -> None:
-        self.weight = weight  # [n, hidden]: QuantWeight (or a float tensor) of the subset's rows
-        self.ids = ids  # [n] long, ascending
-        self.shape = torch.Size((vocab_size, weight.shape[1]))
-        self.dtype = weight.dtype
-        self.device = ids.device
-
-    def __repr__(self) -> str:
-        return f"ReducedHead({self.ids.numel()} of {self.shape[0]} tokens, {self.weight!r})"
-
-    @property
-    def nbytes(self) -> int:
-        own = self.weight.nbytes if not isinstance(self.weight, torch.Tensor) else self.weight.numel() * \
-            self.weight.element_size()
-        return own + self.ids.numel() * self.ids.element_size()
-
-    def linear(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., hidden] -> [..., vocab]: the subset's logits in place, -inf elsewhere."""
-        subset = F.linear(x, self.weight)  # [..., n]
-        logits = subset.new_full((*x.shape[:-1], self.shape[0]), float("-inf"))  # [..., vocab]
-        return logits.index_copy_(-1, self.ids, subset)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.linear:
-            bias = args[2] if len(args) > 2 else kwargs.get("bias")
-            assert bias is None  # an LM head has none
-            return args[1].linear(args[0])
-        raise TypeError(f"ReducedHead does not support {getattr(func, '__name__', func)}")
 
 
 def reduce_head(head: torch.Tensor, size: int, always: list[int], quantize) -> ReducedHead:

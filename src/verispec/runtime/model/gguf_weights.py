@@ -98,3 +98,17 @@ def read_gguf_weights(path: str | Path, num_heads: int, num_kv_heads: int,
                               None if heads is not None else lambda info=info: _mapped(file, info))
             weights[name] = QuantWeight(kind, blocks, info.shape[-1], activations=tensor_activations(kind, activations))
     return weights
+
+
+def read_head_rows(path: str | Path, ids: torch.Tensor, activations: str = "fp32") -> QuantWeight | None:
+    """The rows `ids` [n] of a GGUF file's LM head (its `output.weight`, or the tied embedding's), as stored: the
+    file's own blocks, copied row by row from its pages (a quantized row is independent of the others, so nothing is
+    re-quantized) -> a QuantWeight of [n, hidden]; None where the head is not in quantized blocks."""
+    file = open_gguf(path)
+    infos = {info.name: info for info in file.tensors}
+    info = infos.get("output.weight") or infos.get("token_embd.weight")
+    if info is None or info.type_name not in NATIVE_TYPES:
+        return None
+    with _mapped(file, info) as blocks:  # [vocab, row_bytes], the file's pages
+        rows = blocks[ids].clone()  # [n, row_bytes]
+    return QuantWeight(info.type_name, rows, info.shape[-1], activations=tensor_activations(info.type_name, activations))

@@ -24,6 +24,7 @@ from ..model.compile import run_program
 from ..kernels.invariant import MAX_INVARIANT_IN, block_attention, split_in
 from ..caches.kv_cache import entry_index, write_entries
 from .architectures import UnsupportedModel
+from .reduced_head import ReducedHead
 
 # model_type -> (q/k/v carry a bias). Every other architecture runs on Hugging Face modeling.
 ARCHITECTURES = {"llama": False, "mistral": False, "qwen2": True}
@@ -415,6 +416,8 @@ def onto_huge_pages(linears: list[Linear]) -> None:
     owners: dict[int, list] = {}  # id of the weight -> [(shape, dtype), the weight, the linears holding it]
     for linear in linears:
         w = linear.weight
+        if isinstance(w, ReducedHead):  # its rows are what a step reads
+            w = w.weight
         if linear.packed == DENSE:
             owners.setdefault(id(w), [(w.shape, w.dtype), w]).append(linear)
         elif isinstance(w, quant.QuantWeight):  # packed into its place as it moves (`pack_into`): never all at once

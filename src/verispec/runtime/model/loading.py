@@ -221,33 +221,40 @@ def _own_file(name_or_path: str | os.PathLike) -> Path:
 
 
 def load_draft(name_or_path: str | os.PathLike, dtype: torch.dtype | str = "auto",
-               device: str | torch.device = "cpu"):
+               device: str | torch.device = "cpu", head_ids: torch.Tensor | None = None):
     """A draft model (same names as `load_model`): a GGUF file whose architecture the table knows runs its own
     blocks (`_gguf_draft`); a plain Llama folder is read without Hugging Face modeling
     (`native_lm.from_folder`: the engine runs drafts on the native runner, which builds its twin from the same
-    tensors; the Hugging Face model is made on them where something asks for it); any other, by `load_model`."""
+    tensors; the Hugging Face model is made on them where something asks for it); any other, by `load_model`.
+    head_ids: [n] ascending token ids its LM head keeps (drafters/vocab_ranks.py), or None: the whole head. A GGUF
+    draft's head is made of those rows of its file at load; another's lists them as its config's `draft_vocab`
+    (the drafter reduces its head: drafters/model.py)."""
     from .native_lm import from_folder
 
     path = resolve_model_path(name_or_path)
-    if path.suffix == ".gguf" and torch.device(device).type == "cpu" and (model := _gguf_draft(path)) is not None:
-        return model
-    if path.is_dir():
+    model = None
+    if path.suffix == ".gguf" and torch.device(device).type == "cpu":
+        model = _gguf_draft(path, head_ids)
+    if model is None and path.is_dir():
         resolved, _ = float_dtype(dtype, device, path)
         try:
             model = from_folder(path, resolved, device)
         except (OSError, RuntimeError) as exc:  # unreadable weights: as load_model reports them
             raise ModelLoadError(f"cannot load the model weights in {path}: {exc}") from exc
-        if model is not None:
-            return model
-    return load_model(name_or_path, dtype=dtype, device=device)
+    if model is None:
+        model = load_model(name_or_path, dtype=dtype, device=device)
+    if head_ids is not None and getattr(model.config, "draft_vocab", None) is None:
+        model.config.draft_vocab = head_ids.tolist()
+    return model
 
 
 DRAFT_GGUF_ACTIVATIONS = "q8"  # what a GGUF draft's blocks compute with (the target's 'auto'; only acceptance moves)
 
 
-def _gguf_draft(path: Path):
-    """A GGUF draft on its own blocks (`native_lm.from_gguf`: no float conversion, no re-quantization), or None where
-    the table does not know the file or the quant kernel is not built (then the conversion, as `load_model`)."""
+def _gguf_draft(path: Path, head_ids: torch.Tensor | None = None):
+    """A GGUF draft on its own blocks (`native_lm.from_gguf`: no float conversion, no re-quantization; its head
+    reduced to `head_ids`' rows where given), or None where the table does not know the file or the quant kernel is
+    not built (then the conversion, as `load_model`)."""
     from ..kernels import quant
     from .architectures import UnsupportedModel
     from .native_lm import from_gguf
@@ -256,7 +263,7 @@ def _gguf_draft(path: Path):
         return None
     activations = DRAFT_GGUF_ACTIVATIONS
     try:
-        model = from_gguf(path, name=str(path), activations=activations)
+        model = from_gguf(path, name=str(path), activations=activations, head_ids=head_ids)
     except UnsupportedModel as exc:
         logger.warning("draft %s: %s; loading it through Hugging Face's fp32 conversion instead", path, exc)
         return None

@@ -27,7 +27,8 @@ from ..model.build import build_model, model_spec, table_positions
 from ..model.twins import adopt
 from ..weights.gguf_file import GGUFFile, open_gguf
 from .architectures import GLOBAL, SLIDING
-from .gguf_weights import file_architecture, read_gguf_weights
+from .gguf_weights import file_architecture, read_gguf_weights, read_head_rows
+from .reduced_head import ReducedHead
 
 
 class NativeConfig(PretrainedConfig):
@@ -164,12 +165,15 @@ def is_causal_lm(obj) -> bool:
     return isinstance(obj, NativeCausalLM) or is_hf_model(obj)
 
 
-def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activations: str = "fp32") -> NativeCausalLM:
+def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activations: str = "fp32",
+              head_ids: torch.Tensor | None = None) -> NativeCausalLM:
     """A GGUF file's model on its own blocks (every type in quant.NATIVE_TYPES as stored, the rest float32): the
     values of the fp32 conversion transformers makes of the file, without making it. max_len: the rotary table's length at least
     (default: the model's context length); name: what the model was asked by (`gguf_config`). UnsupportedModel where
     `gguf_config` refuses the file, ValueError for a block type the kernel does not run. activations: what the
-    blocks compute with (quant.py: 'fp32', or 'q8' integer activations)."""
+    blocks compute with (quant.py: 'fp32', or 'q8' integer activations). head_ids: [n] ascending token ids the LM
+    head keeps (a compact `ReducedHead` of the file's own rows for them: a draft model's, whose drafter maps its
+    logits to token ids; its config's `draft_vocab` lists them), or None: the whole head."""
     file = open_gguf(path)
     config = gguf_config(file, name)
     spec = model_spec(config, max_len)
@@ -177,11 +181,16 @@ def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activ
     with _one_thread():
         weights = read_gguf_weights(path, spec.num_heads, spec.num_kv_heads, activations)
         weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])  # tied: the embedding's blocks
+        rows = None if head_ids is None else read_head_rows(path, head_ids, activations)
+        if rows is not None:  # the head's other rows are never read
+            weights["lm_head.weight"] = ReducedHead(rows, head_ids, config.vocab_size, compact=True)
+            config.draft_vocab = head_ids.tolist()
         model = build_model(spec, weights, config, positions, pack=False)
     arch = file_architecture(file)
     shapes = {arch.hf_name(info.name): info.shape for info in file.tensors}
     stand_in = NativeCausalLM(config, {name: torch.empty(shape, device="meta") for name, shape in shapes.items()})
     adopt(stand_in, model)
+    stand_in._verispec_reduced_head = rows is not None
     return stand_in
 
 
