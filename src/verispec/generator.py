@@ -146,6 +146,14 @@ class SpeculativeGenerator:
             return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
         return [int(t) for t in prompt]
 
+    def encode_prediction(self, prediction: str | list[int] | None) -> list[int] | None:
+        """A prediction's text (tokenized as the answer spells it: no special tokens) or ids -> ids; None stays None."""
+        if prediction is None or not isinstance(prediction, str):
+            return None if prediction is None else [int(t) for t in prediction]
+        if self.tokenizer is None:
+            raise ValueError("this generator has no tokenizer (tokenizer=None): give the prediction as token ids")
+        return list(self.tokenizer(prediction, add_special_tokens=False)["input_ids"])
+
     # -- generation ----------------------------------------------------------------------------------------------
 
     def generate(
@@ -156,6 +164,7 @@ class SpeculativeGenerator:
         speculative: bool | None = None,
         return_dict: bool = False,
         sampling: list[dict] | None = None,
+        prediction: str | list[int] | list[str | list[int] | None] | None = None,
         **kwargs: Any,
     ) -> str | list[int] | GenerationResult | list:
         """Generate a continuation. Sampling keywords: max_new_tokens, temperature, top_p, top_k, min_p,
@@ -170,6 +179,10 @@ class SpeculativeGenerator:
         A list of prompts runs as one batch (many sequences per step) and returns a list, in order. The keywords
         apply to every prompt; `sampling=[{...}, ...]` (one dict per prompt) adds per-prompt settings on top,
         e.g. a different temperature or seed for each.
+
+        `prediction`: the answer's expected text (or token ids), e.g. the file an edit rewrites (OpenAI's predicted
+        outputs): it drafts first, the output stays the target's own (drafters/prediction.py); for a batch, a list
+        with one per prompt (None for a prompt without one). Ignored with `speculative=False`.
         """
         # A batch is a list of prompts (texts, id lists, tensors or chat conversations); a list of ints or of
         # message dicts is one prompt.
@@ -180,7 +193,15 @@ class SpeculativeGenerator:
             raise ValueError(f"sampling has {len(sampling)} entries for {len(prompts)} prompts: give one per prompt")
         params = [self._params(**{**kwargs, **(sampling[i] if sampling else {})}) for i in range(len(prompts))]
         ids = [self.encode(prompt, chat) for prompt in prompts]
-        results = self.engine.generate_batch(ids, params, use_drafter=speculative is not False)
+        if batched and prediction is not None and len(prediction) != len(prompts):
+            raise ValueError(f"prediction has {len(prediction)} entries for {len(prompts)} prompts: give one per "
+                             "prompt (None for a prompt without one)")
+        predictions = [self.encode_prediction(p) for p in (prediction if batched and prediction is not None
+                                                           else [prediction] * len(prompts))]
+        if speculative is False:
+            predictions = [None] * len(prompts)
+        results = self.engine.generate_batch(ids, params, use_drafter=speculative is not False,
+                                             predictions=predictions)
         self.last_stats = GenerationStats()
         for result in results:
             self.last_stats.merge(result.stats)
@@ -191,11 +212,15 @@ class SpeculativeGenerator:
         return outputs if batched else outputs[0]
 
     def stream(
-        self, prompt_or_ids: PromptLike, *, chat: bool = False, speculative: bool | None = None, **sampling: Any
+        self, prompt_or_ids: PromptLike, *, chat: bool = False, speculative: bool | None = None,
+        prediction: str | list[int] | None = None, **sampling: Any
     ) -> Iterator[str]:
-        """Yield text pieces as tokens are committed (a multi-token acceptance arrives as one piece)."""
+        """Yield text pieces as tokens are committed (a multi-token acceptance arrives as one piece). `prediction`:
+        the answer's expected text or ids (as `generate`'s)."""
         ids = self.encode(prompt_or_ids, chat)
-        for chunk in self.engine.generate_iter(ids, self._params(**sampling), use_drafter=speculative is not False):
+        prediction = None if speculative is False else self.encode_prediction(prediction)
+        for chunk in self.engine.generate_iter(ids, self._params(**sampling), use_drafter=speculative is not False,
+                                               prediction=prediction):
             if chunk.stats is not None:
                 self.last_stats = chunk.stats
             if chunk.text:

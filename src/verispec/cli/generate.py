@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
                         help="JSON lines, one prompt each ({\"prompt\": ...} or {\"messages\": [...]} or "
                              "{\"prompt_token_ids\": [...]}, optional \"id\" and sampling fields such as "
                              "\"temperature\" or \"seed\"): all run together, one JSON line out per prompt")
+    p.add_argument("--prediction", type=Path, default=None, metavar="FILE",
+                   help="with --prompt: a file holding the answer's expected text, e.g. the code an edit rewrites "
+                        "(predicted outputs): it drafts first; the output is the target's own all the same")
     p.add_argument("--output", type=Path, default=None, metavar="FILE",
                    help="with --prompts-file: write the JSON lines here (default: standard output)")
     p.add_argument("--max-batch-size", type=positive_int, default=16, metavar="N",
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("verispec").info("target %s: %s", args.model, args.target_plan.describe())
     sampling = sampling_kwargs(args)
     SamplingParams(**sampling)  # validate before the (slow) model load
+    prediction = read_prediction(args.prediction, args.prompts_file)
     lines = read_prompts_file(args.prompts_file, sampling, args.chat) if args.prompts_file else None
     SpeculativeConfig(**spec_kwargs(args))
     warn_if_lossy(args)
@@ -97,10 +101,11 @@ def run(args: argparse.Namespace) -> int:
     if lines is not None:
         return run_batch(gen, lines, args.output)
     ids = gen.encode(args.prompt, chat=args.chat)
-    gen.engine.check_request(len(ids), SamplingParams(**sampling))
+    prediction_ids = gen.encode_prediction(prediction)
+    gen.engine.check_request(len(ids), SamplingParams(**sampling), None if prediction is None else len(prediction_ids))
     if args.json:
         startup_s = process_seconds()  # ready: models loaded, runners built, the prompt encoded
-        result = gen.generate(ids, return_dict=True, **sampling)
+        result = gen.generate(ids, return_dict=True, prediction=prediction_ids, **sampling)
         out = {"text": result.text, "token_ids": result.token_ids, "finish_reason": result.finish_reason,
                "startup_s": round(startup_s, 2), "model": args.model, "draft_model": loaded.name,
                "drafter_warning": loaded.warning,
@@ -113,12 +118,27 @@ def run(args: argparse.Namespace) -> int:
             out["logprobs"] = logprobs_json(result.logprobs, tokenizer)
         print(json.dumps(out))
         return 0
-    for piece in gen.stream(ids, **sampling):
+    for piece in gen.stream(ids, prediction=prediction_ids, **sampling):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
     print(f"[verispec] {gen.last_stats.summary()}", file=sys.stderr)
     return 0
+
+
+def read_prediction(path: Path | None, prompts_file: Path | None) -> str | None:
+    """--prediction's text (None without it); a CliError for a file that cannot be read or is empty."""
+    if path is None:
+        return None
+    if prompts_file is not None:
+        raise CliError("--prediction goes with --prompt (one prompt, one prediction)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeError) as exc:
+        raise CliError(f"--prediction {path}: cannot read it ({exc})") from None
+    if not text:
+        raise CliError(f"--prediction {path} is empty: give the answer's expected text, or leave --prediction out")
+    return text
 
 
 def run_batch(gen, lines, output) -> int:
