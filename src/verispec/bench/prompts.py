@@ -49,7 +49,8 @@ def json_extraction_files() -> tuple[Path, Path]:
 
 REPETITIVE = "repetitive"  # `verispec bench --workload repetitive`: the packaged set below
 CODE = "code"  # `verispec bench --workload code`: built at run time from real source (code_workload.py)
-WORKLOADS = ("spec-bench", REPETITIVE, CODE)
+CODE_EDIT = "code-edit"  # `verispec bench --workload code-edit`: edits with predicted outputs (code_edit.py)
+WORKLOADS = ("spec-bench", REPETITIVE, CODE, CODE_EDIT)
 
 
 def repetitive_prompts_file() -> Path:

@@ -66,7 +66,10 @@ def add_parser(sub) -> None:
                         "packaged sequences of requests that repeat earlier content: code edits, similar records, "
                         "rephrased questions; where suffix decoding matters) or code (a coding assistant's requests "
                         "over real functions of the standard library, picked by --seed: write, explain, test, edit; "
-                        "the prompts are written to OUT/code_prompts.jsonl)")
+                        "the prompts are written to OUT/code_prompts.jsonl) or code-edit (whole-function and "
+                        "whole-file edits with the original code as the prediction, against the target alone and "
+                        "prompt lookup; --limit N: N functions (default 4) and one file; with --serve, also through "
+                        "the openai client; bench/code_edit.py)")
     g.add_argument("--also-drafters", default=None, metavar="LIST",
                    help="more drafters to compare in the same run, each an adaptive method 'adaptive[NAME]', "
                         "e.g. suffix,suffix+MODEL (a model stage reuses --draft-model's loaded model)")
@@ -231,7 +234,26 @@ def build_config(args: argparse.Namespace):
     return config, ks
 
 
+def run_code_edit(args: argparse.Namespace) -> int:
+    """--workload code-edit: its own run (bench/code_edit.py); a flag it does not take is refused."""
+    from ..bench.code_edit import CodeEditConfig, run_code_edit as run_edits
+
+    if args.prompts:
+        raise CliError("--workload code-edit builds its own prompts: drop --prompts")
+    try:
+        config = CodeEditConfig(target=args.model, out=Path(args.out), seed=args.seed,
+                                functions=args.limit if args.limit is not None else 4,
+                                max_new_tokens=args.max_new_tokens or 512, serve=args.serve)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    apply_threads(args)
+    run_edits(config, log=print)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "workload", None) == "code-edit":
+        return run_code_edit(args)
     if args.busy and (args.replicas or args.serve or args.concurrency):
         raise CliError("--busy runs with the suite or --batch-sizes, not --serve / --replicas")
     if args.replicas:
