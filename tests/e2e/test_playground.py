@@ -98,3 +98,19 @@ def test_without_annotate_the_stream_is_unchanged(http):
 def test_annotate_needs_a_stream(http):
     body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "speculative": {"annotate": True}}
     assert_error(http.post("/v1/chat/completions", json=body), 400, "speculative.annotate")
+
+
+def test_prediction_tokens_are_annotated_and_coloured_on_their_own(http):
+    """A request with a prediction: its accepted prediction tokens carry the stage 'prediction', which the page
+    colours in its own gold (and sends the prediction field from its own text box)."""
+    plain = chat_stream(http, {"enabled": True})
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in plain if c["choices"])
+    chunks = chat_stream(http, {"enabled": True, "annotate": True},
+                         prediction={"type": "content", "content": text}, stream_options={"include_usage": True})
+    tokens = [t for c in chunks for t in c.get("verispec", {}).get("tokens", [])]
+    assert "".join(t["text"] for t in tokens) == text
+    predicted = sum(t["origin"] == "accepted" and t["stage"] == "prediction" for t in tokens)
+    assert predicted == chunks[-1]["usage"]["completion_tokens_details"]["accepted_prediction_tokens"] > 0
+    page = httpx.get(f"{http.base_url}/").text
+    assert '["prediction", "var(--accepted-prediction)"]' in page and 'id="prediction"' in page
+    assert "body.prediction = { type: \"content\", content: predicted }" in page
