@@ -46,6 +46,18 @@ def test_seeded_coupled_sampling_equals_the_target_alone(pair):
     assert pair.generate(ids, **kw) == pair.generate(ids, speculative=False, **kw)
 
 
+def test_a_prediction_of_an_edit_equals_the_target_alone(pair):
+    """Predicted outputs on the real pair: an edit of a function with the original as the prediction, greedy and
+    seeded coupled, equal to the target alone; the prediction drafts most of the answer."""
+    original = "def area(width, height):\n    result = width * height\n    return result\n"
+    ids = pair.encode("Rename `result` to `value` in this function and return the whole function.\n\n```python\n"
+                      f"{original}```", chat=True)
+    for kw in (dict(max_new_tokens=48), dict(max_new_tokens=48, temperature=0.8, seed=3, coupled=True)):
+        predicted = pair.generate(ids, prediction=original, return_dict=True, **kw)
+        assert predicted.token_ids == pair.generate(ids, speculative=False, **kw)
+        assert predicted.stats.accepted_by_stage.get("prediction", 0) > 10
+
+
 def test_a_batch_equals_each_row_alone(pair):
     prompts = [pair.encode(PROMPT, chat=True), pair.encode("Explain what a Python decorator is.", chat=True)]
     batch = pair.generate(prompts, max_new_tokens=24)
