@@ -71,7 +71,8 @@ def test_a_row_that_never_drafts_never_runs_the_draft_model(trained_pair, tokeni
 
 def test_the_join_step_runs_the_target_alone(trained_pair, tokenizer, monkeypatch):
     """Adaptive K, a row that will draft: the step it joins runs no draft forward (its first token comes as with
-    speculation off); the next step prefills its draft cache in its own forward, then drafts."""
+    speculation off); the next step prefills its draft cache in its first draft forward (a row drafting alone
+    folds its catch-up in: `ModelDrafter._folded`), then drafts."""
     target, draft = trained_pair
     drafter = ModelDrafter(draft, MAX_LEN + CACHE_SLACK)
     engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=3, adaptive=True),
@@ -83,10 +84,27 @@ def test_the_join_step_runs_the_target_alone(trained_pair, tokenizer, monkeypatc
     engine.step()
     assert seq.length == len(ids) + 1 and recorded.forwards == []
     engine.step()
-    # Its own catch-up over prompt + first token but the last committed one, then the batched feed of one token
-    # and the draft steps (one token each).
-    assert recorded.forwards[0] == (0, len(ids)) and recorded.forwards[1:] == [(0, 1)] * 3
+    # One forward over the prompt and the first token, then the draft steps (one token each).
+    assert recorded.forwards == [(0, len(ids) + 1)] + [(0, 1)] * 2
     assert seq.stats.draft_s > 0
+
+
+def test_rows_drafting_together_catch_up_in_their_own_forwards(trained_pair, tokenizer, monkeypatch):
+    """Two rows drafting in one step: each prefills its draft cache in a forward of its own (never padded into the
+    other's), then one batched forward feeds each its last token; outputs equal the target alone's."""
+    target, draft = trained_pair
+    drafter = ModelDrafter(draft, MAX_LEN + CACHE_SLACK)
+    engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=3), max_len=MAX_LEN,
+                               max_batch_size=2, enable_prefix_caching=False)
+    recorded = Recorded(drafter, monkeypatch)
+    prompts = [prompt(tokenizer), prompt(tokenizer, TEXT[:40])]
+    results = engine.generate_batch(prompts, greedy())
+    first_call = [f for f, call in zip(recorded.forwards, recorded.calls) if call == 0]
+    (slot_a, fed_a), (slot_b, fed_b), batched = first_call[:3]
+    assert (slot_a, slot_b, batched) == (0, 1, (0, 1)), first_call  # own forwards, then one token each, batched
+    assert fed_a >= len(prompts[0]) - 1 and fed_b >= len(prompts[1]) - 1, first_call
+    assert [r.token_ids for r in results] == [r.token_ids for r in engine.generate_batch(prompts, greedy(),
+                                                                                         use_drafter=False)]
 
 
 def draft_alone(draft, tokens: torch.Tensor, k: int) -> list[int]:

@@ -124,7 +124,8 @@ class ModelDrafter(Drafter):
     row that never drafts never runs the draft model and the first token waits for the target alone. A drafting row
     that lags by more than `IN_BATCH` tokens (its first draft, or rounds it sat out) catches up on seq[D:N-1] in
     its own forwards (`CATCH_UP_CHUNK` tokens each; the draft's prefix cache first, at its first draft), never
-    padded into the other rows' forward. A round then feeds each drafting row what its cache lacks (seq[D:N]) and
+    padded into the other rows' forward; a row drafting alone (batch 1, or the only drafting row) feeds it in its
+    first draft forward instead (`_folded`: one forward less), unless the prefix cache serves its prompt. A round then feeds each drafting row what its cache lacks (seq[D:N]) and
     each idle row that has started up to as many of seq[D:N-1] as the widest drafting row's feed (free inside the
     same forward), then one token per draft step; shorter rows are padded, and every row's kept length is set back
     to what it really holds. `observe` truncates to the part the target kept. Nothing is re-encoded.
@@ -280,18 +281,20 @@ class ModelDrafter(Drafter):
         ks = [min(row.k, self.max_len - row.token_ids.numel()) if row.member else 0 for row in rows]
         trees = [row.tree_nodes > k > 0 for row, k in zip(rows, ks)]
         in_batch = [self.IN_BATCH_TREE if tree else self.IN_BATCH for tree in trees]
-        catch_up = [self._catch_up(row) if k > 0 and (row.slot in self._unstarted or
-                                                      row.token_ids.numel() - lengths[row.slot] > most)
-                    else 0.0 for row, k, most in zip(rows, ks, in_batch)]  # seconds of each row's own catch-up
+        folded = self._folded(rows, ks, in_batch)  # rows whose catch-up rides in the first draft forward
+        catch_up = [self._catch_up(row) if k > 0 and not fold and (row.slot in self._unstarted or
+                                                                   row.token_ids.numel() - lengths[row.slot] > most)
+                    else 0.0 for row, k, most, fold in zip(rows, ks, in_batch, folded)]  # seconds of own catch-ups
         start = time.perf_counter()
         feeds = [row.token_ids[lengths[row.slot] :] if k > 0 else row.token_ids.new_empty(0)
                  for row, k in zip(rows, ks)]
         width = max(feed.numel() for feed in feeds)
         if width == 0:
             return [DraftProposal(row.token_ids.new_empty(0), None, 0.0) for row in rows]
+        idle_width = min(width, max(in_batch))  # (not a folded row's catch-up: an idle row may never draft again)
         for i, row in enumerate(rows):  # idle rows that have started catch up within the drafting rows' width
             if ks[i] == 0 and row.member and row.slot not in self._unstarted:
-                end = min(row.token_ids.numel() - 1, lengths[row.slot] + width)
+                end = min(row.token_ids.numel() - 1, lengths[row.slot] + idle_width)
                 feeds[i] = row.token_ids[lengths[row.slot] : end]
         kept = [lengths[row.slot] + feed.numel() for row, feed in zip(rows, feeds)]
         tokens = torch.zeros(len(rows), width, dtype=torch.long, device=home)  # [batch, width], right-padded
@@ -302,7 +305,9 @@ class ModelDrafter(Drafter):
         last = torch.tensor([[max(feed.numel() - 1, 0)] for feed in feeds], device=device)  # [batch, 1]
         # Chains of plain greedy rows take the argmax of the raw logits (a compact head's: [batch, 1, n])
         plain = not any(trees) and plain_greedy(sampling) and not any(row.threshold > 0 for row in rows)
+        first = time.perf_counter()
         logits = self._logits(self.runner.forward(tokens, logits_at=last).logits, plain)  # [batch, 1, vocab or n]
+        first = time.perf_counter() - first
         for row, length in zip(rows, kept):
             self.runner.truncate(length, row.slot)  # padding dropped: draft tokens go right after the real ones
         # Trees where a row is offered one and every depth's entries fit (each depth feeds <= TREE_BEAM per row).
@@ -311,11 +316,13 @@ class ModelDrafter(Drafter):
                                    lambda probs: cross(probs, home))
             for row, length in zip(rows, kept):
                 self.runner.truncate(length, row.slot)  # the committed prefix: tree entries are stale
-            seconds = time.perf_counter() - start
-            for proposal, own in zip(proposals, catch_up):
-                proposal.seconds, proposal.catch_up_s = seconds, own
+            fold_s = self._fold_seconds(first, None) if any(folded) else 0.0
+            seconds = time.perf_counter() - start - fold_s
+            for proposal, own, fold in zip(proposals, catch_up, folded):
+                proposal.seconds, proposal.catch_up_s = seconds, own + (fold_s if fold else 0.0)
             return proposals
         drafted_k = max(ks)
+        step_s = None  # seconds of the latest one-token draft forward of this call
         drafted: list[torch.Tensor] = []  # per step: [batch]
         probs: list[torch.Tensor | None] = []  # per step: [batch, vocab] or None (all rows greedy)
         steps = [0] * len(rows)  # draft tokens kept per row
@@ -349,21 +356,53 @@ class ModelDrafter(Drafter):
             drafted.append(tokens_now)
             probs.append(q)
             if step + 1 < drafted_k:
-                logits = self._logits(self.runner.forward(tokens_now.unsqueeze(1)).logits, plain)  # [batch, 1, vocab or n]
+                step_start = time.perf_counter()
+                logits = self._logits(self.runner.forward(tokens_now.unsqueeze(1)).logits, plain)  # [batch, 1, ...]
+                step_s = time.perf_counter() - step_start
         # Each drafting row keeps seq[:N] plus its fed draft tokens (all but the last); idle rows what they caught up.
         for i, row in enumerate(rows):
             self.runner.truncate(kept[i] + max(steps[i] - 1, 0) if ks[i] > 0 else kept[i], row.slot)
         # Back to the target's device, one copy each (q is computed at every step where any row samples).
         drafted_all = cross(torch.stack(drafted, dim=1), home) if drafted else None  # [batch, max k]
         q_all = cross(torch.stack(probs, dim=1), home) if drafted and any(sampled) else None  # [batch, max k, vocab]
-        seconds = time.perf_counter() - start
+        fold_s = self._fold_seconds(first, step_s) if any(folded) else 0.0
+        seconds = time.perf_counter() - start - fold_s
         proposals = []
         for i, row in enumerate(rows):
             n = steps[i]
             token_ids = drafted_all[i, :n] if n else row.token_ids.new_empty(0)  # [n]
             q_rows = q_all[i, :n] if n and sampled[i] else None  # [n, vocab]
-            proposals.append(DraftProposal(token_ids, q_rows, seconds, catch_up_s=catch_up[i]))
+            own = catch_up[i] + (fold_s if folded[i] else 0.0)
+            proposals.append(DraftProposal(token_ids, q_rows, seconds, catch_up_s=own))
         return proposals
+
+    def _folded(self, rows: list[DraftRow], ks: list[int], in_batch: list[int]) -> list[bool]:
+        """Which rows feed their catch-up (more than `in_batch` tokens behind, or their deferred prompt) in the
+        round's first draft forward rather than in forwards of their own: a row drafting alone (nothing to pad)
+        at most CATCH_UP_CHUNK tokens behind, whose prompt the draft's prefix cache does not serve. One forward
+        less a round that follows rounds another stage drafted (a cascade) or sat out (adaptive K at 0)."""
+        lengths = self.runner.lengths
+        if sum(k > 0 for k in ks) != 1:
+            return [False] * len(rows)
+        folded = []
+        for row, k, most in zip(rows, ks, in_batch):
+            behind = row.token_ids.numel() - lengths[row.slot]
+            unstarted = row.slot in self._unstarted
+            fold = (k > 0 and (unstarted or behind > most) and behind <= self.CATCH_UP_CHUNK
+                    and not (unstarted and self._prefix_cache() is not None))
+            if fold and unstarted:
+                del self._unstarted[row.slot]  # (reset at `begin`: the forward fills it from position 0)
+            folded.append(fold)
+        return folded
+
+    def _fold_seconds(self, first_s: float, step_s: float | None) -> float:
+        """The part of a first draft forward that carried a folded catch-up: its time beyond a one-token draft
+        step's (this call's, else the latest measured), so the adaptive policy's draft-step estimate stays a step's
+        and the catch-up still counts as draft time in the request's stats."""
+        if step_s is not None:
+            self._step_s = step_s
+        step = getattr(self, "_step_s", None)
+        return max(0.0, first_s - step) if step is not None else 0.0
 
 
 def plain_greedy(sampling) -> bool:
