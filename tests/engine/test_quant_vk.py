@@ -164,6 +164,28 @@ def test_every_path_gives_the_same_bits_in_any_batch_and_threads(qtype):
 
 
 @pytest.mark.kernel("quant")
+def test_prefetch_settings_are_hints_only():
+    """The tiles' prefetch (quant_unpack.h TilePrefetch, `quant.set_prefetch`) moves no bit, for the K-quants and a
+    block-of-32 type, at every row count a tile takes; a bad setting is refused and leaves the old one."""
+    weights = [kweight(q, 100, 1536) for q in KTYPES] + [quant.quantize_gguf(torch.randn(70, 1536), "Q8_0", "q8")]
+    torch.manual_seed(2)
+    x = torch.randn(20, 1536)
+    before = quant.set_prefetch(1, 0, True)
+    try:
+        want = [[w.linear(x[:rows], None) for rows in range(1, 21)] for w in weights]
+        for setting in ((1, 8192, True), (2, 4096, False), (99, 0, True), (1, 1 << 20, True)):
+            quant.set_prefetch(*setting)
+            for w, outs in zip(weights, want):
+                for rows in range(1, 21):
+                    assert torch.equal(w.linear(x[:rows], None), outs[rows - 1]), (setting, rows)
+        with pytest.raises(RuntimeError, match="from_rows"):
+            quant.set_prefetch(0, 64, True)
+        assert quant.kernel().get_prefetch() == (1, 1 << 20, True)
+    finally:
+        quant.set_prefetch(*before)
+
+
+@pytest.mark.kernel("quant")
 def test_the_avx2_builds_maddubs_gives_the_same_bits():
     """The kernel built as for a CPU without AVX-512 (maddubs + madd) against this build's AVX2 path (vpdpbusd where
     the CPU has AVX-512 VNNI) and its best path, every K type, 1 to 40 rows."""

@@ -82,6 +82,18 @@ def kernel():
     return _KERNEL[0]
 
 
+def set_prefetch(from_rows: int, distance: int, to_l2: bool) -> tuple[int, int, bool]:
+    """How the integer-activation tiles ask for their weights ahead (tiles of >= `from_rows` rows, `distance` bytes
+    ahead, into L2 or L1: quant_unpack.h `TilePrefetch`) -> the setting it replaces. Hints only: outputs are unchanged.
+    For measurements (`recipes/tile_prefetch_bench.py`); the default is what was measured fastest."""
+    module = kernel()
+    if module is None:
+        raise RuntimeError("the quant kernel is not built here")
+    old = tuple(module.get_prefetch())
+    module.set_prefetch(from_rows, distance, to_l2)
+    return old
+
+
 class Deferred:
     """A GGUF tensor's [out, row_bytes] blocks, read when first needed (`load()`): a model's blocks are then never
     all in memory beside their packed copies (each is read, packed into its place in the weights' arena and let go:

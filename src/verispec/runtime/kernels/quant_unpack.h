@@ -30,6 +30,30 @@ constexpr int64_t HIGH_AT = 256;  // where a 4-bit block's (unit's) high-bit wor
 // Bit v_q5_bit(j) of a Q5 block's spread word holds element j's fifth bit (the file's qh bit j).
 constexpr int v_q5_bit(int j) { return j < 16 ? 8 * (j % 4) + j / 4 : 8 * ((j - 16) % 4) + 4 + (j - 16) / 4; }
 
+// ---- asking for the weights ahead -----------------------------------------------------------------------------------
+// The V and VK tiles stream their weights once per call, in address order on each thread. At one or two rows the
+// hardware prefetchers alone keep up with the products, and software prefetches only take the miss queue from them
+// (measured: a decode step's Q4_K gate_up read ~1.5x faster without them); from three rows on the products are long
+// enough that a unit's bytes asked for `distance` bytes ahead, into L2, arrive while the rows before them run. Hints
+// only: the values and sums are unchanged. `recipes/tile_prefetch_bench.py` measures the settings (set_prefetch).
+struct TilePrefetch {
+  int64_t from_rows = 2;      // tiles of fewer rows ask for nothing
+  int64_t distance = 8192;    // bytes ahead of the unit being read
+  bool to_l2 = true;          // _MM_HINT_T1 (else T0: into L1)
+};
+inline TilePrefetch tile_prefetch;
+
+// `bytes` at p + distance, asked for by a tile of NR rows (a cache line at a time).
+template <int NR>
+VERISPEC_KQ_INLINE void ask_ahead(const uint8_t* p, int64_t bytes) {
+#if defined(__AVX2__) || defined(__AVX512F__)
+  if (NR < tile_prefetch.from_rows) return;
+  const char* at = reinterpret_cast<const char*>(p) + tile_prefetch.distance;
+  for (int64_t i = 0; i < bytes; i += 64)
+    tile_prefetch.to_l2 ? _mm_prefetch(at + i, _MM_HINT_T1) : _mm_prefetch(at + i, _MM_HINT_T0);
+#endif
+}
+
 // ---- the widths ----------------------------------------------------------------------------------------------------
 // I: the integer register, F: the float one; load reads a chunk's bytes for the lanes' channels; halves / bytes read
 // one fp16 / one byte per channel (consecutive channels) as floats (exact).

@@ -122,45 +122,66 @@ void vk_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int6
 
 // ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
 #if defined(VERISPEC_VNNI512)
+// Rows r0 + R0 .. R0 + RB - 1 of a unit: their integer sums, then their fp32 steps into acc. vpdpbusd's latency
+// (~5 cycles) is what a unit's chain of 8 pays row by row; the sums are cut into independent chains (by half, and for
+// one row by j's parity too) interleaved across the rows, which integer addition leaves exactly as they were.
+template <int64_t T, int NR, int R0, int RB>
+VERISPEC_KQ_INLINE void vk_rows512(const Args& a, const QuantX& xq, int64_t r0, int64_t b, const __m512i (&w)[8],
+                                   __m512 s0, __m512 s1, __m512 (&acc)[NR]) {
+  constexpr int C = RB == 1 ? 2 : 1;  // chains a half of a row's sum
+  const int32_t* x4[RB];
+  int64_t at[RB];
+  __m512i i0[RB][C], i1[RB][C];
+  for (int r = 0; r < RB; ++r) {
+    const int64_t row = r0 + R0 + r;
+    at[r] = row * a.blocks + b;
+    x4[r] = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
+    for (int c = 0; c < C; ++c) i0[r][c] = i1[r][c] = _mm512_setzero_si512();
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < RB; ++r) {
+      i0[r][j % C] = _mm512_dpbusd_epi32(i0[r][j % C], w[j], _mm512_set1_epi32(x4[r][j]));
+      i1[r][j % C] = _mm512_dpbusd_epi32(i1[r][j % C], w[4 + j], _mm512_set1_epi32(x4[r][4 + j]));
+    }
+  for (int r = 0; r < RB; ++r) {
+    __m512i h0 = i0[r][0], h1 = i1[r][0];
+    if constexpr (C == 2) h0 = _mm512_add_epi32(h0, i0[r][1]), h1 = _mm512_add_epi32(h1, i1[r][1]);
+    const __m512 dx = _mm512_set1_ps(xq.dx[at[r]]);
+    if constexpr (T == Q6_KV) {
+      h0 = _mm512_sub_epi32(h0, _mm512_set1_epi32(32 * xq.sh[at[r]]));
+      h1 = _mm512_sub_epi32(h1, _mm512_set1_epi32(32 * (xq.sq[at[r]] - xq.sh[at[r]])));
+      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(h0), acc[R0 + r]);
+      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(h1), acc[R0 + r]);
+    } else {
+      const __m512i isum = _mm512_add_epi32(h0, h1);
+      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(isum), acc[R0 + r]);
+      acc[R0 + r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(xq.sx[at[r]]), acc[R0 + r]);  // -(dmin mn) sx + acc, one rounding
+    }
+  }
+  if constexpr (R0 + RB < NR) {
+    constexpr int NEXT = NR - R0 - RB < RB ? NR - R0 - RB : RB;
+    vk_rows512<T, NR, R0 + RB, NEXT>(a, xq, r0, b, w, s0, s1, acc);
+  }
+}
+
 template <int64_t T, int NR>
 void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
+  constexpr int RB = NR < 4 ? NR : NR <= 8 ? 4 : 2;  // rows a pass: their chains in flight, registers to spare
   __m512 acc[NR];
   for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < a.blocks / 8; ++sb) {
     const uint8_t* rec = vk_record(a, T, g, sb);
-    const char* ahead = reinterpret_cast<const char*>(rec + PREFETCH_TILES * a.row_bytes);
-    for (int64_t i = 0; i < VCH * vk_channel_bytes(T); i += 64) _mm_prefetch(ahead + i, _MM_HINT_T0);
+    ask_ahead<NR>(rec, vk_head_bytes(T));
     const __m512 d = vk_d<Lanes512>(rec, 0), dmin = vk_dmin<Lanes512>(rec, 0);  // (Q6_K: no dmin, an unused load)
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
       __m512i w[8];  // w[j] multiplies activations 4j .. 4j + 3
+      ask_ahead<NR>(vk_unit_at(rec, T, s), vk_unit_bytes(T));
       unpack_quants<Lanes512, vk_high_bits(T)>(vk_unit_at(rec, T, s), w);
-      const int64_t b = sb * 8 + s;
       __m512 s0, s1;
       vk_unit_scales<Lanes512, T>(rec, s, 0, d, dmin, s0, s1);
-      if constexpr (T == Q6_KV) {
-        for (int r = 0; r < NR; ++r) {
-          const int64_t row = r0 + r, at = row * a.blocks + b;
-          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
-          __m512i i0 = _mm512_set1_epi32(-32 * xq.sh[at]), i1 = _mm512_set1_epi32(-32 * (xq.sq[at] - xq.sh[at]));
-          for (int j = 0; j < 4; ++j) {
-            i0 = _mm512_dpbusd_epi32(i0, w[j], _mm512_set1_epi32(x4[j]));
-            i1 = _mm512_dpbusd_epi32(i1, w[4 + j], _mm512_set1_epi32(x4[4 + j]));
-          }
-          const __m512 dx = _mm512_set1_ps(xq.dx[at]);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(i0), acc[r]);
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(i1), acc[r]);
-        }
-      } else {
-        for (int r = 0; r < NR; ++r) {
-          const int64_t row = r0 + r, at = row * a.blocks + b;
-          const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
-          __m512i isum = _mm512_setzero_si512();
-          for (int j = 0; j < 8; ++j) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(x4[j]));
-          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
-          acc[r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(xq.sx[at]), acc[r]);  // -(dmin mn) sx + acc, one rounding
-        }
-      }
+      vk_rows512<T, NR, 0, RB>(a, xq, r0, sb * 8 + s, w, s0, s1, acc);
     }
   }
   store_group512(a, acc, g, r0);
