@@ -80,3 +80,30 @@ def test_fp32_activations_equal_the_fp32_conversion():
 def test_the_default_start_imports_no_hugging_face_modeling():
     report = start_report(["--prompt", "def add(a, b):", "--max-new-tokens", "2"])
     assert report["heavy"] == [] and report["startup_s"] > 0
+
+
+def test_the_draft_head_keeps_the_most_frequent_tokens(pair):
+    """The shipped frequency table knows the pair's tokenizer: the default draft's head is a compact reduced head
+    of DEFAULT_DRAFT_VOCAB rows plus every special token (the ends the target stops on among them), so the
+    equality tests above run on it. ':v8192' keeps fewer rows and still gives the target alone's tokens."""
+    from verispec.drafters.model import model_drafters
+    from verispec.drafters.vocab_ranks import DEFAULT_DRAFT_VOCAB, ranked_ids
+    from verispec.runtime.model.reduced_head import ReducedHead
+
+    tokenizer = pair.tokenizer
+    assert ranked_ids(tokenizer) is not None
+    (drafter,) = model_drafters(pair.engine.drafter)
+    ids = set(drafter.vocab_ids.tolist())
+    specials = set(tokenizer.all_special_ids) | {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    assert specials <= ids and DEFAULT_DRAFT_VOCAB <= len(ids) <= DEFAULT_DRAFT_VOCAB + len(tokenizer.added_tokens_decoder)
+    drafter.reserve(1)
+    head = drafter.runner.model.lm_head.weight
+    assert isinstance(head, ReducedHead) and head.compact and set(head.ids.tolist()) == ids
+    small = SpeculativeGenerator.from_pretrained(CODER_TARGET, f"{CODER_DRAFT}:v8192", K=4, max_len=1024)
+    (small_drafter,) = model_drafters(small.engine.drafter)
+    assert 8192 <= small_drafter.vocab_ids.numel() < DEFAULT_DRAFT_VOCAB
+    prompts = [pair.encode(PROMPT, chat=True), pair.encode("Explain what a Python decorator is.", chat=True)]
+    for kw in (dict(max_new_tokens=32), dict(max_new_tokens=32, temperature=0.8, seed=5, coupled=True)):
+        result = small.generate(prompts, return_dict=True, **kw)  # batched
+        assert [r.token_ids for r in result] == pair.generate(prompts, speculative=False, **kw)
+        assert sum(r.stats.accepted_tokens for r in result) > 0
