@@ -3,8 +3,9 @@ count, how many bytes ahead, into L2 or L1? The target's forward of 1 x WIDTH fe
 decode step; 1x5: verifying 4 draft tokens), each setting in turn, round by round in one process (a busy machine
 slows all alike; the best round is kept), logits checked bit-equal across settings (prefetches are hints only).
     PYTHONPATH=src python recipes/tile_prefetch_bench.py [--model qwen2.5-coder-1.5b-instruct] [--threads 2]
-        [--widths 1,2,3,5,9] [--settings 2:8192:l2,99:0:l2,...] [--repeats 6]
-A setting is FROM_ROWS:DISTANCE:l2|l1 (FROM_ROWS 99: no prefetch at these widths).
+        [--widths 1,2,3,5,9] [--settings 2:16:8192:l2,99:16:0:l2,...] [--prefill 512] [--repeats 6]
+A setting is FROM_ROWS:UPTO_ROWS:DISTANCE:l2|l1 (FROM_ROWS 99: no prefetch at these widths); --prefill N also times
+an N-token prefill from an empty cache under each setting.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import argparse
 
 import torch
 
-from _common import fill_slots, step
+from _common import fill_slots, prefill, step
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.config import RunnerOptions
 from verispec.runtime.kernels.quant import set_prefetch
@@ -27,7 +28,8 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_TARGET)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--widths", default="1,2,3,5,9")
-    ap.add_argument("--settings", default="2:8192:l2,3:8192:l2,2:16384:l2,2:8192:l1,99:0:l2")
+    ap.add_argument("--settings", default="2:16:8192:l2,3:16:8192:l2,2:16:16384:l2,2:16:8192:l1,99:16:0:l2")
+    ap.add_argument("--prefill", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=6)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -37,8 +39,8 @@ def main() -> None:
     widths = [int(w) for w in args.widths.split(",")]
     settings = []
     for text in args.settings.split(","):
-        rows, distance, level = text.split(":")
-        settings.append((int(rows), int(distance), level == "l2"))
+        rows, upto, distance, level = text.split(":")
+        settings.append((int(rows), int(upto), int(distance), level == "l2"))
     print(machine_line(describe_machine("cpu")) + f"; threads {args.threads}")
     best, first = {}, {}
     for _ in range(args.repeats):
@@ -48,13 +50,20 @@ def main() -> None:
                 seconds, logits = step(runner, 1, width, calls=3)
                 best[(setting, width)] = min(best.get((setting, width), float("inf")), seconds)
                 assert torch.equal(first.setdefault(width, logits), logits), (setting, width)
-    print("| setting | " + " | ".join(f"1x{w} ms (x its 1x1)" for w in widths) + " |")
-    print("|---" * (len(widths) + 1) + "|")
+            if args.prefill:
+                seconds, logits = prefill(runner, args.prefill)
+                best[(setting, "prefill")] = min(best.get((setting, "prefill"), float("inf")), seconds)
+                assert torch.equal(first.setdefault("prefill", logits), logits), setting
+                fill_slots(runner, 1)
+    prefilled = [f" prefill {args.prefill} tok/s |" if args.prefill else ""]
+    print("| setting | " + " | ".join(f"1x{w} ms (x its 1x1)" for w in widths) + " |" + prefilled[0])
+    print("|---" * (len(widths) + 1 + bool(args.prefill)) + "|")
     for setting in settings:
         one = best[(setting, 1)]
-        name = f"{setting[0]}:{setting[1]}:{'l2' if setting[2] else 'l1'}"
+        name = f"{setting[0]}:{setting[1]}:{setting[2]}:{'l2' if setting[3] else 'l1'}"
+        tail = f" {args.prefill / best[(setting, 'prefill')]:.0f} |" if args.prefill else ""
         print(f"| {name} | " + " | ".join(f"{best[(setting, w)] * 1e3:.1f} ({best[(setting, w)] / one:.2f})"
-                                          for w in widths) + " |")
+                                          for w in widths) + " |" + tail)
 
 
 if __name__ == "__main__":

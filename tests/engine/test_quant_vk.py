@@ -170,17 +170,17 @@ def test_prefetch_settings_are_hints_only():
     weights = [kweight(q, 100, 1536) for q in KTYPES] + [quant.quantize_gguf(torch.randn(70, 1536), "Q8_0", "q8")]
     torch.manual_seed(2)
     x = torch.randn(20, 1536)
-    before = quant.set_prefetch(1, 0, True)
+    before = quant.set_prefetch(1, 16, 0, True)
     try:
         want = [[w.linear(x[:rows], None) for rows in range(1, 21)] for w in weights]
-        for setting in ((1, 8192, True), (2, 4096, False), (99, 0, True), (1, 1 << 20, True)):
+        for setting in ((1, 16, 8192, True), (2, 4, 4096, False), (99, 16, 0, True), (1, 99, 1 << 20, True)):
             quant.set_prefetch(*setting)
             for w, outs in zip(weights, want):
                 for rows in range(1, 21):
                     assert torch.equal(w.linear(x[:rows], None), outs[rows - 1]), (setting, rows)
         with pytest.raises(RuntimeError, match="from_rows"):
-            quant.set_prefetch(0, 64, True)
-        assert quant.kernel().get_prefetch() == (1, 1 << 20, True)
+            quant.set_prefetch(0, 16, 64, True)
+        assert quant.kernel().get_prefetch() == (1, 99, 1 << 20, True)
     finally:
         quant.set_prefetch(*before)
 

@@ -82,15 +82,16 @@ def kernel():
     return _KERNEL[0]
 
 
-def set_prefetch(from_rows: int, distance: int, to_l2: bool) -> tuple[int, int, bool]:
-    """How the integer-activation tiles ask for their weights ahead (tiles of >= `from_rows` rows, `distance` bytes
-    ahead, into L2 or L1: quant_unpack.h `TilePrefetch`) -> the setting it replaces. Hints only: outputs are unchanged.
-    For measurements (`recipes/tile_prefetch_bench.py`); the default is what was measured fastest."""
+def set_prefetch(from_rows: int, upto_rows: int, distance: int, to_l2: bool) -> tuple[int, int, int, bool]:
+    """How the integer-activation tiles ask for their weights ahead (tiles of >= `from_rows` rows in calls of <=
+    `upto_rows` rows, `distance` bytes ahead, into L2 or L1: quant_unpack.h `TilePrefetch`) -> the setting it replaces.
+    Hints only: outputs are unchanged. For measurements (`recipes/tile_prefetch_bench.py`); the default is what was
+    measured fastest."""
     module = kernel()
     if module is None:
         raise RuntimeError("the quant kernel is not built here")
     old = tuple(module.get_prefetch())
-    module.set_prefetch(from_rows, distance, to_l2)
+    module.set_prefetch(from_rows, upto_rows, distance, to_l2)
     return old
 
 

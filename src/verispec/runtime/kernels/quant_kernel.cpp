@@ -763,13 +763,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("data"), py::arg("ggml_type"), py::arg("into") = py::none());
   m.def("unpack_v", &verispec_pack::unpack_v, "a V / VK layout -> the file's [out, row_bytes] blocks (quant_pack.h)",
         py::arg("packed"), py::arg("ggml_type"), py::arg("out_features"));
-  m.def("set_prefetch", [](int64_t from_rows, int64_t distance, bool to_l2) {
-    TORCH_CHECK(from_rows >= 1 && distance >= 0, "from_rows >= 1, distance >= 0");
-    tile_prefetch = TilePrefetch{from_rows, distance, to_l2};
+  m.def("set_prefetch", [](int64_t from_rows, int64_t upto_rows, int64_t distance, bool to_l2) {
+    TORCH_CHECK(from_rows >= 1 && upto_rows >= 1 && distance >= 0, "from_rows >= 1, upto_rows >= 1, distance >= 0");
+    tile_prefetch = TilePrefetch{from_rows, upto_rows, distance, to_l2};
   }, "how the V / VK tiles ask for their weights ahead (quant_unpack.h TilePrefetch)", py::arg("from_rows"),
-        py::arg("distance"), py::arg("to_l2"));
-  m.def("get_prefetch", [] { return py::make_tuple(tile_prefetch.from_rows, tile_prefetch.distance, tile_prefetch.to_l2); },
-        "the V / VK tiles' prefetch setting (from_rows, distance, to_l2)");
+        py::arg("upto_rows"), py::arg("distance"), py::arg("to_l2"));
+  m.def("get_prefetch", [] {
+    return py::make_tuple(tile_prefetch.from_rows, tile_prefetch.upto_rows, tile_prefetch.distance, tile_prefetch.to_l2);
+  }, "the V / VK tiles' prefetch setting (from_rows, upto_rows, distance, to_l2)");
   m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (AUTO: the best here)");
   m.def("path_numbers", [] {  // (a test holds them equal to paths.py's)
     return std::map<std::string, int64_t>{{"auto", AUTO}, {"scalar", SCALAR}, {"avx2", AVX2}, {"avx512", AVX512}};

@@ -226,7 +226,7 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
   for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* q = vq_at(a, T, g, b);
-    ask_ahead<NR>(q, VCH * v_quant_bytes(T));
+    ask_ahead<NR>(q, VCH * v_quant_bytes(T), a.rows);
     __m512i w[8];  // w[j]: the unsigned bytes multiplying activations 4j..4j+3 (Q4: 4 chunks x low, high nibbles)
     v_unpack<Lanes512, T>(q, w, true);
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vd_at(a, T, g, b))));

@@ -31,23 +31,26 @@ constexpr int64_t HIGH_AT = 256;  // where a 4-bit block's (unit's) high-bit wor
 constexpr int v_q5_bit(int j) { return j < 16 ? 8 * (j % 4) + j / 4 : 8 * ((j - 16) % 4) + 4 + (j - 16) / 4; }
 
 // ---- asking for the weights ahead -----------------------------------------------------------------------------------
-// The V and VK tiles stream their weights once per call, in address order on each thread. At one or two rows the
-// hardware prefetchers alone keep up with the products, and software prefetches only take the miss queue from them
-// (measured: a decode step's Q4_K gate_up read ~1.5x faster without them); from three rows on the products are long
-// enough that a unit's bytes asked for `distance` bytes ahead, into L2, arrive while the rows before them run. Hints
-// only: the values and sums are unchanged. `recipes/tile_prefetch_bench.py` measures the settings (set_prefetch).
+// The V and VK tiles stream their weights once per call, in address order on each thread. At one row the hardware
+// prefetchers alone keep up with the products, and software prefetches only take the miss queue from them (measured:
+// a decode step of the coder target 46 ms without, 49 ms with, and 74 ms with a whole record asked for 4 groups
+// ahead); from two rows on the products are long enough that a unit's bytes asked for `distance` bytes ahead, into
+// L2, arrive while the rows before them run (a 5-token verify pass 137 -> 65 ms). A call of more than `upto_rows`
+// rows runs several tiles over each group, the later ones from cache: it asks for nothing (prefill was slower with).
+// Hints only: the values and sums are unchanged. `recipes/tile_prefetch_bench.py` measures settings (set_prefetch).
 struct TilePrefetch {
   int64_t from_rows = 2;      // tiles of fewer rows ask for nothing
+  int64_t upto_rows = 16;     // calls of more rows ask for nothing
   int64_t distance = 8192;    // bytes ahead of the unit being read
   bool to_l2 = true;          // _MM_HINT_T1 (else T0: into L1)
 };
 inline TilePrefetch tile_prefetch;
 
-// `bytes` at p + distance, asked for by a tile of NR rows (a cache line at a time).
+// `bytes` at p + distance, asked for by a tile of NR rows in a call of `rows` rows (a cache line at a time).
 template <int NR>
-VERISPEC_KQ_INLINE void ask_ahead(const uint8_t* p, int64_t bytes) {
+VERISPEC_KQ_INLINE void ask_ahead(const uint8_t* p, int64_t bytes, int64_t rows) {
 #if defined(__AVX2__) || defined(__AVX512F__)
-  if (NR < tile_prefetch.from_rows) return;
+  if (NR < tile_prefetch.from_rows || rows > tile_prefetch.upto_rows) return;
   const char* at = reinterpret_cast<const char*>(p) + tile_prefetch.distance;
   for (int64_t i = 0; i < bytes; i += 64)
     tile_prefetch.to_l2 ? _mm_prefetch(at + i, _MM_HINT_T1) : _mm_prefetch(at + i, _MM_HINT_T0);

@@ -172,12 +172,12 @@ void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
   for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < a.blocks / 8; ++sb) {
     const uint8_t* rec = vk_record(a, T, g, sb);
-    ask_ahead<NR>(rec, vk_head_bytes(T));
+    ask_ahead<NR>(rec, vk_head_bytes(T), a.rows);
     const __m512 d = vk_d<Lanes512>(rec, 0), dmin = vk_dmin<Lanes512>(rec, 0);  // (Q6_K: no dmin, an unused load)
 #pragma GCC unroll 8
     for (int s = 0; s < 8; ++s) {
       __m512i w[8];  // w[j] multiplies activations 4j .. 4j + 3
-      ask_ahead<NR>(vk_unit_at(rec, T, s), vk_unit_bytes(T));
+      ask_ahead<NR>(vk_unit_at(rec, T, s), vk_unit_bytes(T), a.rows);
       unpack_quants<Lanes512, vk_high_bits(T)>(vk_unit_at(rec, T, s), w);
       __m512 s0, s1;
       vk_unit_scales<Lanes512, T>(rec, s, 0, d, dmin, s0, s1);
