@@ -5,7 +5,8 @@ slows all alike; the best round is kept), logits checked bit-equal across settin
     PYTHONPATH=src python recipes/tile_prefetch_bench.py [--model qwen2.5-coder-1.5b-instruct] [--threads 2]
         [--widths 1,2,3,5,9] [--settings 2:16:8192:l2,99:16:0:l2,...] [--prefill 512] [--repeats 6]
 A setting is FROM_ROWS:UPTO_ROWS:DISTANCE:l2|l1 (FROM_ROWS 99: no prefetch at these widths); --prefill N also times
-an N-token prefill from an empty cache under each setting.
+an N-token prefill from an empty cache under each setting, and `--row-blocks 0,64,...` the same prefill with the
+linears' rows in blocks of that many (quant.set_row_block; 0: all rows in one pass), in turns too.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ import torch
 from _common import fill_slots, prefill, step
 from verispec.bench.machine import describe_machine, machine_line
 from verispec.config import RunnerOptions
-from verispec.runtime.kernels.quant import set_prefetch
+from verispec.runtime.kernels.quant import set_prefetch, set_row_block
 from verispec.runtime.model.loading import DEFAULT_TARGET
 from verispec.runtime.model.target import load_target
 from verispec.runtime.runners.select import make_runner
+from verispec.runtime.threads import governor
 
 
 def main() -> None:
@@ -28,11 +30,13 @@ def main() -> None:
     ap.add_argument("--model", default=DEFAULT_TARGET)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--widths", default="1,2,3,5,9")
-    ap.add_argument("--settings", default="2:16:8192:l2,3:16:8192:l2,2:16:16384:l2,2:16:8192:l1,99:16:0:l2")
+    ap.add_argument("--settings", default="1:16:8192:l2,2:16:8192:l2,1:16:16384:l2,1:16:8192:l1,99:16:0:l2")
     ap.add_argument("--prefill", type=int, default=0)
+    ap.add_argument("--row-blocks", default="")
     ap.add_argument("--repeats", type=int, default=6)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    governor().configure(args.threads)  # fixed: `auto` would follow the free cores (runtime/threads.py)
     model = load_target(args.model, "gguf", activations="q8")
     runner = make_runner(model, 2048, 1, RunnerOptions(backend="native", compile=False, kv_cache_dtype="float16"))
     fill_slots(runner, 1)
@@ -56,6 +60,19 @@ def main() -> None:
                 assert torch.equal(first.setdefault("prefill", logits), logits), setting
                 fill_slots(runner, 1)
     prefilled = [f" prefill {args.prefill} tok/s |" if args.prefill else ""]
+    blocks = [int(b) for b in args.row_blocks.split(",") if b]
+    if blocks and args.prefill:
+        set_prefetch(*settings[0])
+        default = set_row_block(0)
+        for _ in range(args.repeats):
+            for rows in blocks:
+                set_row_block(rows)
+                seconds, logits = prefill(runner, args.prefill)
+                best[("block", rows)] = min(best.get(("block", rows), float("inf")), seconds)
+                assert torch.equal(first.setdefault("prefill", logits), logits), rows
+        set_row_block(default)
+        print(f"prefill {args.prefill} tokens by row block (default {default}): "
+              + ", ".join(f"{rows}: {args.prefill / best[('block', rows)]:.0f} tok/s" for rows in blocks))
     print("| setting | " + " | ".join(f"1x{w} ms (x its 1x1)" for w in widths) + " |" + prefilled[0])
     print("|---" * (len(widths) + 1 + bool(args.prefill)) + "|")
     for setting in settings:

@@ -186,6 +186,25 @@ def test_prefetch_settings_are_hints_only():
 
 
 @pytest.mark.kernel("quant")
+def test_row_blocks_move_no_bit():
+    """A long call's rows in blocks (quant_q8.h v_row_block) give every row the bits it has alone, at any block."""
+    weights = [kweight(q, 40, 512) for q in KTYPES] + [quant.quantize_gguf(torch.randn(40, 512), "Q5_0", "q8")]
+    torch.manual_seed(3)
+    x = torch.randn(70, 512)
+    before = quant.set_row_block(0)
+    try:
+        alone = [torch.cat([w.linear(x[i : i + 1], None) for i in range(70)]) for w in weights]
+        for rows in (0, 1, 16, 20, 64):
+            quant.set_row_block(rows)
+            for w, want in zip(weights, alone):
+                assert torch.equal(w.linear(x, None), want), rows
+        with pytest.raises(RuntimeError, match="rows >= 0"):
+            quant.set_row_block(-1)
+    finally:
+        quant.set_row_block(before)
+
+
+@pytest.mark.kernel("quant")
 def test_the_avx2_builds_maddubs_gives_the_same_bits():
     """The kernel built as for a CPU without AVX-512 (maddubs + madd) against this build's AVX2 path (vpdpbusd where
     the CPU has AVX-512 VNNI) and its best path, every K type, 1 to 40 rows."""

@@ -95,6 +95,16 @@ def set_prefetch(from_rows: int, upto_rows: int, distance: int, to_l2: bool) -> 
     return old
 
 
+def set_row_block(rows: int) -> int:
+    """Rows a pass of the integer-activation linears over their weights takes at most (0: every row at once;
+    quant_q8.h `v_row_block`) -> the old value. Outputs are unchanged; for measurements (recipes/tile_prefetch_bench.py
+    `--row-blocks`)."""
+    module = kernel()
+    if module is None:
+        raise RuntimeError("the quant kernel is not built here")
+    return module.set_row_block(rows)
+
+
 class Deferred:
     """A GGUF tensor's [out, row_bytes] blocks, read when first needed (`load()`): a model's blocks are then never
     all in memory beside their packed copies (each is read, packed into its place in the weights' arena and let go:

@@ -771,6 +771,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("get_prefetch", [] {
     return py::make_tuple(tile_prefetch.from_rows, tile_prefetch.upto_rows, tile_prefetch.distance, tile_prefetch.to_l2);
   }, "the V / VK tiles' prefetch setting (from_rows, upto_rows, distance, to_l2)");
+  m.def("set_row_block", [](int64_t rows) {
+    TORCH_CHECK(rows >= 0, "rows >= 0 (0: every row in one pass)");
+    const int64_t old = v_row_block;
+    v_row_block = rows;
+    return old;
+  }, "rows a pass of the V / VK linears over the groups takes at most (quant_q8.h v_row_block) -> the old value",
+        py::arg("rows"));
   m.def("resolve_path", &resolve_path, "the kernel path a call with this path runs (AUTO: the best here)");
   m.def("path_numbers", [] {  // (a test holds them equal to paths.py's)
     return std::map<std::string, int64_t>{{"auto", AUTO}, {"scalar", SCALAR}, {"avx2", AVX2}, {"avx512", AVX512}};

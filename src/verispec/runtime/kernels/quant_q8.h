@@ -356,6 +356,12 @@ inline VTileFn v_tile(int64_t qtype, int64_t path, int64_t& per_tile) {
 
 // y [rows, out] = the integer-activation linear of x [rows, in], `tile` run on each group of 16 channels (the V
 // layouts' here, the K-quants' in quant_vk.h) and every tile of at most per_tile rows.
+// Rows a pass over the groups takes at most (0: all): a prefill chunk's activations of that many rows stay in L2 while
+// every group's weights stream past (all 512 rows of a chunk filled L2 and the weights evicted them: a 512-token
+// prefill of the coder target ran ~1.3x slower); the weights are read once a block, a small cost beside a block's
+// products. Rows are independent, so the same bits at any block. quant.set_row_block for measurements.
+inline int64_t v_row_block = 64;
+
 inline void v_linear(const Args& a, VTileFn tile, int64_t per_tile, int64_t path) {
   // The calling thread's buffers, reused. The tiles on other threads read them through this reference (a
   // thread_local named inside the lambda would be each worker's own, empty, instance).
@@ -363,10 +369,14 @@ inline void v_linear(const Args& a, VTileFn tile, int64_t per_tile, int64_t path
   QuantX& xq = buffers;
   quantize_rows(a.x, a.rows, a.in, xq, path);
   const int64_t groups = (a.out + VCH - 1) / VCH;
-  verispec_pool::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t r0 = 0; r0 < a.rows; r0 += per_tile) tile(a, xq, g, r0, std::min(per_tile, a.rows - r0));
-  });
+  const int64_t block = v_row_block > 0 ? v_row_block : a.rows;
+  for (int64_t rb = 0; rb < a.rows; rb += block) {
+    const int64_t re = std::min(a.rows, rb + block);
+    verispec_pool::parallel_for(0, groups, 2, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g)
+        for (int64_t r0 = rb; r0 < re; r0 += per_tile) tile(a, xq, g, r0, std::min(per_tile, re - r0));
+    });
+  }
 }
 
 }  // namespace

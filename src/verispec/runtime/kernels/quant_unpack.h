@@ -31,15 +31,14 @@ constexpr int64_t HIGH_AT = 256;  // where a 4-bit block's (unit's) high-bit wor
 constexpr int v_q5_bit(int j) { return j < 16 ? 8 * (j % 4) + j / 4 : 8 * ((j - 16) % 4) + 4 + (j - 16) / 4; }
 
 // ---- asking for the weights ahead -----------------------------------------------------------------------------------
-// The V and VK tiles stream their weights once per call, in address order on each thread. At one row the hardware
-// prefetchers alone keep up with the products, and software prefetches only take the miss queue from them (measured:
-// a decode step of the coder target 46 ms without, 49 ms with, and 74 ms with a whole record asked for 4 groups
-// ahead); from two rows on the products are long enough that a unit's bytes asked for `distance` bytes ahead, into
-// L2, arrive while the rows before them run (a 5-token verify pass 137 -> 65 ms). A call of more than `upto_rows`
-// rows runs several tiles over each group, the later ones from cache: it asks for nothing (prefill was slower with).
+// The V and VK tiles stream their weights once per call, in address order on each thread. A unit's bytes asked for
+// `distance` bytes ahead, into L2, a line at a time as the unit is read, arrive before the tile gets there (measured on
+// the coder target, 2 threads, quiet: a decode step 32 ms against 42 ms without and 74 ms when each record's 37 lines
+// were asked for at once, 4 groups ahead, into L1; a 5-token verify pass 48 ms against 93 ms without). A call of more
+// than `upto_rows` rows runs several tiles over each group, the later ones from cache: it asks for nothing.
 // Hints only: the values and sums are unchanged. `recipes/tile_prefetch_bench.py` measures settings (set_prefetch).
 struct TilePrefetch {
-  int64_t from_rows = 2;      // tiles of fewer rows ask for nothing
+  int64_t from_rows = 1;      // tiles of fewer rows ask for nothing
   int64_t upto_rows = 16;     // calls of more rows ask for nothing
   int64_t distance = 8192;    // bytes ahead of the unit being read
   bool to_l2 = true;          // _MM_HINT_T1 (else T0: into L1)
