@@ -11,6 +11,7 @@ import pytest
 from verispec.config import MAX_DRAFT_TOKENS, SamplingParams, SpeculativeConfig
 from verispec.drafters.model import ModelDrafter
 from verispec.drafters.ngram import NgramDrafter
+from verispec.drafters import prediction as prediction_module
 from verispec.drafters.prediction import PredictionDrafter
 from verispec.engine import SpeculativeEngine
 
@@ -136,13 +137,15 @@ def hand_case(tokenizer, answer: list[int]) -> tuple[int, list[int]]:
     return a, answer[:a] + [foreign] * 3 + answer[a:]
 
 
-def test_prediction_counts_by_hand(trained_pair, tokenizer, prompts, alone):
-    """Fixed K = 64 (more than the answer): each round drafts what is left of the answer. N = 40 answer tokens.
+def test_prediction_counts_by_hand(trained_pair, tokenizer, prompts, alone, monkeypatch):
+    """Fixed K = 64 (more than the answer) and no cap on a round's run (`run_cap`, tested by hand in
+    tests/unit/test_prediction_align.py): each round drafts what is left of the answer. N = 40 answer tokens.
     Round 1 drafts prediction[0 : N - 1]: the first a are accepted, then the inserted token is rejected (the
     recovered token is answer[a]), so N - 1 - a are rejected. The alignment is lost at a and found again right after
     the inserted tokens (answer[a] occurs there after a foreign token; the pair answer[a - 1 : a + 1] nowhere else).
     Round 2 drafts the N - a - 2 tokens answer[a + 1 : N - 1], all accepted, and the bonus token ends the answer.
     Accepted: a + N - a - 2 = N - 2; rejected: N - 1 - a; proposed = accepted + rejected; two rounds."""
+    monkeypatch.setattr(prediction_module, "run_cap", lambda agreement: MAX_DRAFT_TOKENS)
     engine = SpeculativeEngine(trained_pair[0], tokenizer, None,
                                SpeculativeConfig(num_draft_tokens=MAX_DRAFT_TOKENS, adaptive=False), max_len=256)
     answer = alone[0]
@@ -160,8 +163,13 @@ def test_negative_control_a_wrong_alignment_changes_the_counts_not_the_answer(tr
     """A deliberately wrong alignment (found again one token too far on) drafts the wrong tokens: the counts of
     the hand case change (so that test can fail), the answer stays the target's (the target verified them)."""
     find = PredictionDrafter.find
-    monkeypatch.setattr(PredictionDrafter, "find", lambda self, suffix, anchor: (
-        None if find(self, suffix, anchor) is None else find(self, suffix, anchor) + 1))
+
+    def one_too_far(self, suffix, anchor):
+        pos, size = find(self, suffix, anchor)
+        return (None if pos is None else pos + 1), size
+
+    monkeypatch.setattr(PredictionDrafter, "find", one_too_far)
+    monkeypatch.setattr(prediction_module, "run_cap", lambda agreement: MAX_DRAFT_TOKENS)
     engine = SpeculativeEngine(trained_pair[0], tokenizer, None,
                                SpeculativeConfig(num_draft_tokens=MAX_DRAFT_TOKENS, adaptive=False), max_len=256)
     _, prediction = hand_case(tokenizer, alone[0])

@@ -111,9 +111,13 @@ class CascadeDrafter(Drafter):
             stage.release(slot)
 
     def _routed_index(self, row: DraftRow) -> int:
-        """The stage index of a row: from the engine's `route` answer when it passed one (no second lookup)."""
+        """The stage index of a row: from the engine's `route` answer when it passed one (a stage, or what the
+        stage's own `route` named: a prediction's guesses)."""
         for index, stage in enumerate(self.stages):
             if stage is row.routed:
+                return index
+        for index, stage in enumerate(self.stages):
+            if row.routed is not None and stage.route(row.token_ids) is row.routed:
                 return index
         return self._stage_index(row.token_ids)
 

@@ -6,17 +6,30 @@ has got to, in long runs, and the target verifies every one of them as any draft
 answer is the target's own, token for token, whatever the prediction says).
 
 Alignment (per sequence, on host ints: no device read). `pos` is the prediction index the answer's next token is
-expected at. Each committed token that equals prediction[pos] moves it on (accepted draft tokens always do; the
-round's bonus or recovered token may); the first one that differs loses it. A lost alignment is found again after
-every round from the answer's last tokens: the longest suffix of them (up to `MATCH_TOKENS`) that occurs in the
-prediction with a token after it, and of its occurrences the nearest at or after where the alignment was lost
-(an edit skips or replaces lines and then goes on), else the nearest before it (text moved up). Until a match is
-found the prediction proposes nothing (`can_propose` is False), so a cascade's next stage drafts those rounds.
+expected at, `agreement` how many of the answer's last tokens equal the prediction's just before `pos` (how sure
+the alignment is). Each committed token that equals prediction[pos] moves it on and confirms it (`anchor`: where
+the answer last followed the prediction); the first one that differs loses it. A lost alignment is looked for again
+after every round from the answer's last tokens: the longest suffix of them (up to `MATCH_TOKENS`) that occurs in
+the prediction with a token after it, and of its occurrences the nearest at or after the anchor (an edit skips or
+replaces lines and then goes on); one before the anchor (text moved up) only for a suffix of `BACK_MATCH` tokens or
+more, since a short one there is mostly a common token ("\n", an indent) far from the edit. Only confirmed tokens
+move the anchor, so a wrong guess never drags the search away from the edit. The answer's opening: the prompt's
+tokens in front of the prediction (`lead`: an edit's prompt shows the code after "```python\n", and the answer
+opens as the prompt did) match as the prediction's own, so its start is found after them; where the prompt does
+not show the prediction, its start is the guess until the answer has followed it.
+Until a place is found the prediction proposes nothing (`can_propose` is False): a cascade's next stage drafts.
+
+A round proposes at most `run_cap(agreement)` tokens: a place found from one common token is a guess, and a wide
+verify pass costs several plain steps on a CPU, so a guess drafts one or two tokens and each confirmed token
+doubles the run, up to the K the policy chose.
 
 One drafter per sequence (`with_prediction` makes it, in front of the request's other drafters): its adaptive
-policy learns this prediction's acceptance alone, while the costs it measures (draft step, verify widths) are shared
-by every prediction's policy (`per_request`, engine/policy.py); its rounds may reach `MAX_DRAFT_TOKENS`, past the
-request's max_speculation_depth (`max_depth`): a prediction's tokens cost nothing to draft.
+policies learn this prediction's acceptance alone, one for confirmed runs (the drafter itself) and one for guesses
+(`PredictionGuesses`, which `route` names below SURE_TOKENS of agreement), so an unrelated prediction's guesses are
+switched off (K = 0) without holding back the long runs of a good one. The costs they measure (draft step, verify
+widths) are shared by every prediction's policies (`per_request`, engine/policy.py); rounds may reach
+`MAX_DRAFT_TOKENS`, past the request's max_speculation_depth (`max_depth`): a prediction's tokens cost nothing to
+draft.
 """
 
 from __future__ import annotations
@@ -32,6 +45,9 @@ from .base import DraftBatch, DraftProposal, Drafter, empty_proposal
 from .cascade import CascadeDrafter
 
 MATCH_TOKENS = 8  # longest suffix of the answer looked for in the prediction after a divergence
+SURE_TOKENS = 3  # agreement from which the alignment drafts as a confirmed run (its own policy), not a guess
+LEAD_PROBE = 4  # the prediction's first tokens looked for in the prompt (`lead_in`)
+BACK_MATCH = 3  # shortest suffix that may move the alignment back before where the answer last followed it
 NAME = "prediction"  # the stage's name in statistics, token origins and metrics
 
 
@@ -52,6 +68,7 @@ class PredictionDrafter(Drafter):
         self.where: dict[int, list[int]] = defaultdict(list)  # token -> its prediction indices, ascending
         for index, token in enumerate(self.ids):
             self.where[token].append(index)
+        self.guesses = PredictionGuesses(self)
         self.begin(0, torch.empty(0, dtype=torch.long))
 
     # -- alignment -----------------------------------------------------------------------------------------------
@@ -67,42 +84,55 @@ class PredictionDrafter(Drafter):
             self.output.append(token)
             if self.pos is not None and self.pos < len(self.ids) and self.ids[self.pos] == token:
                 self.pos += 1
+                self.agreement += 1
                 self.anchor = self.pos
+                self.followed = True
             else:
-                self.pos = None
+                self.pos, self.agreement = None, 0
         if self.pos is None:
-            self.pos = self.find(self.output[-MATCH_TOKENS:], self.anchor)
-            if self.pos is not None:
-                self.anchor = self.pos
+            self.pos, self.agreement = self.find(self.output[-MATCH_TOKENS:], self.anchor)
+            if self.pos is None and not self.lead and not self.followed:
+                self.pos = 0  # a preamble the prompt does not show: the prediction's start is the guess
 
-    def find(self, suffix: list[int], anchor: int) -> int | None:
-        """Where the prediction goes on after the longest of `suffix`'s suffixes it contains (with a token after it):
-        of that length's occurrences the nearest at or after `anchor`, else the nearest before. None: no match."""
+    def find(self, suffix: list[int], anchor: int) -> tuple[int | None, int]:
+        """Where the prediction goes on after the longest of `suffix`'s suffixes it contains (with a token after it)
+        and that suffix's length: of that length's occurrences the nearest at or after `anchor`, else, for a suffix
+        of BACK_MATCH tokens or more, the nearest before. (None, 0): no match. The prompt's tokens in front of the
+        prediction (`lead`) count as its own, so an answer that opens as the prompt showed the code finds its start."""
         if not suffix:
-            return None
+            return None, 0
+        framed, offset = self.lead + self.ids, len(self.lead)  # the prediction as the prompt frames it
+        ends = list(self.where.get(suffix[-1], ()))  # prediction[end] == suffix[-1]
+        if self.lead and self.lead[-1] == suffix[-1]:
+            ends.insert(0, -1)  # the lead's last token: the prediction goes on at 0
         best, starts = 0, []
-        for end in self.where.get(suffix[-1], ()):  # prediction[end] == suffix[-1]
+        for end in ends:
             if end + 1 >= len(self.ids):
                 continue  # nothing follows this occurrence
-            size = 1
-            while size < len(suffix) and size <= end and self.ids[end - size] == suffix[-1 - size]:
+            size, at = 1, end + offset
+            while size < len(suffix) and size <= at and framed[at - size] == suffix[-1 - size]:
                 size += 1
+            if size < best or (end + 1 < anchor and size < BACK_MATCH):
+                continue
             if size > best:
                 best, starts = size, [end + 1]
-            elif size == best:
+            else:
                 starts.append(end + 1)
         if not starts:
-            return None
+            return None, 0
         after = [start for start in starts if start >= anchor]
-        return min(after) if after else max(starts)
+        return (min(after) if after else max(starts)), best
 
     # -- the Drafter interface -----------------------------------------------------------------------------------
 
     def begin(self, slot: int, prompt_ids: torch.Tensor) -> None:
         self.seen = prompt_ids.numel()  # committed tokens the alignment has followed (prompt + output)
+        self.lead = lead_in(prompt_ids.tolist(), self.ids)  # once per request: the prompt's ids on the host
         self.output: list[int] = []  # the answer so far
         self.pos: int | None = 0  # the answer starts where the prediction does
-        self.anchor = 0  # where the alignment was last known
+        self.agreement = 0  # the answer's last tokens equal to the prediction's just before pos
+        self.anchor = 0  # the prediction index after the last token the answer followed
+        self.followed = False  # the answer has followed the prediction (a preamble is over)
 
     def observe_tokens(self, slot: int, token_ids: list[int]) -> None:
         self.seen += len(token_ids)
@@ -110,6 +140,10 @@ class PredictionDrafter(Drafter):
 
     def can_propose(self, token_ids: torch.Tensor) -> bool:
         return self.aligned
+
+    def route(self, token_ids: torch.Tensor) -> Drafter:
+        """Itself for a confirmed run, `guesses` for a guessed place: each has its own draft-length policy."""
+        return self if self.agreement >= SURE_TOKENS else self.guesses
 
     def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         start = time.perf_counter()
@@ -125,11 +159,47 @@ class PredictionDrafter(Drafter):
             if pos is None or pos >= len(self.ids):
                 proposals.append(empty_proposal(row))
                 continue
-            proposals.append(DraftProposal(self.tensor[pos : pos + row.k], None))
+            proposals.append(DraftProposal(self.tensor[pos : pos + min(row.k, run_cap(self.agreement))], None))
         seconds = time.perf_counter() - start
         for proposal in proposals:
             proposal.seconds = seconds
         return proposals
+
+
+class PredictionGuesses(Drafter):
+    """The prediction drafting from a guessed place (agreement below SURE_TOKENS), routed to by its drafter so that
+    it has a policy of its own: guesses that do not pay (an unrelated prediction) are switched off (K = 0) while
+    confirmed runs keep drafting long. It proposes nothing itself: the engine asks the sequence's drafter."""
+
+    name = NAME
+    provides_probs = False
+    max_depth = MAX_DRAFT_TOKENS
+    per_request = True
+
+    def __init__(self, owner: PredictionDrafter) -> None:
+        self.owner = owner
+
+    def can_propose(self, token_ids: torch.Tensor) -> bool:
+        return self.owner.can_propose(token_ids)
+
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
+        return self.owner.propose(batch)
+
+
+def lead_in(prompt_ids: list[int], prediction_ids: list[int]) -> list[int]:
+    """The MATCH_TOKENS prompt tokens in front of the prediction's last occurrence in the prompt (its first
+    LEAD_PROBE tokens; an edit's prompt shows the code it asks back, e.g. after "```python\n"); [] when absent."""
+    probe = prediction_ids[:LEAD_PROBE]
+    for start in range(len(prompt_ids) - len(probe), 0, -1):
+        if prompt_ids[start : start + len(probe)] == probe:
+            return prompt_ids[max(0, start - MATCH_TOKENS) : start]
+    return []
+
+
+def run_cap(agreement: int) -> int:
+    """The most tokens a round drafts from an alignment the answer's last `agreement` tokens support: 1, 2, 4, ...
+    (a guess drafts little; a confirmed run drafts what the policy's K allows)."""
+    return 1 << min(agreement, 6)
 
 
 def with_prediction(prediction_ids: Sequence[int], drafter: Drafter | None) -> Drafter:

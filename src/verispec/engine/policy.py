@@ -288,7 +288,7 @@ class DraftPolicies:
         self.stage_probe_every = stage_probe_every
         self._passed_over: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # stage -> rounds it could
         # have drafted but another stage won since it last drafted
-        self._shared_costs: dict[tuple, AdaptivePolicy] = {}  # (per-request drafter class, depth) -> the policy
+        self._shared_costs: dict[tuple, AdaptivePolicy] = {}  # (per-request drafter's name, depth) -> the policy
         # whose cost estimates its drafters' policies share
 
     def get(self, spec, drafter) -> FixedK | AdaptivePolicy:
@@ -301,7 +301,7 @@ class DraftPolicies:
         if depth not in by_depth:
             policy = by_depth[depth] = AdaptivePolicy(depth, spec.num_draft_tokens)
             if drafter.per_request:
-                policy.share_costs(self._shared_costs.setdefault((type(drafter), depth), AdaptivePolicy(depth)))
+                policy.share_costs(self._shared_costs.setdefault((drafter.name, depth), AdaptivePolicy(depth)))
         return by_depth[depth]
 
     def route(self, spec, drafter, token_ids, batch_size: int = 1):
@@ -312,7 +312,8 @@ class DraftPolicies:
         candidates = [stage for stage in stages if stage.can_propose(token_ids)] or [stages[-1]]
         best, best_gain = candidates[0], None
         for stage in candidates:
-            gain = stage_gain(self.get(spec, stage), batch_size)
+            # The stage's own answer to route keys its policy (a prediction's confirmed runs and its guesses differ).
+            gain = stage_gain(self.get(spec, stage.route(token_ids)), batch_size)
             if gain is None:  # not measured yet: it drafts, and so gets measured
                 best = stage
                 break
