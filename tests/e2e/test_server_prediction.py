@@ -12,6 +12,7 @@ import pytest
 
 from test_server import MODEL, ServerThread, assert_error, scrape
 from verispec.config import MAX_DRAFT_TOKENS
+from verispec.drafters import prediction as prediction_module
 from verispec.server import ServerConfig, create_app
 
 MAX_LEN = 256
@@ -53,14 +54,16 @@ def details(usage) -> tuple[int, int]:
     return d.accepted_prediction_tokens, d.rejected_prediction_tokens
 
 
-def test_completion_counts_by_hand(client, answer):
-    """tests/engine/test_prediction.py's hand case through the API: three foreign characters inserted before
-    answer[a], where answer[a - 1 : a + 1] occurs once; K fixed at 64 (speculative.draft_tokens). Round 1 accepts a
+def test_completion_counts_by_hand(client, answer, monkeypatch):
+    """tests/engine/test_prediction.py's hand case through the API (the server runs in this process: a round's run
+    is not capped, `run_cap`): three foreign characters inserted before answer[a], where answer[a - 1 : a + 1]
+    occurs once; K fixed at 64 (speculative.draft_tokens). Round 1 accepts a
     tokens and rejects the other N - 1 - a it drafted; round 2 drafts and accepts the N - a - 2 left before the
     bonus token. Accepted N - 2, rejected N - 1 - a."""
     pairs = [answer[i : i + 2] for i in range(len(answer) - 1)]
     a = next(a for a in range(8, NEW - 8) if pairs.count(answer[a - 1 : a + 1]) == 1)
     prediction = answer[:a] + "ZZZ" + answer[a:]
+    monkeypatch.setattr(prediction_module, "run_cap", lambda agreement: MAX_DRAFT_TOKENS)
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=NEW, temperature=0, extra_body={
         "ignore_eos": True, "prediction": prediction, "speculative": {"draft_tokens": MAX_DRAFT_TOKENS}})
     assert out.choices[0].text == answer

@@ -7,7 +7,8 @@ code is the request's prediction, as an editor sends it (OpenAI's `prediction`).
 
 Every prompt runs, greedy and in one process, as (`METHODS`): the target alone; prompt lookup alone (`ngram`:
 the original is in the prompt, so it drafts from it too); the prediction alone; the prediction in front of prompt
-lookup. Each answer is checked equal to the target alone's; the report gives each method's tokens/s of output and
+lookup; the prediction alone with an unrelated prediction (the next prompt's original code: it must cost
+nothing, >= 0.95x the target alone). Each answer is checked equal to the target alone's; the report gives each method's tokens/s of output and
 its speedup against the target alone measured in the same run, mean accepted length, and the prediction's accepted
 and rejected tokens (`usage` counts them so). One untimed warm-up request per method comes first. With
 `serve=True` the same requests also go through a server on loopback with the official `openai` client, with and
@@ -29,7 +30,17 @@ from ..config import SamplingParams, SpeculativeConfig
 from ..drafters.prediction import NAME as PREDICTION
 from .code_workload import SOURCE_MODULES, candidates, edit_tasks, module_source
 
-METHODS = ("target", "ngram", "prediction", "prediction+ngram")
+METHODS = ("target", "ngram", "prediction", "prediction+ngram", "unrelated prediction")
+UNRELATED = "\n".join((  # the unrelated prediction of a run of one prompt (others take the next prompt's code)
+    "static int gcd(int a, int b) {",
+    "    while (b != 0) {",
+    "        int t = a % b;",
+    "        a = b;",
+    "        b = t;",
+    "    }",
+    "    return a;",
+    "}",
+))
 FILE_TASKS = (
     "Add type hints to every function's parameters and return value. Keep everything else exactly as it is.",
     "Rename every function's first parameter by adding the suffix `_value`, everywhere it is used. Keep everything "
@@ -123,23 +134,25 @@ def run_code_edit(config: CodeEditConfig, log=print) -> dict:
                                                spec=SpeculativeConfig(adaptive=True))
     engine = gen.engine
     params = SamplingParams(max_new_tokens=config.max_new_tokens)
-    requests = [(gen.encode(p.text, chat=True), gen.encode_prediction(p.original)) for p in prompts]
+    unrelated = [prompts[(i + 1) % len(prompts)].original if len(prompts) > 1 else UNRELATED
+                 for i in range(len(prompts))]
+    requests = [(gen.encode(p.text, chat=True), gen.encode_prediction(p.original), gen.encode_prediction(other))
+                for p, other in zip(prompts, unrelated)]
 
-    def run(method: str, ids: list[int], prediction: list[int]):
-        use_ngram = method.endswith("ngram")
-        with_prediction = method.startswith(PREDICTION)
-        return engine.generate(ids, params, use_drafter=use_ngram, prediction=prediction if with_prediction else None)
+    def run(method: str, request: tuple, params: SamplingParams):
+        ids, prediction, other = request
+        predicted = other if method == "unrelated prediction" else prediction if PREDICTION in method else None
+        return engine.generate(ids, params, use_drafter=method.endswith("ngram"), prediction=predicted)
 
     warm = SamplingParams(max_new_tokens=16)
     for method in METHODS:  # one untimed request each: first calls pay one-off set-up
-        engine.generate(requests[0][0], warm, use_drafter=method.endswith("ngram"),
-                        prediction=requests[0][1] if method.startswith(PREDICTION) else None)
+        run(method, requests[0], warm)
     totals = {method: MethodTotals() for method in METHODS}
-    for prompt, (ids, prediction) in zip(prompts, requests):
+    for prompt, request in zip(prompts, requests):
         answers = {}
         for method in METHODS:
             start = time.perf_counter()
-            result = run(method, ids, prediction)
+            result = run(method, request, params)
             seconds = time.perf_counter() - start
             answers[method] = result.token_ids
             stats, t = result.stats, totals[method]
