@@ -150,11 +150,19 @@ def test_bench_cli_end_to_end(model_dirs, prompts_file, tmp_path):
     for k in (1, 3):  # a fixed K drafts K tokens every round (the n-gram stage may find nothing: K=0 there)
         counts = overall[f"verispec-k{k}"]["rounds_by_k"]
         assert sum(counts) == overall[f"verispec-k{k}"]["rounds"] and len(counts) == k + 1
+        row = overall[f"verispec-k{k}"]  # a round's costs, beside the target alone's step
+        assert row["draft_tokens_per_round"] == pytest.approx(sum(i * n for i, n in enumerate(counts)) / sum(counts),
+                                                              abs=1e-3)
+        assert row["verify_ms_per_round"] == pytest.approx(row["verify_s"] / row["rounds"] * 1e3, rel=1e-3, abs=0.1)
+        assert row["verify_over_step"] == pytest.approx(row["verify_ms_per_round"] / overall["target"]["step_ms"],
+                                                        rel=1e-3)
+        assert row["draft_cost_ratio"] > 0
     assert len(run["prompts"]) == 3 * len(names)
     markdown = (out / "report.md").read_text()
     assert f"## {AUTO}" in markdown and "### Speedup by category" in markdown and "verispec-k3" in markdown
     assert "GB/s measured" in markdown and "x the floor" in markdown
     assert "### Draft length by round" in markdown and "verify w=4 ms" in markdown
+    assert "### What a round costs" in markdown and "The target alone's decode step:" in markdown
     for plot in (f"speedup_vs_k_{AUTO}.png", f"acceptance_by_position_{AUTO}.png", f"tokens_per_s_{AUTO}.png"):
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
         assert plot in run["plots"]

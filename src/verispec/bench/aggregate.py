@@ -42,6 +42,27 @@ def _speculation(stats: GenerationStats, seconds: float) -> dict:
     }
 
 
+def round_costs(stats: GenerationStats) -> dict:
+    """A round's costs: draft and verify milliseconds a round and draft tokens a round (`with_step` adds their
+    ratios to the target alone's step)."""
+    if not stats.rounds:
+        return {}
+    drafted = sum(k * n for k, n in enumerate(stats.rounds_by_k or []))
+    return {"draft_ms_per_round": round(stats.draft_s / stats.rounds * 1e3, 3),
+            "verify_ms_per_round": round(stats.verify_s / stats.rounds * 1e3, 3),
+            "draft_tokens_per_round": round(drafted / stats.rounds, 3)}
+
+
+def with_step(row: dict, step_ms: float | None) -> None:
+    """Given the target alone's decode milliseconds a token: the draft cost ratio (milliseconds a drafted token over
+    a target step) and the verify pass over a target step, into `row` (a method's round_costs)."""
+    if not step_ms or "draft_ms_per_round" not in row:
+        return
+    per_token = row["draft_tokens_per_round"]
+    row["draft_cost_ratio"] = round(row["draft_ms_per_round"] / per_token / step_ms, 4) if per_token else None
+    row["verify_over_step"] = round(row["verify_ms_per_round"] / step_ms, 4)
+
+
 def summarize(records, methods, categories: Sequence[str], probes: dict) -> dict:
     """-> {group: {method name: figures}} for group in categories + 'overall'."""
     outputs = {(r.category, r.question_id, r.method): r.token_ids for r in records}
@@ -74,9 +95,13 @@ def summarize(records, methods, categories: Sequence[str], probes: dict) -> dict
                 ),
             }
             stats = [r.stats for r in mine if r.stats is not None]
+            if method.name == BASELINE and stats:
+                decode = seconds - _merged(stats).prefill_s
+                row["step_ms"] = round(decode / tokens * 1e3, 3) if tokens else None
             if method.uses_draft and stats:
                 merged = _merged(stats)
                 row.update(_speculation(merged, seconds))
+                row.update(round_costs(merged))
                 probe = probes.get(group)
                 if method.family == "verispec" and probe is not None:
                     alphas = alphas_for_k(merged.acceptance_by_position, method.k)
@@ -84,5 +109,7 @@ def summarize(records, methods, categories: Sequence[str], probes: dict) -> dict
                     row["predicted_speedup"] = round(predicted, 4)
                     row["efficiency"] = round(row["speedup"] / predicted, 4) if predicted > 0 else None
             figures[method.name] = row
+        for row in figures.values():
+            with_step(row, figures.get(BASELINE, {}).get("step_ms"))
         out[group] = figures
     return out

@@ -94,6 +94,22 @@ def k_table(run: dict) -> list[str]:
     return _table(["method", "rounds", *[f"K={k}" for k in range(width)]], rows) if rows else []
 
 
+def round_costs_table(run: dict) -> list[str]:
+    """What a round costs each speculating method (aggregate.round_costs), beside the target alone's step."""
+    overall = run["results"][OVERALL]
+    step = overall.get("target", {}).get("step_ms")
+    rows = [[name, str(row["rounds"]), _fmt(row.get("draft_tokens_per_round"), ".2f"),
+             _fmt(row.get("draft_ms_per_round"), ".1f"), _fmt(row.get("draft_cost_ratio"), ".2f"),
+             _fmt(row.get("verify_ms_per_round"), ".1f"), _fmt(row.get("verify_over_step"), ".2f")]
+            for name, row in overall.items() if row.get("rounds")]
+    if not rows:
+        return []
+    head = ["method", "rounds", "draft tokens / round", "draft ms / round", "draft cost (a drafted token / a step)",
+            "verify ms / round", "verify / a step"]
+    note = f"The target alone's decode step: {_fmt(step, '.1f')} ms a token (its time less its prefill)."
+    return [note, ""] + _table(head, rows)
+
+
 def memory_table(run: dict) -> list[str]:
     overall = run["results"][OVERALL]
     rows = [[m["name"], _fmt(m["weights_mb"], ".1f"), _fmt(m["kv_cache_mb"], ".1f"),
@@ -205,6 +221,9 @@ def render_markdown(report: dict) -> str:
             lines += ["### Draft length by round (overall)", "",
                       "Share of rounds that drafted K tokens (adaptive K chooses per round from measured costs; "
                       "K=0 is a plain step).", ""] + chosen
+        costs = round_costs_table(run)
+        if costs:
+            lines += ["### What a round costs (overall)", ""] + costs
         lines += ["### Memory (MB)", ""] + memory_table(run)
         probe = probe_table(run)
         if probe:
