@@ -1,5 +1,7 @@
 """Reduced LM heads: the twin's (`self:int8:v8192`), and a draft model's trained one (a `draft_vocab` in its
-config, `draft_vocab_ids`): the drafter proposes only from a fixed subset of the vocabulary.
+config, `draft_vocab_ids`): the drafter proposes only from a fixed subset of the vocabulary. (`ReducedHead` itself
+lives in runtime/model/reduced_head.py, where a GGUF draft's is built at load; a draft model's frequency-ranked
+subset: vocab_ranks.py.)
 
 The LM head is the largest single weight of a small model (SmolLM2-135M: 49152 x 576, 21% of its linear weights),
 and a draft rarely needs the rare tokens: the twin computes logits for `ids` only (a `[n, hidden]` quantized
