@@ -11,7 +11,7 @@ from conftest import draft_batch
 from verispec.drafters.cascade import CascadeDrafter
 from verispec.drafters.ngram import NgramDrafter
 from verispec.config import MAX_DRAFT_TOKENS
-from verispec.drafters.prediction import (BACK_MATCH, SURE_TOKENS, PredictionDrafter, lead_in, run_cap,
+from verispec.drafters.prediction import (BACK_MATCH, RUNS, SURE_TOKENS, PredictionDrafter, lead_in, run_cap,
                                           with_prediction)
 
 
@@ -129,11 +129,12 @@ def test_an_occurrence_at_the_very_end_is_no_match():
     assert drafter.pos is None
 
 
-def test_route_names_the_guesses_below_sure_tokens_of_agreement():
+def test_route_names_the_guesses_below_sure_tokens_of_agreement_and_the_shared_runs_above():
     drafter = begun([10, 11, 12, 13, 14, 15])
     assert drafter.route(torch.arange(3)) is drafter.guesses and drafter.guesses.name == drafter.name
     drafter.observe_tokens(0, [10, 11, 12][:SURE_TOKENS])
-    assert drafter.route(torch.arange(6)) is drafter
+    assert drafter.route(torch.arange(6)) is RUNS and RUNS.name == drafter.name  # one across requests
+    assert begun([10, 11, 12]).guesses is not drafter.guesses  # guesses: each request's own
     assert draft_guess(drafter, 2, [0, 1, 2, 10, 11, 12]) == [13, 14]  # the guesses propose through the drafter
 
 

@@ -24,9 +24,10 @@ verify pass costs several plain steps on a CPU, so a guess drafts one or two tok
 doubles the run, up to the K the policy chose.
 
 One drafter per sequence (`with_prediction` makes it, in front of the request's other drafters): its adaptive
-policies learn this prediction's acceptance alone, one for confirmed runs (the drafter itself) and one for guesses
-(`PredictionGuesses`, which `route` names below SURE_TOKENS of agreement), so an unrelated prediction's guesses are
-switched off (K = 0) without holding back the long runs of a good one. The costs they measure (draft step, verify
+policies are two, which `route` picks by agreement: its guesses' (`PredictionGuesses`, below SURE_TOKENS), learned
+anew for each request, so an unrelated prediction's guesses are switched off (K = 0) within a few rounds; and the
+confirmed runs' (`RUNS`, one object for every request), learned across requests, so a new request's runs start at
+the K earlier edits taught instead of climbing from a short one. The costs they measure (draft step, verify
 widths) are shared by every prediction's policies (`per_request`, engine/policy.py); rounds may reach
 `MAX_DRAFT_TOKENS`, past the request's max_speculation_depth (`max_depth`): a prediction's tokens cost nothing to
 draft.
@@ -142,8 +143,8 @@ class PredictionDrafter(Drafter):
         return self.aligned
 
     def route(self, token_ids: torch.Tensor) -> Drafter:
-        """Itself for a confirmed run, `guesses` for a guessed place: each has its own draft-length policy."""
-        return self if self.agreement >= SURE_TOKENS else self.guesses
+        """`RUNS` for a confirmed run, `guesses` for a guessed place: each keys its own draft-length policy."""
+        return RUNS if self.agreement >= SURE_TOKENS else self.guesses
 
     def propose(self, batch: DraftBatch) -> list[DraftProposal]:
         start = time.perf_counter()
@@ -194,6 +195,24 @@ def lead_in(prompt_ids: list[int], prediction_ids: list[int]) -> list[int]:
         if prompt_ids[start : start + len(probe)] == probe:
             return prompt_ids[max(0, start - MATCH_TOKENS) : start]
     return []
+
+
+class PredictionRuns(Drafter):
+    """Every prediction's confirmed runs (agreement of SURE_TOKENS or more), one object that `route` names, so their
+    draft-length policy is one per engine, learned across requests: how far an edit's unchanged text goes on is a
+    property of edits more than of one request, and a new request should not start its runs at a short K. It
+    proposes nothing itself: the engine asks the sequence's drafter."""
+
+    name = NAME
+    provides_probs = False
+    max_depth = MAX_DRAFT_TOKENS
+    per_request = True  # its policy measures into the costs the guesses' policies share
+
+    def propose(self, batch: DraftBatch) -> list[DraftProposal]:
+        raise AssertionError("a prediction's runs are proposed by the sequence's PredictionDrafter")
+
+
+RUNS = PredictionRuns()
 
 
 def run_cap(agreement: int) -> int:
