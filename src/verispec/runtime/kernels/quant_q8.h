@@ -218,12 +218,59 @@ template <int NR> inline void store_group512(const Args& a, const __m512 (&acc)[
   for (int r = 0; r < NR; ++r) _mm512_mask_storeu_ps(a.y + (r0 + r) * a.out + o0, keep, acc[r]);
 }
 
+// The integer sums of block (unit) b for RB rows from row0 against its unpacked weights w: h0[r] over w[0..3], h1[r]
+// over w[4..7]. vpdpbusd's latency (~5 cycles) is what a chain of 8 pays, row by row; the sums are cut into
+// independent chains (by half, and for a lone row by j's parity too) interleaved across the rows, which integer
+// addition leaves exactly as they were (the V and VK tiles share this).
+template <int RB>
+VERISPEC_KQ_INLINE void unit_sums512(const Args& a, const QuantX& xq, int64_t row0, int64_t b, const __m512i (&w)[8],
+                                     __m512i (&h0)[RB], __m512i (&h1)[RB]) {
+  constexpr int C = RB == 1 ? 2 : 1;  // chains a half of a row's sum
+  const int32_t* x4[RB];
+  __m512i i0[RB][C], i1[RB][C];
+  for (int r = 0; r < RB; ++r) {
+    x4[r] = reinterpret_cast<const int32_t*>(xq.q.data() + (row0 + r) * a.in + b * QK);  // 8 quads
+    for (int c = 0; c < C; ++c) i0[r][c] = i1[r][c] = _mm512_setzero_si512();
+  }
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j)
+    for (int r = 0; r < RB; ++r) {
+      i0[r][j % C] = _mm512_dpbusd_epi32(i0[r][j % C], w[j], _mm512_set1_epi32(x4[r][j]));
+      i1[r][j % C] = _mm512_dpbusd_epi32(i1[r][j % C], w[4 + j], _mm512_set1_epi32(x4[r][4 + j]));
+    }
+  for (int r = 0; r < RB; ++r) {
+    h0[r] = i0[r][0], h1[r] = i1[r][0];
+    if constexpr (C == 2) h0[r] = _mm512_add_epi32(h0[r], i0[r][1]), h1[r] = _mm512_add_epi32(h1[r], i1[r][1]);
+  }
+}
+
+// Rows in passes of this many: their chains in flight, registers to spare beside NR accumulators and 8 weights.
+constexpr int rows_a_pass512(int nr) { return nr < 4 ? nr : nr <= 8 ? 4 : 2; }
+
+// Rows R0 .. R0 + RB - 1 of a V tile's block b (then the next pass).
+template <int64_t T, int NR, int R0, int RB>
+VERISPEC_KQ_INLINE void v_rows512(const Args& a, const QuantX& xq, int64_t r0, int64_t b, const __m512i (&w)[8],
+                                  __m512 dw, __m512 mw, __m512 (&acc)[NR]) {
+  __m512i h0[RB], h1[RB];
+  unit_sums512<RB>(a, xq, r0 + R0, b, w, h0, h1);
+  for (int r = 0; r < RB; ++r) {
+    const int64_t at = (r0 + R0 + r) * a.blocks + b;
+    __m512i isum = _mm512_add_epi32(h0[r], h1[r]);
+    if (v_offset(T)) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(v_offset(T) * xq.sq[at]));
+    acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[R0 + r]);
+    if (v_has_m(T)) acc[R0 + r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[R0 + r]);
+  }
+  if constexpr (R0 + RB < NR) {
+    constexpr int NEXT = NR - R0 - RB < RB ? NR - R0 - RB : RB;
+    v_rows512<T, NR, R0 + RB, NEXT>(a, xq, r0, b, w, dw, mw, acc);
+  }
+}
+
 // NR rows (a template argument: the accumulators stay in registers and the loops unroll).
 template <int64_t T, int NR>
 void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
-  constexpr int nr = NR;
   __m512 acc[NR];
-  for (int r = 0; r < nr; ++r) acc[r] = _mm512_setzero_ps();
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.blocks; ++b) {
     const uint8_t* q = vq_at(a, T, g, b);
     ask_ahead<NR>(q, VCH * v_quant_bytes(T), a.rows);
@@ -232,15 +279,7 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vd_at(a, T, g, b))));
     __m512 mw = _mm512_setzero_ps();
     if (v_has_m(T)) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vm_at(a, T, g, b))));
-    for (int r = 0; r < nr; ++r) {
-      const int64_t row = r0 + r, at = row * a.blocks + b;
-      const int32_t* x4 = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);  // 8 quads
-      __m512i isum = _mm512_setzero_si512();
-      for (int j = 0; j < 8; ++j) isum = _mm512_dpbusd_epi32(isum, w[j], _mm512_set1_epi32(x4[j]));
-      if (v_offset(T)) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(v_offset(T) * xq.sq[at]));
-      acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
-      if (v_has_m(T)) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[r]);
-    }
+    v_rows512<T, NR, 0, rows_a_pass512(NR)>(a, xq, r0, b, w, dw, mw, acc);
   }
   store_group512(a, acc, g, r0);
 }

@@ -122,41 +122,25 @@ void vk_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int6
 
 // ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
 #if defined(VERISPEC_VNNI512)
-// Rows r0 + R0 .. R0 + RB - 1 of a unit: their integer sums, then their fp32 steps into acc. vpdpbusd's latency
-// (~5 cycles) is what a unit's chain of 8 pays row by row; the sums are cut into independent chains (by half, and for
-// one row by j's parity too) interleaved across the rows, which integer addition leaves exactly as they were.
+// Rows R0 .. R0 + RB - 1 of a VK tile's unit b: their integer sums (quant_q8.h unit_sums512), then their fp32 steps
+// into acc (then the next pass).
 template <int64_t T, int NR, int R0, int RB>
 VERISPEC_KQ_INLINE void vk_rows512(const Args& a, const QuantX& xq, int64_t r0, int64_t b, const __m512i (&w)[8],
                                    __m512 s0, __m512 s1, __m512 (&acc)[NR]) {
-  constexpr int C = RB == 1 ? 2 : 1;  // chains a half of a row's sum
-  const int32_t* x4[RB];
-  int64_t at[RB];
-  __m512i i0[RB][C], i1[RB][C];
+  __m512i h0[RB], h1[RB];
+  unit_sums512<RB>(a, xq, r0 + R0, b, w, h0, h1);
   for (int r = 0; r < RB; ++r) {
-    const int64_t row = r0 + R0 + r;
-    at[r] = row * a.blocks + b;
-    x4[r] = reinterpret_cast<const int32_t*>(xq.q.data() + row * a.in + b * QK);
-    for (int c = 0; c < C; ++c) i0[r][c] = i1[r][c] = _mm512_setzero_si512();
-  }
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j)
-    for (int r = 0; r < RB; ++r) {
-      i0[r][j % C] = _mm512_dpbusd_epi32(i0[r][j % C], w[j], _mm512_set1_epi32(x4[r][j]));
-      i1[r][j % C] = _mm512_dpbusd_epi32(i1[r][j % C], w[4 + j], _mm512_set1_epi32(x4[r][4 + j]));
-    }
-  for (int r = 0; r < RB; ++r) {
-    __m512i h0 = i0[r][0], h1 = i1[r][0];
-    if constexpr (C == 2) h0 = _mm512_add_epi32(h0, i0[r][1]), h1 = _mm512_add_epi32(h1, i1[r][1]);
-    const __m512 dx = _mm512_set1_ps(xq.dx[at[r]]);
+    const int64_t at = (r0 + R0 + r) * a.blocks + b;
+    const __m512 dx = _mm512_set1_ps(xq.dx[at]);
     if constexpr (T == Q6_KV) {
-      h0 = _mm512_sub_epi32(h0, _mm512_set1_epi32(32 * xq.sh[at[r]]));
-      h1 = _mm512_sub_epi32(h1, _mm512_set1_epi32(32 * (xq.sq[at[r]] - xq.sh[at[r]])));
-      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(h0), acc[R0 + r]);
-      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(h1), acc[R0 + r]);
+      const __m512i i0 = _mm512_sub_epi32(h0[r], _mm512_set1_epi32(32 * xq.sh[at]));
+      const __m512i i1 = _mm512_sub_epi32(h1[r], _mm512_set1_epi32(32 * (xq.sq[at] - xq.sh[at])));
+      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(i0), acc[R0 + r]);
+      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(i1), acc[R0 + r]);
     } else {
-      const __m512i isum = _mm512_add_epi32(h0, h1);
+      const __m512i isum = _mm512_add_epi32(h0[r], h1[r]);
       acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(isum), acc[R0 + r]);
-      acc[R0 + r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(xq.sx[at[r]]), acc[R0 + r]);  // -(dmin mn) sx + acc, one rounding
+      acc[R0 + r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(xq.sx[at]), acc[R0 + r]);  // -(dmin mn) sx + acc, one rounding
     }
   }
   if constexpr (R0 + RB < NR) {
@@ -167,7 +151,6 @@ VERISPEC_KQ_INLINE void vk_rows512(const Args& a, const QuantX& xq, int64_t r0, 
 
 template <int64_t T, int NR>
 void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
-  constexpr int RB = NR < 4 ? NR : NR <= 8 ? 4 : 2;  // rows a pass: their chains in flight, registers to spare
   __m512 acc[NR];
   for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < a.blocks / 8; ++sb) {
@@ -181,7 +164,7 @@ void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
       unpack_quants<Lanes512, vk_high_bits(T)>(vk_unit_at(rec, T, s), w);
       __m512 s0, s1;
       vk_unit_scales<Lanes512, T>(rec, s, 0, d, dmin, s0, s1);
-      vk_rows512<T, NR, 0, RB>(a, xq, r0, sb * 8 + s, w, s0, s1, acc);
+      vk_rows512<T, NR, 0, rows_a_pass512(NR)>(a, xq, r0, sb * 8 + s, w, s0, s1, acc);
     }
   }
   store_group512(a, acc, g, r0);
