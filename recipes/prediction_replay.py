@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -51,7 +52,7 @@ def dump(out: Path, functions: int, files: int, max_new_tokens: int) -> None:
 def cost(width: int, curve: dict[int, float]) -> float:
     """The curve's cost of a verify pass of `width`, linear between its points."""
     points = sorted(curve.items())
-    for (w0, c0), (w1, c1) in zip(points, points[1:]):
+    for (w0, c0), (w1, c1) in pairwise(points):
         if w0 <= width <= w1:
             return c0 + (c1 - c0) * (width - w0) / (w1 - w0)
     return points[-1][1]
