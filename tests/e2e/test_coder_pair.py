@@ -48,14 +48,17 @@ def test_seeded_coupled_sampling_equals_the_target_alone(pair):
 
 def test_a_prediction_of_an_edit_equals_the_target_alone(pair):
     """Predicted outputs on the real pair: an edit of a function with the original as the prediction, greedy and
-    seeded coupled, equal to the target alone; the prediction drafts most of the answer."""
+    seeded coupled, equal to the target alone. The answer is 22 tokens, two of its three lines renamed: at K = 4
+    beside the 0.5B (which drafts the opening and the rounds after each renamed word) the prediction drafts three
+    rounds, and most of what it drafts is accepted (greedy, 2026-11-28: 6 of 9; the first drafter 6 of 12)."""
     original = "def area(width, height):\n    result = width * height\n    return result\n"
     ids = pair.encode("Rename `result` to `value` in this function and return the whole function.\n\n```python\n"
                       f"{original}```", chat=True)
     for kw in (dict(max_new_tokens=48), dict(max_new_tokens=48, temperature=0.8, seed=3, coupled=True)):
         predicted = pair.generate(ids, prediction=original, return_dict=True, **kw)
         assert predicted.token_ids == pair.generate(ids, speculative=False, **kw)
-        assert predicted.stats.accepted_by_stage.get("prediction", 0) > 10
+        accepted = predicted.stats.accepted_by_stage.get("prediction", 0)
+        assert accepted >= 5 and accepted > predicted.stats.draft_tokens_by_stage["prediction"] / 2
 
 
 def test_a_batch_equals_each_row_alone(pair):
@@ -107,3 +110,38 @@ def test_the_draft_head_keeps_the_most_frequent_tokens(pair):
         result = small.generate(prompts, return_dict=True, **kw)  # batched
         assert [r.token_ids for r in result] == pair.generate(prompts, speculative=False, **kw)
         assert sum(r.stats.accepted_tokens for r in result) > 0
+
+
+@pytest.mark.xfail(strict=True, reason="tool_choice 'required' on the coder pair answers content '<tool_call>' and no "
+                   "calls, without a prediction too (2026-11-28; 'auto' answers a ```json block instead of a call)")
+def test_tools_with_a_prediction_equal_the_request_without():
+    """Tools and a prediction on the real pair through the server (the tiny test tokenizer cannot spell tool JSON):
+    the prediction is the call the model made without it (tool_choice "required": the calls' grammar), in the served
+    format's text (Qwen's Hermes markers); the same call comes back, and the prediction drafted some of it (usage
+    counts it)."""
+    import json
+
+    import openai
+
+    from test_server import ServerThread
+    from verispec.server import ServerConfig, create_app
+
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "What is the weather in Paris right now? Use the tool."}]
+    with ServerThread(create_app(ServerConfig(model=CODER_TARGET, max_len=1024))) as running:
+        client = openai.OpenAI(base_url=f"{running.url}/v1", api_key="unused", max_retries=0, timeout=600)
+        ask = dict(model=CODER_TARGET, messages=messages, tools=tools, tool_choice="required", max_tokens=48,
+                   temperature=0)
+        plain = client.chat.completions.create(**ask).choices[0].message
+        assert plain.tool_calls and plain.tool_calls[0].function.name == "get_weather"
+        call = plain.tool_calls[0].function
+        text = json.dumps({"name": call.name, "arguments": json.loads(call.arguments)})
+        predicted = client.chat.completions.create(
+            **ask, prediction={"type": "content", "content": f"<tool_call>\n{text}\n</tool_call>"})
+    message = predicted.choices[0].message
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == [
+        (call.name, json.loads(call.arguments))]
+    assert message.content == plain.content
+    assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
