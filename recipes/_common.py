@@ -104,3 +104,24 @@ def random_kquant_blocks(qtype: str, out: int, width: int, seed: int = 0) -> tor
     scales = (torch.randn(out, blocks.shape[1], halves, generator=g) * 0.01).half()
     blocks[..., at : at + 2 * halves] = scales.view(torch.uint8).view(out, blocks.shape[1], 2 * halves)
     return raw
+
+
+SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_dev.jsonl"
+
+
+def prompts_of(tokenizer, per_category: int, spec_bench: int) -> list[tuple[str, list[int]]]:
+    """(category, chat-templated prompt ids): the code workload's first `per_category` prompts of each category and
+    Spec-Bench's first `spec_bench` prompts (the draft recipes' prompts)."""
+    import json
+
+    from verispec.bench.code_workload import build_prompts
+
+    records = [(r["category"], r["turns"][0]) for r in build_prompts(per_category=per_category)]
+    if spec_bench:
+        rows = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()][:spec_bench]
+        records += [("spec-bench", row["turns"][0]) for row in rows]
+    out = []
+    for category, text in records:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        out.append((category, list(ids if isinstance(ids, list) else ids["input_ids"])))
+    return out

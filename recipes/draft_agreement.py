@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import torch
+from _common import prompts_of
 
-from verispec.bench.code_workload import build_prompts
 from verispec.config import SamplingParams
 from verispec.drafters.build import build_drafter
 from verispec.engine import SpeculativeEngine
@@ -25,19 +25,6 @@ from verispec.runtime.model.loading import load_tokenizer
 from verispec.runtime.model.target import load_target
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
-SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench_dev.jsonl"
-
-
-def prompts_of(tokenizer, per_category: int, spec_bench: int) -> list[tuple[str, list[int]]]:
-    records = [(r["category"], r["turns"][0]) for r in build_prompts(per_category=per_category)]
-    if spec_bench:
-        rows = [json.loads(line) for line in SPEC_BENCH.read_text().splitlines() if line.strip()][:spec_bench]
-        records += [("spec-bench", row["turns"][0]) for row in rows]
-    out = []
-    for category, text in records:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        out.append((category, list(ids if isinstance(ids, list) else ids["input_ids"])))
-    return out
 
 
 def early_exit(runner, layers: int) -> None:
