@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .aggregate import OVERALL
+from .aggregate import BASELINE, OVERALL
 from .batching import batch_table
 from .machine import floor_line, machine_line
 from .peers import peer_table
@@ -97,7 +97,7 @@ def k_table(run: dict) -> list[str]:
 def round_costs_table(run: dict) -> list[str]:
     """What a round costs each speculating method (aggregate.round_costs), beside the target alone's step."""
     overall = run["results"][OVERALL]
-    step = overall.get("target", {}).get("step_ms")
+    step = overall.get(BASELINE, {}).get("step_ms")
     rows = [[name, str(row["rounds"]), _fmt(row.get("draft_tokens_per_round"), ".2f"),
              _fmt(row.get("draft_ms_per_round"), ".1f"), _fmt(row.get("draft_cost_ratio"), ".2f"),
              _fmt(row.get("verify_ms_per_round"), ".1f"), _fmt(row.get("verify_over_step"), ".2f")]

@@ -87,9 +87,7 @@ def set_prefetch(from_rows: int, upto_rows: int, distance: int, to_l2: bool) -> 
     `upto_rows` rows, `distance` bytes ahead, into L2 or L1: quant_unpack.h `TilePrefetch`) -> the setting it replaces.
     Hints only: outputs are unchanged. For measurements (`recipes/tile_prefetch_bench.py`); the default is what was
     measured fastest."""
-    module = kernel()
-    if module is None:
-        raise RuntimeError("the quant kernel is not built here")
+    module = _built()
     old = tuple(module.get_prefetch())
     module.set_prefetch(from_rows, upto_rows, distance, to_l2)
     return old
@@ -99,10 +97,15 @@ def set_row_block(rows: int) -> int:
     """Rows a pass of the integer-activation linears over their weights takes at most (0: every row at once;
     quant_q8.h `v_row_block`) -> the old value. Outputs are unchanged; for measurements (recipes/tile_prefetch_bench.py
     `--row-blocks`)."""
+    return _built().set_row_block(rows)
+
+
+def _built():
+    """The extension, for the settings above (RuntimeError where it is not built)."""
     module = kernel()
     if module is None:
         raise RuntimeError("the quant kernel is not built here")
-    return module.set_row_block(rows)
+    return module
 
 
 class Deferred:

@@ -247,22 +247,18 @@ VERISPEC_KQ_INLINE void unit_sums512(const Args& a, const QuantX& xq, int64_t ro
 // Rows in passes of this many: their chains in flight, registers to spare beside NR accumulators and 8 weights.
 constexpr int rows_a_pass512(int nr) { return nr < 4 ? nr : nr <= 8 ? 4 : 2; }
 
-// Rows R0 .. R0 + RB - 1 of a V tile's block b (then the next pass).
-template <int64_t T, int NR, int R0, int RB>
-VERISPEC_KQ_INLINE void v_rows512(const Args& a, const QuantX& xq, int64_t r0, int64_t b, const __m512i (&w)[8],
-                                  __m512 dw, __m512 mw, __m512 (&acc)[NR]) {
+// Every row of an NR-row tile's block (unit) b, RB rows a pass from row R0: their sums (unit_sums512), then
+// `epilogue(r, at, h0, h1)` for tile row r (at: its index into the activations' per-block fields), which adds them
+// into the row's accumulator as its block type does (the V and VK tiles).
+template <int NR, int R0, int RB, class Epilogue>
+VERISPEC_KQ_INLINE void row_passes512(const Args& a, const QuantX& xq, int64_t r0, int64_t b, const __m512i (&w)[8],
+                                      Epilogue&& epilogue) {
   __m512i h0[RB], h1[RB];
   unit_sums512<RB>(a, xq, r0 + R0, b, w, h0, h1);
-  for (int r = 0; r < RB; ++r) {
-    const int64_t at = (r0 + R0 + r) * a.blocks + b;
-    __m512i isum = _mm512_add_epi32(h0[r], h1[r]);
-    if (v_offset(T)) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(v_offset(T) * xq.sq[at]));
-    acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[R0 + r]);
-    if (v_has_m(T)) acc[R0 + r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[R0 + r]);
-  }
+  for (int r = 0; r < RB; ++r) epilogue(R0 + r, (r0 + R0 + r) * a.blocks + b, h0[r], h1[r]);
   if constexpr (R0 + RB < NR) {
     constexpr int NEXT = NR - R0 - RB < RB ? NR - R0 - RB : RB;
-    v_rows512<T, NR, R0 + RB, NEXT>(a, xq, r0, b, w, dw, mw, acc);
+    row_passes512<NR, R0 + RB, NEXT>(a, xq, r0, b, w, epilogue);
   }
 }
 
@@ -279,7 +275,13 @@ void v_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
     const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vd_at(a, T, g, b))));
     __m512 mw = _mm512_setzero_ps();
     if (v_has_m(T)) mw = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(vm_at(a, T, g, b))));
-    v_rows512<T, NR, 0, rows_a_pass512(NR)>(a, xq, r0, b, w, dw, mw, acc);
+    row_passes512<NR, 0, rows_a_pass512(NR)>(a, xq, r0, b, w,
+        [&](int r, int64_t at, __m512i h0, __m512i h1) __attribute__((always_inline)) {
+          __m512i isum = _mm512_add_epi32(h0, h1);
+          if (v_offset(T)) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(v_offset(T) * xq.sq[at]));
+          acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(xq.dx[at])), _mm512_cvtepi32_ps(isum), acc[r]);
+          if (v_has_m(T)) acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xq.sx[at]), acc[r]);
+        });
   }
   store_group512(a, acc, g, r0);
 }
@@ -393,14 +395,14 @@ inline VTileFn v_tile(int64_t qtype, int64_t path, int64_t& per_tile) {
                         : v_tile_for<Q8_0V>(path, per_tile);
 }
 
-// y [rows, out] = the integer-activation linear of x [rows, in], `tile` run on each group of 16 channels (the V
-// layouts' here, the K-quants' in quant_vk.h) and every tile of at most per_tile rows.
 // Rows a pass over the groups takes at most (0: all): a prefill chunk's activations of that many rows stay in L2 while
 // every group's weights stream past (all 512 rows of a chunk filled L2 and the weights evicted them: a 512-token
 // prefill of the coder target ran ~1.3x slower); the weights are read once a block, a small cost beside a block's
 // products. Rows are independent, so the same bits at any block. quant.set_row_block for measurements.
 inline int64_t v_row_block = 64;
 
+// y [rows, out] = the integer-activation linear of x [rows, in], `tile` run on each group of 16 channels (the V
+// layouts' here, the K-quants' in quant_vk.h) and every tile of at most per_tile rows, v_row_block rows a pass.
 inline void v_linear(const Args& a, VTileFn tile, int64_t per_tile, int64_t path) {
   // The calling thread's buffers, reused. The tiles on other threads read them through this reference (a
   // thread_local named inside the lambda would be each worker's own, empty, instance).

@@ -122,33 +122,6 @@ void vk_tile_scalar(const Args& a, const QuantX& xq, int64_t g, int64_t r0, int6
 
 // ---- AVX-512 VNNI: 16 channels a register, vpdpbusd -------------------------------------------------------------
 #if defined(VERISPEC_VNNI512)
-// Rows R0 .. R0 + RB - 1 of a VK tile's unit b: their integer sums (quant_q8.h unit_sums512), then their fp32 steps
-// into acc (then the next pass).
-template <int64_t T, int NR, int R0, int RB>
-VERISPEC_KQ_INLINE void vk_rows512(const Args& a, const QuantX& xq, int64_t r0, int64_t b, const __m512i (&w)[8],
-                                   __m512 s0, __m512 s1, __m512 (&acc)[NR]) {
-  __m512i h0[RB], h1[RB];
-  unit_sums512<RB>(a, xq, r0 + R0, b, w, h0, h1);
-  for (int r = 0; r < RB; ++r) {
-    const int64_t at = (r0 + R0 + r) * a.blocks + b;
-    const __m512 dx = _mm512_set1_ps(xq.dx[at]);
-    if constexpr (T == Q6_KV) {
-      const __m512i i0 = _mm512_sub_epi32(h0[r], _mm512_set1_epi32(32 * xq.sh[at]));
-      const __m512i i1 = _mm512_sub_epi32(h1[r], _mm512_set1_epi32(32 * (xq.sq[at] - xq.sh[at])));
-      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(i0), acc[R0 + r]);
-      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(i1), acc[R0 + r]);
-    } else {
-      const __m512i isum = _mm512_add_epi32(h0[r], h1[r]);
-      acc[R0 + r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(isum), acc[R0 + r]);
-      acc[R0 + r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(xq.sx[at]), acc[R0 + r]);  // -(dmin mn) sx + acc, one rounding
-    }
-  }
-  if constexpr (R0 + RB < NR) {
-    constexpr int NEXT = NR - R0 - RB < RB ? NR - R0 - RB : RB;
-    vk_rows512<T, NR, R0 + RB, NEXT>(a, xq, r0, b, w, s0, s1, acc);
-  }
-}
-
 template <int64_t T, int NR>
 void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
   __m512 acc[NR];
@@ -164,7 +137,20 @@ void vk_tile512_rows(const Args& a, const QuantX& xq, int64_t g, int64_t r0) {
       unpack_quants<Lanes512, vk_high_bits(T)>(vk_unit_at(rec, T, s), w);
       __m512 s0, s1;
       vk_unit_scales<Lanes512, T>(rec, s, 0, d, dmin, s0, s1);
-      vk_rows512<T, NR, 0, rows_a_pass512(NR)>(a, xq, r0, sb * 8 + s, w, s0, s1, acc);
+      row_passes512<NR, 0, rows_a_pass512(NR)>(a, xq, r0, sb * 8 + s, w,
+          [&](int r, int64_t at, __m512i h0, __m512i h1) __attribute__((always_inline)) {
+            const __m512 dx = _mm512_set1_ps(xq.dx[at]);
+            if constexpr (T == Q6_KV) {
+              const __m512i i0 = _mm512_sub_epi32(h0, _mm512_set1_epi32(32 * xq.sh[at]));
+              const __m512i i1 = _mm512_sub_epi32(h1, _mm512_set1_epi32(32 * (xq.sq[at] - xq.sh[at])));
+              acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(i0), acc[r]);
+              acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(i1), acc[r]);
+            } else {
+              const __m512i isum = _mm512_add_epi32(h0, h1);
+              acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(isum), acc[r]);
+              acc[r] = _mm512_fnmadd_ps(s1, _mm512_set1_ps(xq.sx[at]), acc[r]);  // -(dmin mn) sx + acc, one rounding
+            }
+          });
     }
   }
   store_group512(a, acc, g, r0);
