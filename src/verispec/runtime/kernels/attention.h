@@ -96,8 +96,8 @@ struct TileScratch {
 // Queries q0 .. q0 + R - 1 of a tile (scores already exponentiated in w.s): sum_j p_j v_j and sum_j p_j in j order,
 // p_j = 0 skipped (a masked add: what the one-query loop's `continue` does), then acc / total into the output.
 // The values come from `v` (stride `vstride` between entries): the tile's fp32 copy, or the cache itself (V).
-// The head dim's channels go in passes of CP vectors (d = 256: at most 16 sums, R x CP, stay in registers; up to 8
-// queries share each value vector loaded);
+// The head dim's channels go in passes of CP vectors (at most 24 sums, R x CP, stay in registers; up to 8 queries
+// share each value vector loaded);
 // each channel's sum is the same j-ordered chain whichever pass holds it. Entries before w.from have p = 0 for
 // every query (sum_j p_j starting there adds the same numbers).
 template <int NC, int R, typename T, typename V>
@@ -105,7 +105,9 @@ void weigh_values(TileScratch& w, const V* v, int64_t vstride, const std::vector
                   const at::Tensor& out, int64_t row, int64_t kh, int64_t g, int64_t nt, int64_t t0,
                   bool prefetch = false) {  // prefetch: v is the cache (else the tile's copy, in cache already)
   constexpr int64_t d = 16 * NC;
-  constexpr int CP = NC <= 8 ? NC : R == 1 ? 16 : R == 2 ? 8 : R <= 4 ? 4 : 2;  // vectors a pass sums (divides NC)
+  constexpr int CP = NC <= 4 ? NC                                            // vectors a pass sums (divides NC)
+                   : NC == 8 ? (R <= 2 ? 8 : R <= 6 ? 4 : 2)
+                             : (R == 1 ? 16 : R == 2 ? 8 : R <= 4 ? 4 : 2);
   int64_t Lr = 0;
   for (int r = 0; r < R; ++r) Lr = std::max(Lr, w.len[q0 + r]);
   float sums[R * d], totals[R];  // out of the registers with constant indices (else the sums live in memory)
@@ -172,7 +174,9 @@ template <int NC, typename T, typename C>
 void attend_tile(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values, const at::Tensor& mask,
                  const at::Tensor& out, int64_t row, int64_t kh, int64_t t0, int64_t t1, TileScratch& w) {
   constexpr int64_t d = 16 * NC;
-  constexpr int QR = NC > 8 ? 8 : NC == 8 ? 2 : 20 / NC;  // queries whose sums stay in registers together
+  // queries whose sums stay in registers together (R x CP of weigh_values): d = 128 takes 6, a GQA group of 6 query
+  // heads (Qwen2's) decoding in one pass over the cache's values, which it then reads where they are (no fp32 copy)
+  constexpr int QR = NC > 8 ? 8 : NC == 8 ? 6 : 20 / NC;
   const int64_t H = q.size(1), g = H / keys.size(1), L = mask.size(3), nt = t1 - t0, Q = g * nt;
   const auto qs = q.strides(), ks = keys.strides(), vs = values.strides(), ms = mask.strides(), os = out.strides();
   const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(d)));
