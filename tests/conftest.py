@@ -19,19 +19,22 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-# Tests live in three folders, one level each (see DEVELOPERS.md): unit (pure math and parsing, no model), engine
-# (tiny models through the engine), e2e (CLI, the HTTP server with the real client, the benchmark). Each test gets
-# its folder's marker, so `-m unit` (make test-unit) is the inner loop; the folders are importable from each other
-# (a server test in engine/ reuses e2e/test_server.py's ServerThread) whichever folder pytest was given.
-LEVELS = ("unit", "engine", "e2e")
-sys.path[:0] = [str(Path(__file__).parent / level) for level in LEVELS]
+# Tests live in one folder per subject (DEVELOPERS.md, "Tests"): unit (the math: sampling, verification, stats; the
+# layering rule), kernels, runtime (architectures, GGUF files, loading, runners, caches), engine, drafters, distill,
+# server, cli, bench, real (the real shipped models, slow). Each test gets its folder's marker (`-m server`); `unit`
+# is also declared by the pure, fast files of other subjects (`pytestmark = pytest.mark.unit`), so `-m unit`
+# (make test-unit) is the inner loop. The folders are importable from each other (a drafter test reuses
+# server/test_server.py's ServerThread, runtime/gguf_writer.py writes files for kernels/ and drafters/) whichever
+# folder pytest was given.
+SUBJECTS = ("unit", "kernels", "runtime", "engine", "drafters", "distill", "server", "cli", "bench", "real")
+sys.path[:0] = [str(Path(__file__).parent / subject) for subject in SUBJECTS]
 
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        level = Path(str(item.fspath)).parent.name
-        if level in LEVELS:
-            item.add_marker(getattr(pytest.mark, level))
+        subject = Path(str(item.fspath)).parent.name
+        if subject in SUBJECTS:
+            item.add_marker(getattr(pytest.mark, subject))
 
 
 # Skips: where CI is set, only a skip for what the machine lacks passes (tests/ci_skips.py; its hooks, taken here).
@@ -253,7 +256,7 @@ def small_pair(tokenizer):
 @pytest.fixture(scope="session")
 def trained_head(trained_pair, tokenizer, tmp_path_factory):
     """A head trained for a few seconds on the trained tiny target's own greedy continuations of the corpus (its
-    folder, as `save_head` writes it; tests/engine/test_head.py checks the training's figures here)."""
+    folder, as `save_head` writes it; tests/drafters/test_head.py checks the training's figures here)."""
     from verispec.distill.head import HeadNet, draft_vocabulary, extract_features, heldout_accuracy, train_head
     from verispec.distill.head_pipeline import split_holdout
     from verispec.distill.teacher import Sample

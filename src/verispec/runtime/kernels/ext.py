@@ -36,7 +36,7 @@ CFLAGS = ["-O3", "-march=native", "-ffp-contract=off", "-fopenmp"]
 # Every kernel: name -> its source beside this module (what `python -m verispec.runtime.kernels.ext` builds ahead of use).
 KERNELS = {"dense": "dense_kernel.cpp", "layer": "layer_kernel.cpp", "quant": "quant_kernel.cpp", "pool": "pool.cpp"}
 # Builds only the tests load: name -> (source, extra cflags). The layer and quant kernels as for an x86 CPU without
-# AVX-512 (tests/engine/test_fused.py and test_quant_q8.py compare their bits with the full build's: the quant one
+# AVX-512 (tests/kernels/test_fused.py and test_quant_q8.py compare their bits with the full build's: the quant one
 # runs maddubs where this CPU's own build runs vpdpbusd on 256 bits); `build_all(variants=True)` (make test) builds
 # them beside the kernels.
 VARIANTS = {"layer_avx2": ("layer_kernel.cpp", ("-mno-avx512f",)), "quant_avx2": ("quant_kernel.cpp", ("-mno-avx512f",))} \

@@ -8,7 +8,7 @@ the attention replaces `invariant.block_attention` where the kernel is built, an
 steps, verify passes, trees and prefill chunks of any length), so invariance costs nothing. Long chunks take the tiled path (a KV head's queries share each key and
 value vector loaded once), which does per query exactly what the one-query path does.
 
-Roundings (what `tests/engine/test_fused.py` checks): rotary and the residual add bitwise torch's formulas;
+Roundings (what `tests/kernels/test_fused.py` checks): rotary and the residual add bitwise torch's formulas;
 RMSNorm Hugging Face's roundings with its own order of the sum of squares; silu's exp within an ulp of torch's
 (gelu_tanh as g / (1 + exp(-2u)) on the same exp: within a few ulps of torch's tanh form);
 attention's scores in fp32, the exact maximum, sum_j p_j v_j and sum_j p_j in cache order.

@@ -3,7 +3,7 @@
 `llama.layer_parts` on its fused path is ~9 kernel calls a layer, 270 a step of the embedded model; between them
 Python (wrappers, `QuantWeight.__torch_function__`, views) took about as long as the small ops themselves. The
 loop makes the same calls with the same arguments from C++, so its results are bitwise those of the Python loop
-(`tests/engine/test_layer_loop.py`). `GemmaLoop` does the same for Gemma 3's layer (`gemma.layer_parts`: four
+(`tests/kernels/test_layer_loop.py`). `GemmaLoop` does the same for Gemma 3's layer (`gemma.layer_parts`: four
 norms, q/k norms per head, a rotary table and a mask per layer kind, gelu_tanh * up). It serves where every linear
 of the model is a `QuantWeight` or packed for `dense.py`'s kernel and the layer kernels run (`fused.available`);
 elsewhere (oneDNN's packed or plain weights, the torch fallback, torch.compile, long chunks sent to SDPA)

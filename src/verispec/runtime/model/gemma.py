@@ -21,7 +21,7 @@ What differs from the Llama family, each in one place here:
   more than ring - window tokens a row (a long prefill) runs its layers in pieces of that many (the same bits as one
   forward: every op is per token), so no entry a query may see was overwritten. The same logits as a cache of
   every entry: bitwise until a ring wraps, then within float rounding (the window summed in ring order; tested in
-  tests/engine/test_gemma_ring.py). Global layers keep every entry; prefix caching is off on rings
+  tests/runtime/test_gemma_ring.py). Global layers keep every entry; prefix caching is off on rings
   (caches/prefix_cache.py).
 
 The linears, the rotary embedding with the cache writes and the attention are Llama's (`llama.Linear`,
@@ -30,7 +30,7 @@ row's output is the same alone or in a batch (row-invariant linears, the kernels
 gelu_tanh * up are one C++ op each (`fused.qk_norm`, `fused.gelu_mul`; the GELU is computed as g / (1 + exp(-2u)),
 within a few ulps of torch's tanh form). The layers run in one C++ call where every linear is a QuantWeight or
 dense-packed (`layer_loop.h`'s GemmaLoop: the same ops in the same order as `layer_parts`, so the same bits; tested
-in tests/engine/test_layer_loop.py), else in Python (`VERISPEC_LAYER_LOOP=python` forces that). No torch.compile
+in tests/kernels/test_layer_loop.py), else in Python (`VERISPEC_LAYER_LOOP=python` forces that). No torch.compile
 path (eager only).
 
 Shapes: b = rows, n = tokens fed per row, H / Hk = query / KV heads, d = head dim, L = cache entries attended.
