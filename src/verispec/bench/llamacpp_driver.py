@@ -4,8 +4,8 @@ Runs inside the llama.cpp virtualenv (`scripts/setup_peers.sh llama.cpp`), never
 llama-cpp-python, numpy and the standard library.
     LLAMACPP_PYTHON llamacpp_driver.py IN.json OUT.json
 IN.json: {"gguf": file, "spec": "none" | "lookup" | "draft", "draft_gguf": file (spec "draft"), "k": 4,
-"threads": 2, "max_new_tokens": 128, "prompts": [[token ids], ...]}.
-OUT.json: {"rows": [{"tokens", "seconds", "token_ids"}], "load_s", "weights_bytes", "model", "threads",
+"threads": 2, "max_new_tokens": 128, "prompts": [[token ids], ...], "n_ctx": 4096 (optional)}.
+OUT.json: {"rows": [{"tokens", "seconds", "first_s" (to the first token: the prompt's processing), "token_ids"}], "load_s", "weights_bytes", "model", "threads",
 "load_avg" (the 1-minute load average before and after the timed prompts: a run on a busy machine shows it),
 "version", "system_info"}. Exit code 3: llama_cpp cannot be imported (the virtualenv is missing or broken).
 
@@ -25,7 +25,7 @@ N_BATCH = 512
 MISSING = 3  # exit code: llama_cpp is not importable
 
 
-def _draft_model(llama_cpp, path: str, k: int, threads: int):
+def _draft_model(llama_cpp, path: str, k: int, threads: int, n_ctx: int = N_CTX):
     """A small GGUF model as llama-cpp-python's draft: k greedy tokens from its own KV cache, whose prefix
     `Llama.generate` keeps from call to call (it re-evaluates only the tokens after the common prefix)."""
     import numpy as np
@@ -33,7 +33,7 @@ def _draft_model(llama_cpp, path: str, k: int, threads: int):
 
     class GGUFDraft(LlamaDraftModel):
         def __init__(self):
-            self.llm = llama_cpp.Llama(model_path=path, n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
+            self.llm = llama_cpp.Llama(model_path=path, n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                                        n_batch=N_BATCH, verbose=False, seed=0)
 
         def __call__(self, input_ids, /, **kwargs):  # input_ids: [n] the target's tokens so far
@@ -71,23 +71,26 @@ def main() -> None:
     if job["spec"] == "lookup":  # prompt lookup: the continuation of the last 1..3-gram's earlier occurrence
         draft = LlamaPromptLookupDecoding(max_ngram_size=3, num_pred_tokens=k)
     elif job["spec"] == "draft":
-        draft = _draft_model(llama_cpp, job["draft_gguf"], k, threads)
+        draft = _draft_model(llama_cpp, job["draft_gguf"], k, threads, job.get("n_ctx", N_CTX))
     start = time.perf_counter()
     # logits_all: a speculative verify pass samples at every fed position.
-    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=N_CTX, n_threads=threads, n_threads_batch=threads,
+    n_ctx = job.get("n_ctx", N_CTX)
+    llm = llama_cpp.Llama(model_path=job["gguf"], n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
                           n_batch=N_BATCH, logits_all=draft is not None, draft_model=draft, verbose=False, seed=0)
     load_s = time.perf_counter() - start
 
-    def generate(ids: list, n: int) -> tuple[list, float]:
+    def generate(ids: list, n: int) -> tuple[list, float, float]:
         llm.reset()  # an empty cache: no prefix shared with the previous prompt
         if hasattr(draft, "reset"):
             draft.reset()
-        out, t = [], time.perf_counter()
+        out, t, first = [], time.perf_counter(), 0.0
         for token in llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            if not out:
+                first = time.perf_counter() - t
             out.append(token)
             if len(out) == n:
                 break
-        return out, time.perf_counter() - t
+        return out, time.perf_counter() - t, first
 
     # Warm-up, not timed: a whole generation, since the first one after loading ran at 30-40% of the speed of
     # the next ones here (29 against 74-79 tok/s) and a 32-token warm-up did not cover it.
@@ -95,8 +98,8 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     rows = []
     for ids in job["prompts"]:
-        out, seconds = generate(ids, job["max_new_tokens"])
-        rows.append({"tokens": len(out), "seconds": seconds, "token_ids": out})
+        out, seconds, first = generate(ids, job["max_new_tokens"])
+        rows.append({"tokens": len(out), "seconds": seconds, "first_s": first, "token_ids": out})
     json.dump({"rows": rows, "load_s": load_s, "weights_bytes": _model_bytes(llm), "model": llm._model.desc(),
                "threads": threads, "load_avg": [round(load_before, 2), round(os.getloadavg()[0], 2)],
                "version": llama_cpp.__version__,

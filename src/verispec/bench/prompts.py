@@ -50,7 +50,8 @@ def json_extraction_files() -> tuple[Path, Path]:
 REPETITIVE = "repetitive"  # `verispec bench --workload repetitive`: the packaged set below
 CODE = "code"  # `verispec bench --workload code`: built at run time from real source (code_workload.py)
 CODE_EDIT = "code-edit"  # `verispec bench --workload code-edit`: edits with predicted outputs (code_edit.py)
-WORKLOADS = ("spec-bench", REPETITIVE, CODE, CODE_EDIT)
+LONG_CONTEXT = "long-context"  # `verispec bench --workload long-context`: a file and an instruction (long_context.py)
+WORKLOADS = ("spec-bench", REPETITIVE, CODE, CODE_EDIT, LONG_CONTEXT)
 
 
 def repetitive_prompts_file() -> Path:

@@ -69,7 +69,16 @@ def add_parser(sub) -> None:
                         "the prompts are written to OUT/code_prompts.jsonl) or code-edit (whole-function and "
                         "whole-file edits with the original code as the prediction, against the target alone and "
                         "prompt lookup; --limit N: N functions (default 4) and one file; with --serve, also through "
-                        "the openai client; bench/code_edit.py)")
+                        "the openai client; bench/code_edit.py) or long-context (a source file and an instruction at "
+                        "--lengths tokens, resent with new instructions for --turns turns: time to first token cold "
+                        "and warm, prefill tok/s, decode ms/token; --peers llama.cpp beside it; --limit N: files per "
+                        "length (default 1); bench/long_context.py)")
+    g.add_argument("--lengths", default=None, metavar="LIST",
+                   help="with --workload long-context: prompt lengths in tokens (default 512,1024,2048,4096); a "
+                        "64-token prompt is added as decode's reference")
+    g.add_argument("--turns", type=positive_int, default=3, metavar="N",
+                   help="with --workload long-context: turns of the agent loop, the same file with a new instruction "
+                        "(1: cold only; default 3, at most 4)")
     g.add_argument("--also-drafters", default=None, metavar="LIST",
                    help="more drafters to compare in the same run, each an adaptive method 'adaptive[NAME]', "
                         "e.g. suffix,suffix+MODEL (a model stage reuses --draft-model's loaded model)")
@@ -251,7 +260,31 @@ def run_code_edit(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_long_context(args: argparse.Namespace) -> int:
+    """--workload long-context: its own run (bench/long_context.py); a flag it does not take is refused."""
+    from ..bench.batching import parse_int_list
+    from ..bench.long_context import LENGTHS, LongContextConfig, run_long_context as run_lengths
+    from ..bench.peers import resolve_peers
+
+    if args.prompts or args.serve:
+        raise CliError("--workload long-context builds its own prompts and runs in process: drop --prompts / --serve")
+    try:
+        lengths = parse_int_list(args.lengths or ",".join(map(str, LENGTHS)), "--lengths", "512,2048", 32768)
+        peers = resolve_peers(args.peers, args.vllm_python, args.llamacpp_python)
+        config = LongContextConfig(
+            target=args.model, draft=None if args.draft_model == "none" else args.draft_model, out=Path(args.out),
+            lengths=lengths, max_new_tokens=args.max_new_tokens or 64, turns=args.turns, limit=args.limit or 1,
+            seed=args.seed, peers=peers)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    apply_threads(args)
+    run_lengths(config, log=print)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "workload", None) == "long-context":
+        return run_long_context(args)
     if getattr(args, "workload", None) == "code-edit":
         return run_code_edit(args)
     if args.busy and (args.replicas or args.serve or args.concurrency):

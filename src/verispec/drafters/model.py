@@ -201,7 +201,14 @@ class ModelDrafter(Drafter):
         self._unstarted[slot] = prompt_ids.numel()
 
     def keep_prefixes(self, tokens: int) -> None:
+        if tokens != self.prefix_tokens:  # another size (0 included) starts a new, empty cache
+            self._prefix = None
         self.prefix_tokens = tokens
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The draft's own prefix cache (None: off); its `hit_tokens` are the prompt tokens the draft did not prefill."""
+        return self._prefix_cache()
 
     def _catch_up(self, row: DraftRow) -> float:
         """A drafting row's own forwards over what its cache lacks but the last committed token (seq[D:N-1]):

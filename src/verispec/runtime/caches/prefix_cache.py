@@ -175,6 +175,15 @@ class PrefixCache:
         if new:
             self._copy_out(slot, new)
 
+    def clear(self) -> None:
+        """Forget every stored block (none may be pinned): the next lookups start cold (`bench --workload
+        long-context` times cold prompts so). The counters and the allocated buffer stay."""
+        assert not self.pins, "clear() while a sequence holds cached blocks"
+        self.table.clear()
+        self.keys.clear()
+        self.lru.clear()
+        self.allocated = 0
+
     def release(self, chain: list[int]) -> None:
         """A sequence is done with its chain (prefilled, or gone): the chain becomes the most recently used, in
         order, and is unpinned."""
