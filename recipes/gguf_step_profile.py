@@ -28,7 +28,7 @@ from verispec.runtime.model.loading import SMOLLM2_TARGET, load_model
 from verispec.runtime.model.target import load_target
 from verispec.runtime.kernels import layer_loop, quant
 from verispec.runtime.runners.native import NativeRunner
-from verispec.runtime.model.twins import use_quantized_weights
+from verispec.runtime.model.twins import facts, use_quantized_weights
 
 PROMPT = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 1041, 45, 2, 198]
 
@@ -103,7 +103,7 @@ def main() -> None:
     quant.QuantWeight.linear = plain
 
     gbps = args.gbps or measure_bandwidth() / 1e9
-    size = hf._verispec_weight_bytes
+    size = facts(hf).weight_bytes
     floor = size / gbps / 1e6
     print(f"threads {args.threads}, {'/'.join(configs[0])}: {ms:.2f} ms/step; weights {size / 1e6:.1f} MB; floor {floor:.2f} ms at "
           f"{gbps:.1f} GB/s ({ms / floor:.2f}x); with the linears timed (Python loop) {timed_ms:.2f} ms/step")

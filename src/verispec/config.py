@@ -179,6 +179,8 @@ class SpeculativeConfig:
 
 RUNNER_BACKENDS = ("auto", "native", "hf")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+DRAFT_WEIGHTS = ("auto", "float", "Q8_0")
+DRAFT_ACTIVATIONS = ("fp32", "q8")
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,28 @@ class RunnerOptions:
     (--activations q8) on the CPU kernels, the model's dtype elsewhere (model/dtype.py::resolve_kv_cache_dtype
     says why). The HF runner ignores it."""
 
+    draft_weights: str = "auto"
+    """Native CPU runner: what a draft model's linears and LM head run as. "Q8_0": GGUF's 8-bit blocks (~1/4 of
+    fp32's bytes: a draft token at about half the cost, docs/bench.md); "float": as loaded; "auto" (default): Q8_0
+    wherever verispec's quantized kernel runs. A draft's numerics move only how often its tokens are accepted, never
+    the output (verification decides). drafters/model.py::draft_weights."""
+    draft_activations: str = "fp32"
+    """What a draft model's Q8_0 blocks compute with: "fp32" (default: the float draft's argmax kept where the
+    blocks' values allow, so an identical draft still accepts everything on the tiny test models), or "q8", integer
+    activations (only acceptance moves)."""
+    huge_pages: bool = True
+    """Large long-lived CPU buffers (KV caches, packed weights) on 2 MiB transparent huge pages where Linux gives
+    them (runtime/weights/hugepages.py: the same values, fewer TLB misses). Process-wide: applied when an app or
+    `from_pretrained` starts (`hugepages.configure`)."""
+    sliding_ring: bool = True
+    """Native runner: sliding-window layers (Gemma 3's) keep a ring of their latest entries (window + the widest
+    verify pass) instead of every entry; False keeps every entry (the same logits, more memory: side-by-side runs)."""
+
     def __post_init__(self) -> None:
+        _check(self.draft_weights in DRAFT_WEIGHTS,
+               f"draft_weights (--draft-weights) must be one of {', '.join(DRAFT_WEIGHTS)}, got {self.draft_weights!r}")
+        _check(self.draft_activations in DRAFT_ACTIVATIONS, f"draft_activations (--draft-activations) must be one of "
+               f"{', '.join(DRAFT_ACTIVATIONS)}, got {self.draft_activations!r}")
         _check(self.backend in RUNNER_BACKENDS, f"runner backend must be one of {', '.join(RUNNER_BACKENDS)}, got {self.backend!r}")
         _check(self.kv_cache_dtype in KV_CACHE_DTYPES,
                f"kv_cache_dtype (--kv-cache-dtype) must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")

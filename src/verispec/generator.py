@@ -108,12 +108,14 @@ class SpeculativeGenerator:
         has them (`torch.set_num_threads`). ValueError for anything else."""
         from .runtime.model.loading import load_tokenizer
         from .runtime.threads import configure_threads
+        from .runtime.weights import hugepages
 
         if threads is not None:
             configure_threads(threads)
         from .runtime.model.target import TargetOptions, resolve_target
 
         options = runner or RunnerOptions()
+        hugepages.configure(options.huge_pages)
         reads = isinstance(draft, str) and draft != "auto" and parse_drafter_spec(draft).reads_target_weights
         plan = resolve_target(TargetOptions(weights, quantization, dtype, activations, device, options.backend,
                                             options.compile, drafter_reads_weights=reads), target)

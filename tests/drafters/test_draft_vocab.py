@@ -69,9 +69,8 @@ def check_proposals(proposals, ids: torch.Tensor, vocab: int) -> int:
 def test_reduced_head_proposes_inside_and_keeps_the_target_output(trained_pair, tokenizer, monkeypatch, path):
     target, draft = trained_pair
     draft, ids = reduced(draft, tokenizer)
-    if path == "float":
-        monkeypatch.setattr(model_drafter, "DRAFT_WEIGHTS", "float")
-    engine, drafter = engine_on(target, draft, tokenizer, RunnerOptions(backend="hf") if path == "hf" else None)
+    options = {"hf": RunnerOptions(backend="hf"), "float": RunnerOptions(draft_weights="float")}.get(path)
+    engine, drafter = engine_on(target, draft, tokenizer, options)
     assert torch.equal(drafter.vocab_ids, ids)
     if path == "q8_0":  # the twin's head holds the subset's rows alone
         head = drafter.runner.model.lm_head.weight

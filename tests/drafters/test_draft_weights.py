@@ -71,12 +71,10 @@ def test_hf_runner_and_float_setting_keep_float_weights(trained_pair, tokenizer,
     engine, drafter = engine_on(target, draft, tokenizer, RunnerOptions(backend="hf"))
     assert drafter.runner.backend == "hf" and model_drafter.draft_weights(draft, engine.runner_options) == "float"
     assert draft_model_weights(drafter) == "float"
-    monkeypatch.setattr(model_drafter, "DRAFT_WEIGHTS", "float")
-    engine, drafter = engine_on(target, fresh(trained_pair[1]), tokenizer)
+    engine, drafter = engine_on(target, fresh(trained_pair[1]), tokenizer, RunnerOptions(draft_weights="float"))
     assert not any(isinstance(w, QuantWeight) for w in draft_linears(drafter))
-    monkeypatch.setattr(model_drafter, "DRAFT_WEIGHTS", "int3")
-    with pytest.raises(ValueError, match="VERISPEC_DRAFT_WEIGHTS"):
-        model_drafter.draft_weights(draft, None)
+    with pytest.raises(ValueError, match="--draft-weights"):
+        RunnerOptions(draft_weights="int3")
 
 
 def test_q8_0_draft_proposes_what_its_blocks_compute(trained_pair, tokenizer):

@@ -19,6 +19,7 @@ from verispec.runtime.kernels.quant import QuantWeight
 from verispec.runtime.model.loading import (SMOLLM2_DRAFTER, SMOLLM2_TARGET, ModelLoadError, smollm2_gguf_path,
                                             load_model, load_tokenizer)
 from verispec.runtime.model.target import load_target, resolve_weights
+from verispec.runtime.model.twins import is_released
 from verispec.runtime.model.native_lm import NativeCausalLM, gguf_config
 from verispec.runtime.model.tokenizer_cache import cached_folder
 from verispec.runtime.model.build import rope_table
@@ -52,7 +53,7 @@ def blocks(gguf_file):
     weights, why = resolve_weights("auto", SMOLLM2_TARGET)
     assert weights == "gguf", why
     model = load_target(SMOLLM2_TARGET, weights)
-    assert isinstance(model, NativeCausalLM) and model._verispec_released  # built from the blocks, no HF weights
+    assert isinstance(model, NativeCausalLM) and is_released(model)  # built from the blocks, no HF weights
     return model
 
 

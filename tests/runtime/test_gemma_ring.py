@@ -9,6 +9,7 @@ ring; prefix caching is off on rings (said in the log) and changes no token; a r
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from test_gemma import tiny_gemma
 from verispec.config import SamplingParams, SpeculativeConfig
 from verispec.engine import SpeculativeEngine
 from verispec.runtime.kernels import layer_loop
-from verispec.runtime.runners import native
+from verispec.runtime.runners import native, select
 from verispec.runtime.runners.native import NativeRunner
 
 WINDOW, SLACK = 8, 8
@@ -35,10 +36,8 @@ def small_rings(monkeypatch):
 
 def runners(model, monkeypatch, slots: int = 3, max_len: int = 128) -> tuple[NativeRunner, NativeRunner]:
     """(every entry kept, rings) on one model."""
-    monkeypatch.setattr(native, "SLIDING_RING", False)
-    full = NativeRunner.from_hf(model, max_len, slots, batch_invariant=True)
-    monkeypatch.setattr(native, "SLIDING_RING", True)
-    ring = NativeRunner.from_hf(model, max_len, slots, batch_invariant=True)
+    full = NativeRunner.from_hf(model, max_len, slots, batch_invariant=True, sliding_ring=False)
+    ring = NativeRunner.from_hf(model, max_len, slots, batch_invariant=True, sliding_ring=True)
     return full, ring
 
 
@@ -90,7 +89,7 @@ def test_the_check_fails_with_a_ring_shorter_than_the_window(small_rings, monkey
     """Negative control: window - 1 entries (pieces of one token) lose each query's oldest visible entry."""
     model = tiny_gemma(3, window=WINDOW)
     full, _ = runners(model, monkeypatch)
-    monkeypatch.setattr(native, "ring_entries", lambda spec, max_len: WINDOW - 1)
+    monkeypatch.setattr(native, "ring_entries", lambda spec, max_len, sliding_ring: WINDOW - 1)
     short = NativeRunner.from_hf(model, 128, 3, batch_invariant=True)
     expect, got = script(full), script(short)
     assert max((a - b).abs().max().item() for a, b in zip(expect, got)) > 100 * ATOL
@@ -118,9 +117,9 @@ def test_greedy_speculation_equals_the_target_alone_past_the_ring(small_rings, m
     prompts = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (40, 27)]
 
     def run(ring: bool, drafter: ModelDrafter, speculative: bool = True) -> list[list[int]]:
-        monkeypatch.setattr(native, "SLIDING_RING", ring)
         engine = SpeculativeEngine(target, tokenizer, drafter, SpeculativeConfig(num_draft_tokens=4), 128,
-                                   max_batch_size=2, enable_prefix_caching=True)
+                                   max_batch_size=2, enable_prefix_caching=True,
+                                   runner=replace(select.DEFAULT_OPTIONS, sliding_ring=ring))
         assert engine.target.backend == "native" and (engine.target.ring is not None) == ring
         assert (engine.prefix_cache.capacity == 0) == ring
         results = engine.generate_batch(prompts + prompts, SamplingParams(max_new_tokens=30, ignore_eos=True),

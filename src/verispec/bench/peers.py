@@ -16,12 +16,12 @@ at the measured bandwidth. A peer that is not installed is skipped with a note n
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ..runtime import overrides
 from ..runtime.model.target import is_quantized
 from .aggregate import BASELINE, OVERALL
 from .peer_models import unsupported_target
@@ -46,7 +46,7 @@ class PeerMissing(RuntimeError):
 
 def peers_root() -> Path:
     """Where `scripts/setup_peers.sh` makes the peers' virtualenvs: `$VERISPEC_PEERS_DIR`, else ~/.cache."""
-    return Path(os.environ.get("VERISPEC_PEERS_DIR") or Path.home() / ".cache" / "verispec-peers").expanduser()
+    return Path(overrides.read("VERISPEC_PEERS_DIR") or Path.home() / ".cache" / "verispec-peers").expanduser()
 
 
 def default_python(peer: str) -> Path:

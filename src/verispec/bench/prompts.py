@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..runtime import overrides
+
 DEFAULT_PROMPTS_NAME = "spec_bench_dev.jsonl"
 JSON_EXTRACTION = "json-extraction"  # `verispec bench --json-schema json-extraction`: the packaged set below
 PROMPTS_ENV = "VERISPEC_BENCH_PROMPTS"
@@ -64,8 +66,8 @@ def repetitive_prompts_file() -> Path:
 def default_prompts_path() -> Path | None:
     """`$VERISPEC_BENCH_PROMPTS`, else the first `shared/data/spec_bench_dev.jsonl` found in an ancestor of the
     working directory or of this package (the repository checkout sits beside `shared/`)."""
-    if os.environ.get(PROMPTS_ENV):
-        return Path(os.environ[PROMPTS_ENV]).expanduser()
+    if overrides.read(PROMPTS_ENV):
+        return Path(overrides.read(PROMPTS_ENV)).expanduser()
     seen: set[Path] = set()
     for start in (Path.cwd().resolve(), Path(__file__).resolve().parent):
         for folder in (start, *start.parents):

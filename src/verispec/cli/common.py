@@ -9,10 +9,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import KV_CACHE_DTYPES, RUNNER_BACKENDS, RunnerOptions
+from ..config import DRAFT_ACTIVATIONS, DRAFT_WEIGHTS, KV_CACHE_DTYPES, RUNNER_BACKENDS, RunnerOptions
 from ..runtime.model.loading import DEFAULT_DRAFTER, DEFAULT_TARGET
 from ..runtime.model.dtype import DTYPE_CHOICES, DTYPES  # noqa: F401 (DTYPES: bench/serve_load.py)
 from ..runtime.threads import configure_threads, parse_threads
+from ..runtime.weights import hugepages
 from . import CliError
 
 def positive_int(text: str) -> int:
@@ -35,8 +36,9 @@ THREADS_HELP = ("CPU threads of a step: N, or 'auto' (default): the cores free n
 
 
 def apply_threads(args: argparse.Namespace) -> None:
-    """The process's threads from --threads (absent: 'auto')."""
+    """The process's threads from --threads (absent: 'auto'), and its huge pages from --no-huge-pages."""
     configure_threads(getattr(args, "threads", None))
+    hugepages.configure(getattr(args, "huge_pages", True))
 
 
 def add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -127,12 +129,23 @@ def add_runner_args(group) -> None:
                             "float16 with integer activations (--activations q8) on the CPU kernels, the model's dtype "
                             "elsewhere "
                             "(logged, and in --json)")
+    group.add_argument("--draft-weights", choices=DRAFT_WEIGHTS, default="auto",
+                       help="native CPU runner: a draft model's linears and LM head as 'Q8_0' blocks (about half a "
+                            "draft token's cost; only acceptance moves, never the output) or 'float' (as loaded); "
+                            "'auto' (default): Q8_0 where verispec's quantized kernel runs")
+    group.add_argument("--draft-activations", choices=DRAFT_ACTIVATIONS, default="fp32",
+                       help="what a draft model's Q8_0 blocks compute with: 'fp32' (default) or 'q8' (integer "
+                            "activations; only acceptance moves)")
+    group.add_argument("--huge-pages", action=argparse.BooleanOptionalAction, default=True,
+                       help="KV caches and packed weights on 2 MiB transparent huge pages where Linux gives them "
+                            "(default on; the same values, fewer TLB misses: docs/runner.md, 'Huge pages')")
 
 
 def runner_options(args) -> RunnerOptions:
     invariant = True if getattr(args, "deterministic", False) else args.batch_invariant
     return RunnerOptions(backend=args.runner, compile=args.compile, batch_invariant=invariant,
-                         kv_cache_dtype=args.kv_cache_dtype)
+                         kv_cache_dtype=args.kv_cache_dtype, draft_weights=args.draft_weights,
+                         draft_activations=args.draft_activations, huge_pages=args.huge_pages)
 
 
 class _ExplicitStore(argparse.Action):

@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import logging
 import ipaddress
-import os
 import socket
 import sys
 
+from ..runtime import overrides
 from . import CliError
 from .serve_replicas import add_scale_args, run_replicas, wants_replicas
 from .common import (
@@ -61,7 +61,7 @@ def add_parser(sub) -> None:
                    help="bit for bit: a request's output and logprobs do not depend on the batch it ran in or on "
                         "speculation (turns on --batch-invariant; docs/speculation.md, 'Bit for bit')")
     g = p.add_argument_group("running it safely (docs/server.md, \"Running it safely\")")
-    g.add_argument("--api-key", default=os.environ.get("VERISPEC_API_KEY"), metavar="KEY",
+    g.add_argument("--api-key", default=overrides.read("VERISPEC_API_KEY"), metavar="KEY",
                    help="require `Authorization: Bearer KEY` on every /v1 request (default: $VERISPEC_API_KEY; "
                         "unset: no authentication). /health and /metrics stay open")
     g.add_argument("--allowed-draft-models", type=_name_list, default=None, metavar="LIST",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 from typing import TYPE_CHECKING
@@ -13,12 +12,14 @@ import torch
 from ..config import MAX_DRAFT_TOKENS, RunnerOptions
 from ..runtime.caches.prefix_cache import PrefixCache
 from ..runtime.model.native_lm import is_causal_lm
+from ..runtime.runners import select as runners
 from ..runtime.runners.select import make_runner
 from ..sampling import check_finite, process_logits, row_choices, sample_from_probs, stable_softmax
 from .base import DraftBatch, DraftProposal, DraftRow, Drafter
 from .model_tree import grow_trees
 from .tree import TREE_BEAM
 from ..runtime.model.reduced_head import expand_logits
+from ..runtime.model.twins import facts, is_released
 from .twin_head import ReducedHead, draft_vocab_ids, restrict_logits
 
 if TYPE_CHECKING:
@@ -26,32 +27,22 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("verispec")
 
-# The block type a draft model's linears and LM head run as on the native CPU runner: "Q8_0" (GGUF's 8-bit blocks,
-# ~1/4 of fp32's bytes: a draft token at about half the cost, measured in docs/bench.md), or "float" (as loaded).
-# A draft's numerics move only how often its tokens are accepted, never the output (verification decides), so
-# "auto" picks Q8_0 wherever verispec's quantized kernel runs. VERISPEC_DRAFT_WEIGHTS overrides it (A/B runs).
-DRAFT_WEIGHTS = os.environ.get("VERISPEC_DRAFT_WEIGHTS", "auto")
+# The block type a draft model's linears and LM head run as on the native CPU runner where
+# `RunnerOptions.draft_weights` picks blocks (its docstring says why "auto" does wherever the quantized kernel runs).
 DRAFT_QTYPE = "Q8_0"
-# What those blocks compute with (kernels/quant.py): "fp32" (default: the float draft's argmax kept where the blocks'
-# values allow, so an identical draft still accepts everything on the tiny test models), or "q8", integer activations
-# (only acceptance moves; its speed and acceptance against fp32 not yet measured). VERISPEC_DRAFT_ACTIVATIONS.
-DRAFT_ACTIVATIONS = os.environ.get("VERISPEC_DRAFT_ACTIVATIONS", "fp32")
 
 
 def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
-    """What `model`'s weights run as under the runner `options`: DRAFT_QTYPE or "float" (see DRAFT_WEIGHTS)."""
+    """What `model`'s weights run as under the runner `options`: DRAFT_QTYPE or "float" (`options.draft_weights`)."""
     from ..runtime.kernels import quant
     from ..runtime.model.llama import LlamaSpec, UnsupportedModel
     from ..runtime.model.twins import model_device
 
-    if DRAFT_WEIGHTS not in ("auto", "float", DRAFT_QTYPE):
-        raise ValueError(f"VERISPEC_DRAFT_WEIGHTS={DRAFT_WEIGHTS!r}: choose auto, float or {DRAFT_QTYPE}")
-    if getattr(model, "_verispec_released", False):  # its native twin's weights were chosen at load
-        return getattr(model, "_verispec_draft_weights", "float")
-    from ..runtime.runners import select as runners
+    if is_released(model):  # its native twin's weights were chosen at load
+        return facts(model).draft_weights or "float"
 
     options = options or runners.DEFAULT_OPTIONS  # what make_runner will use
-    if DRAFT_WEIGHTS == "float" or options.backend == "hf" or options.compile:
+    if options.draft_weights == "float" or options.backend == "hf" or options.compile:
         return "float"
     try:
         spec = LlamaSpec.from_config(model.config, 1)
@@ -63,33 +54,32 @@ def draft_weights(model: PreTrainedModel, options: RunnerOptions | None) -> str:
     return DRAFT_QTYPE
 
 
-def to_draft_blocks(model: PreTrainedModel, max_len: int) -> None:
+def to_draft_blocks(model: PreTrainedModel, max_len: int, activations: str = "fp32") -> None:
     """Give `model`'s native twin DRAFT_QTYPE blocks for its linears and LM head (where `draft_weights` says so);
     a reduced head (`draft_vocab_ids`) keeps only its rows, so a draft step computes n logits, not the vocabulary's.
-    HF keeps its float copies (the bench's HF assisted generation runs them)."""
+    HF keeps its float copies (the bench's HF assisted generation runs them). activations: what the blocks compute
+    with (`RunnerOptions.draft_activations`)."""
     from ..runtime.kernels.quant import quantize_linears
     from ..runtime.model.llama import Linear
     from ..runtime.model.build import weights_of
     from ..runtime.model.twins import use_quantized_weights
 
-    if DRAFT_ACTIVATIONS not in ("q8", "fp32"):
-        raise ValueError(f"VERISPEC_DRAFT_ACTIVATIONS={DRAFT_ACTIVATIONS!r}: choose q8 or fp32")
     native = use_quantized_weights(model, max_len, quantization=DRAFT_QTYPE, release=False,
-                                   activations=DRAFT_ACTIVATIONS)
+                                   activations=activations)
     ids = draft_vocab_ids(model)
     if ids is not None:  # set before the twin's first forward, which reads its weights' structure
         head = weights_of(model)["lm_head.weight"]  # [vocab, hidden]
-        rows = quantize_linears({"lm_head.weight": head[ids]}, DRAFT_QTYPE, DRAFT_ACTIVATIONS)["lm_head.weight"]
+        rows = quantize_linears({"lm_head.weight": head[ids]}, DRAFT_QTYPE, activations)["lm_head.weight"]
         native.lm_head = Linear(ReducedHead(rows, ids, head.shape[0]), None, pack=False)
-        model._verispec_reduced_head = True
-    model._verispec_draft_weights = DRAFT_QTYPE
+        facts(model).reduced_head = True
+    facts(model).draft_weights = DRAFT_QTYPE
     logger.info("draft model: linears and LM head as %s blocks, %s activations (a draft's numerics move only "
-                "acceptance)%s", DRAFT_QTYPE, DRAFT_ACTIVATIONS,
+                "acceptance)%s", DRAFT_QTYPE, activations,
                 "" if ids is None else f"; head reduced to its {len(ids)} draft-vocabulary tokens")
 
 
 def _in_blocks(model: PreTrainedModel) -> bool:
-    return getattr(model, "_verispec_draft_weights", None) == DRAFT_QTYPE
+    return facts(model).draft_weights == DRAFT_QTYPE
 
 
 def model_drafters(drafter) -> list[ModelDrafter]:
@@ -106,7 +96,7 @@ def model_drafters(drafter) -> list[ModelDrafter]:
 def draft_model_weights(drafter) -> str | None:
     """What the draft models among `drafter`'s stages run as once reserved (DRAFT_QTYPE or "float"; a twin is its own
     format, `self:...`), for --json and bench reports; None where no draft model drafts."""
-    return ", ".join(getattr(stage.model, "_verispec_draft_weights", None) or "float"
+    return ", ".join(facts(stage.model).draft_weights or "float"
                      for stage in model_drafters(drafter)) or None
 
 
@@ -188,7 +178,7 @@ class ModelDrafter(Drafter):
         options = runner if runner is not None else self.options
         to_blocks = not _in_blocks(self.model) and draft_weights(self.model, options) == DRAFT_QTYPE
         if to_blocks:
-            to_draft_blocks(self.model, self.max_len)
+            to_draft_blocks(self.model, self.max_len, (options or runners.DEFAULT_OPTIONS).draft_activations)
         if (runner is not None and runner != self.options) or to_blocks:
             self.options = options
             self.runner = make_runner(self.model, self.max_len, num_slots, options)
@@ -258,7 +248,7 @@ class ModelDrafter(Drafter):
             self.vocab_ids = self.vocab_ids.to(logits.device)
         if logits.shape[-1] == self.vocab_ids.numel() < self.model.config.vocab_size:  # a compact head's subset
             return logits if compact else expand_logits(logits, self.vocab_ids, self.model.config.vocab_size)
-        if getattr(self.model, "_verispec_reduced_head", False):
+        if facts(self.model).reduced_head:
             return logits
         return restrict_logits(logits, self.vocab_ids)
 

@@ -28,7 +28,7 @@ from ..runtime.model.memory import twin_bytes
 from ..runtime.model.llama import LlamaModel, UnsupportedModel
 from ..runtime.runners.native import NativeRunner
 from ..runtime.model.build import NativeModel, build_model, model_spec, table_positions, weights_of
-from ..runtime.model.twins import native_twin_of
+from ..runtime.model.twins import is_released, native_twin_of
 from ..runtime.kernels.quant import BLOCK, quantize_linears
 from .model import ModelDrafter
 from .twin_head import reduce_head
@@ -80,7 +80,7 @@ def twin_model(target, qtype: str, max_len: int, head_tokens: int | None = None)
     """The target's native model with its linears and LM head quantized to `qtype` (the head reduced to
     `head_tokens` token ids when given); the embedding and the rotary tables are the target's own tensors (no
     copy). ValueError when the target cannot have a twin."""
-    if getattr(target, "_verispec_released", False):
+    if is_released(target):
         raise ValueError("the target's own weights are no longer loaded (it runs on quantized weights, --weights "
                          "gguf / --quantization, or they were released to its native runner): the twin "
                          "(--draft-model self:...) quantizes the float weights, so draft with another drafter or "

@@ -19,10 +19,10 @@ fp32 results are the same bits on every path; bf16 too, except where denormals o
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from .. import overrides
 from .ext import build
 from .paths import KernelPath, numbers
 
@@ -47,7 +47,7 @@ def default_path(dtype: torch.dtype) -> int | None:
     Read once per dtype; `reset_paths` reads the variable again."""
     if dtype not in _PATH:
         built = kernel().paths()[str(dtype).removeprefix("torch.")]  # best first
-        forced = os.environ.get(PATH_ENV)
+        forced = overrides.read(PATH_ENV)
         if forced is not None and forced not in PATHS:
             raise ValueError(f"{PATH_ENV}={forced!r}: choose one of {', '.join(PATHS)}")
         _PATH[dtype] = built[0] if forced is None else PATHS[forced]

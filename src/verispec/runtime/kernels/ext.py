@@ -22,6 +22,8 @@ from pathlib import Path
 
 import torch
 
+from .. import overrides
+
 try:
     import fcntl
 except ImportError:  # not POSIX: torch's own lock file only
@@ -44,7 +46,7 @@ VARIANTS = {"layer_avx2": ("layer_kernel.cpp", ("-mno-avx512f",)), "quant_avx2":
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
+    return Path(overrides.read("VERISPEC_CACHE") or Path.home() / ".cache" / "verispec").expanduser()
 
 
 def cpu_flags_line() -> str:
@@ -64,7 +66,7 @@ class KernelBuildError(RuntimeError):
 
 def required() -> bool:
     """Whether a kernel that fails to build is an error (VERISPEC_REQUIRE_KERNELS=1) rather than a fallback."""
-    return os.environ.get(REQUIRE_ENV, "").strip() not in ("", "0")
+    return (overrides.read(REQUIRE_ENV) or "").strip() not in ("", "0")
 
 
 def build(name: str, source: str | Path, extra_cflags: tuple[str, ...] = ()):
@@ -91,7 +93,7 @@ def build(name: str, source: str | Path, extra_cflags: tuple[str, ...] = ()):
 
 def pool_enabled() -> bool:
     """Whether the kernels run their parallel regions on the work pool (pool.py; VERISPEC_POOL=off keeps OpenMP)."""
-    return os.environ.get(POOL_ENV, "").strip().lower() not in ("off", "0", "false")
+    return (overrides.read(POOL_ENV) or "").strip().lower() not in ("off", "0", "false")
 
 
 def pool_module():

@@ -21,10 +21,10 @@ side-by-side measurements: `recipes/step_profile.py --kernels`).
 
 from __future__ import annotations
 
-import os
 
 import torch
 
+from .. import overrides
 from .ext import build
 
 ENABLED = True  # False: the torch formulas run (llama.py's fallbacks), for measurements side by side
@@ -38,7 +38,7 @@ DTYPES = (torch.float32, torch.bfloat16)
 # Attention's code paths, all giving the same bits: "tiled" (many queries of one KV head share each key and value
 # vector: AVX-512, head dims 32 / 64 / 128 / 256), "vector" (one query at a time, AVX-512), "scalar" (what a CPU without
 # AVX-512 runs). "auto": tiled from TILE_QUERIES fed tokens a row, else vector. VERISPEC_ATTENTION_PATH forces one
-# (read at start-up), so a CI machine with AVX-512 tests the others too. TILE_QUERIES is 1: since the tiled path reads
+# (a test override, runtime/overrides.py; read at start-up), so a CI machine with AVX-512 tests the others too. TILE_QUERIES is 1: since the tiled path reads
 # a KV head's values once for its g query heads, it beats the one-query path at every width (one thread, thread CPU
 # time, SmolLM2 heads, 180 entries: a 16-row decode step 0.6x its time in bf16, 0.78x fp32; one row 0.75-0.85x).
 PATHS = {"tiled": 2, "vector": 1, "scalar": 0}
@@ -62,7 +62,7 @@ def _ext():
 
 def forced_path() -> int | None:
     """VERISPEC_ATTENTION_PATH's path, or None for "auto" (unset)."""
-    name = os.environ.get(PATH_ENV, "auto").lower()
+    name = overrides.read(PATH_ENV, "auto").lower()
     if name != "auto" and name not in PATHS:
         raise ValueError(f"{PATH_ENV}={name!r}: choose one of auto, {', '.join(PATHS)}")
     return None if name == "auto" else PATHS[name]

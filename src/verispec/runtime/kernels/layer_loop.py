@@ -8,20 +8,20 @@ norms, q/k norms per head, a rotary table and a mask per layer kind, gelu_tanh *
 of the model is a `QuantWeight` or packed for `dense.py`'s kernel and the layer kernels run (`fused.available`);
 elsewhere (oneDNN's packed or plain weights, the torch fallback, torch.compile, long chunks sent to SDPA)
 `llama.model_forward` and `gemma.GemmaModel.forward` keep their Python loops.
-`VERISPEC_LAYER_LOOP=python` (or `ENABLED = False`) keeps the Python loop everywhere, for measurements side by side
-(`recipes/step_breakdown.py --loops python,cpp`).
+`ENABLED = False` (or the test override `VERISPEC_LAYER_LOOP=python`, runtime/overrides.py) keeps the Python loop
+everywhere, for measurements side by side (`recipes/step_breakdown.py --loops python,cpp`).
 """
 
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
 
+from .. import overrides
 from . import dense, fused, quant
 
-ENABLED = os.environ.get("VERISPEC_LAYER_LOOP", "cpp").lower() != "python"
+ENABLED: bool | None = None  # None: the C++ loop where it serves, unless VERISPEC_LAYER_LOOP=python
 QUANT, DENSE = 0, 1  # layer_loop.h's kinds of linear
 
 
@@ -97,10 +97,17 @@ def build_gemma(layers, packed, spec) -> Loop | None:
     return Loop(loop, norms[0][0].dtype, kernels.dense_dtype)
 
 
+def enabled() -> bool:
+    """Whether the C++ loop may serve (`ENABLED`, else the test override)."""
+    if ENABLED is not None:
+        return ENABLED
+    return (overrides.read("VERISPEC_LAYER_LOOP") or "cpp").lower() != "python"
+
+
 def serves(loop: Loop | None, x: torch.Tensor, index: torch.Tensor, invariant: bool) -> bool:
     """Whether `run` does what `llama.layer_parts`' loop would for x [b, n, hidden]: its fused path (the kernels
     for x, cache indices), the kernel's attention (not SDPA), eager."""
-    return (ENABLED and loop is not None and x.dtype == loop.dtype and index.dim() != 1
+    return (loop is not None and enabled() and x.dtype == loop.dtype and index.dim() != 1
             and (invariant or x.shape[1] <= fused.MAX_QUERIES) and fused.available(x)
             and not torch.compiler.is_compiling())
 

@@ -4,7 +4,7 @@ A parallel region's items go out in small chunks to whichever thread asks first 
 chunks, never for a thread to arrive, so a thread the OS has descheduled on a busy machine costs a step at most one
 chunk (OpenMP's static halves and end barrier made every region wait a time slice for it: issue 40). Which thread
 computes an output never changes its bits. `ext.build` hands each kernel the pool as it loads (`attach_pool`); where the
-pool does not build, or under VERISPEC_POOL=off (for side-by-side timings), the kernels keep at::parallel_for
+pool does not build, or under the test override VERISPEC_POOL=off (for side-by-side timings; runtime/overrides.py), the kernels keep at::parallel_for
 (OpenMP). `set_threads` is how anything changes the threads a step runs on: the pool's and torch's (torch's own
 ops) together.
 
@@ -21,7 +21,7 @@ from .ext import POOL_ENV, attach_pool, pool_enabled, pool_module
 
 __all__ = ["POOL_ENV", "attach_pool", "pool_enabled", "kernel", "set_threads", "threads", "counters"]
 
-SPIN_ENV = "VERISPEC_POOL_SPIN_US"  # read by pool.cpp when the pool starts
+SPIN_ENV = "VERISPEC_POOL_SPIN_US"  # measurement overrides read by pool.cpp when the pool starts (overrides.py)
 CHUNKS_ENV = "VERISPEC_POOL_CHUNKS"
 
 

@@ -258,6 +258,7 @@ def _gguf_draft(path: Path, head_ids: torch.Tensor | None = None):
     from ..kernels import quant
     from .architectures import UnsupportedModel
     from .native_lm import from_gguf
+    from .twins import facts
 
     if quant.kernel() is None:
         return None
@@ -267,7 +268,7 @@ def _gguf_draft(path: Path, head_ids: torch.Tensor | None = None):
     except UnsupportedModel as exc:
         logger.warning("draft %s: %s; loading it through Hugging Face's fp32 conversion instead", path, exc)
         return None
-    model._verispec_draft_weights = f"gguf ({activations} activations)"
+    facts(model).draft_weights = f"gguf ({activations} activations)"
     return model
 
 
@@ -339,8 +340,10 @@ def load_pair(
 def model_weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of the model's parameters and buffers in their current dtype, tied weights counted once (a target on
     quantized weights: its native twin's bytes, as `twins.adopt` recorded them)."""
-    if hasattr(model, "_verispec_weight_bytes"):
-        return model._verispec_weight_bytes
+    from .twins import facts
+
+    if facts(model).weight_bytes is not None:
+        return facts(model).weight_bytes
     seen: set[int] = set()
     total = 0
     for tensor in list(model.parameters()) + list(model.buffers()):

@@ -24,7 +24,7 @@ from torch import nn
 from transformers import GenerationConfig, PretrainedConfig
 
 from ..model.build import build_model, model_spec, table_positions
-from ..model.twins import adopt
+from ..model.twins import adopt, facts, is_released
 from ..weights.gguf_file import GGUFFile, open_gguf
 from .architectures import GLOBAL, SLIDING
 from .gguf_weights import file_architecture, read_gguf_weights, read_head_rows
@@ -113,7 +113,7 @@ class NativeCausalLM(nn.Module):
         """The Hugging Face model on these weights (shared, not copied), made on first call (imports Hugging Face
         modeling): for what runs Hugging Face modeling (`make_runner` with backend "hf"). ValueError where the
         weights are the native model's only (`from_gguf`)."""
-        if getattr(self, "_verispec_released", False):
+        if is_released(self):
             raise ValueError("this model's weights are its native model's only (its GGUF blocks): use the runner "
                              "backend 'auto' or 'native', or load it with --weights fp32 for Hugging Face modeling")
         if "_hf" not in self.__dict__:
@@ -190,7 +190,7 @@ def from_gguf(path: str | Path, max_len: int = 0, name: str | None = None, activ
     shapes = {arch.hf_name(info.name): info.shape for info in file.tensors}
     stand_in = NativeCausalLM(config, {name: torch.empty(shape, device="meta") for name, shape in shapes.items()})
     adopt(stand_in, model)
-    stand_in._verispec_reduced_head = rows is not None
+    facts(stand_in).reduced_head = rows is not None
     return stand_in
 
 

@@ -1,12 +1,14 @@
 """The native twin of a loaded model: the one `NativeModel` that every native runner on it runs (engines, drafters,
 benchmark methods), built once from its weights (`twin`), or adopted (`adopt`: a model whose only weights are the
 native model's, `native_lm.from_gguf`'s); `use_quantized_weights` puts it on quantized blocks; `release_hf_weights`
-frees Hugging Face's copies once the twin holds its own."""
+frees Hugging Face's copies once the twin holds its own. What verispec decided about a loaded model is kept here too,
+beside the model rather than on it (`ModelFacts`, read through `facts`)."""
 
 from __future__ import annotations
 
 import gc
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -17,12 +19,45 @@ from .gemma import GemmaModel
 _TWINS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # HF model -> (its native model, weights fingerprint)
 
 
+@dataclass
+class ModelFacts:
+    """What verispec decided about a loaded model (a Hugging Face model or `NativeCausalLM`), kept by this registry
+    for as long as the model lives; the model object itself carries nothing of verispec's."""
+
+    released: bool = False
+    """Its weights are its native twin's only (HF's copies are meta tensors or were freed): only native runners
+    run it, and nothing can read its float weights (a twin drafter, HF modeling)."""
+    weight_bytes: int | None = None
+    """What a step reads once released: quantized blocks as stored, the rest as held (None: its parameters')."""
+    draft_weights: str | None = None
+    """What its linears run as where it drafts ('Q8_0', 'gguf (... activations)'); None: as loaded (float)."""
+    reduced_head: bool = False
+    """Its native twin's LM head computes only the draft vocabulary's rows (drafters/twin_head.py)."""
+
+
+_FACTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> ModelFacts
+
+
+def facts(model) -> ModelFacts:
+    """`model`'s record (a fresh one, kept, the first time: nothing decided yet)."""
+    record = _FACTS.get(model)
+    if record is None:
+        record = _FACTS[model] = ModelFacts()
+    return record
+
+
+def is_released(model) -> bool:
+    """Whether `model`'s weights were released to its native twin (`ModelFacts.released`)."""
+    record = _FACTS.get(model)
+    return record is not None and record.released
+
+
 def twin(hf_model, max_len: int, invariant: bool = False) -> NativeModel:
     """The shared native copy of hf_model's weights. A copy: rebuilt when the HF weights were replaced or changed
     in place (training) since, or built for the other `invariant` layout, unless they were released to it (then it
     is the only copy left)."""
     spec = model_spec(hf_model.config, max_len)
-    if getattr(hf_model, "_verispec_released", False):
+    if is_released(hf_model):
         model = _TWINS[hf_model][0]
         if model.invariant != invariant and model.lm_head.packed is True:  # (oneDNN's layout; others: one for both)
             raise ValueError(f"this model's weights were released to a native model with batch_invariant="
@@ -56,7 +91,7 @@ def native_twin_of(hf_model) -> NativeModel | None:
 def model_device(hf_model) -> torch.device:
     """Where hf_model's weights are: its native twin's device once they were released to it (HF's copies are then
     meta tensors), else its parameters'."""
-    twin = native_twin_of(hf_model) if getattr(hf_model, "_verispec_released", False) else None
+    twin = native_twin_of(hf_model) if is_released(hf_model) else None
     return twin.cos.device if twin is not None else next(hf_model.parameters()).device
 
 
@@ -96,8 +131,9 @@ def adopt(hf_model, model: NativeModel) -> None:
     """Make `model` the native twin and only copy of `hf_model`'s weights (which are meta tensors, or were released):
     every runner built on hf_model runs `model`, none runs Hugging Face modeling."""
     _TWINS[hf_model] = (model, None)
-    hf_model._verispec_released = True
-    hf_model._verispec_weight_bytes = sum(  # what a step reads: quantized blocks as stored, the rest as held
+    record = facts(hf_model)
+    record.released = True
+    record.weight_bytes = sum(  # what a step reads: quantized blocks as stored, the rest as held
         w.nbytes if not isinstance(w, torch.Tensor) else w.numel() * w.element_size()
         for w in {id(w): w for w in _model_weights(model)}.values())
 
@@ -114,7 +150,7 @@ def release_hf_weights(hf_model) -> int:
     the twin aliases nothing), so a served model takes about its weights' size once, not twice; -> bytes freed.
     Afterwards only native runners can run this model object (make_runner with backend "hf" raises). Call it once
     every runner is built."""
-    if hf_model not in _TWINS or getattr(hf_model, "_verispec_released", False):
+    if hf_model not in _TWINS or is_released(hf_model):
         return 0
     freed, seen = 0, set()
     for module in hf_model.modules():
@@ -124,6 +160,6 @@ def release_hf_weights(hf_model) -> int:
                     seen.add(param.data_ptr())
                     freed += param.numel() * param.element_size()
                 setattr(module, name, torch.nn.Parameter(param.new_empty(0), requires_grad=False))
-    hf_model._verispec_released = True
+    facts(hf_model).released = True
     gc.collect()  # the last reference to a memory-mapped checkpoint goes: its pages leave the process
     return freed

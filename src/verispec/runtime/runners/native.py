@@ -11,7 +11,6 @@ in.
 from __future__ import annotations
 
 import logging
-import os
 import time
 
 import torch
@@ -29,15 +28,11 @@ from ..model.dtype import resolve_kv_cache_dtype
 
 logger = logging.getLogger("verispec")
 
-# Sliding-window layers keep a ring of their latest entries (kv_cache.py); "off" keeps every entry (side-by-side runs)
-SLIDING_RING = os.environ.get("VERISPEC_SLIDING_RING", "on").lower() != "off"
-
-
-def ring_entries(spec: LlamaSpec | GemmaSpec, max_len: int) -> int | None:
+def ring_entries(spec: LlamaSpec | GemmaSpec, max_len: int, sliding_ring: bool = True) -> int | None:
     """Entries a sliding-window layer keeps per slot: its window + MAX_VERIFY_WIDTH (the widest verify pass; a wider
     forward runs in pieces of that many tokens: `GemmaModel.forward`), or None where the model has no sliding layer,
-    that is not fewer than max_len, or SLIDING_RING is off."""
-    if not SLIDING_RING or not isinstance(spec, GemmaSpec) or not any(spec.sliding):
+    that is not fewer than max_len, or `sliding_ring` is off (`RunnerOptions.sliding_ring`: every entry kept)."""
+    if not sliding_ring or not isinstance(spec, GemmaSpec) or not any(spec.sliding):
         return None
     ring = spec.sliding_window + MAX_VERIFY_WIDTH
     return ring if ring < max_len else None
@@ -57,7 +52,7 @@ class NativeRunner(SlotRunner):
     backend = "native"
 
     def __init__(self, model: NativeModel, config, max_len: int, num_slots: int = 1, compile: bool = False,
-                 batch_invariant: bool = False, kv_cache_dtype: str = "auto") -> None:
+                 batch_invariant: bool = False, kv_cache_dtype: str = "auto", sliding_ring: bool = True) -> None:
         self.model = model
         self.config = config
         self.spec = model.spec
@@ -69,7 +64,7 @@ class NativeRunner(SlotRunner):
         # the KV cache's entries (a 16-bit cache halves what attention reads; config.RunnerOptions.kv_cache_dtype)
         self.kv_dtype, self.kv_dtype_reason = resolve_kv_cache_dtype(kv_cache_dtype, self.dtype, self.device,
                                                                      model.integer_activations())
-        self.ring = ring_entries(model.spec, max_len)  # sliding layers' entries per slot (None: every entry)
+        self.ring = ring_entries(model.spec, max_len, sliding_ring)  # sliding layers' entries per slot (None: every entry)
         rings = [self.ring if sliding else None for sliding in model.spec.sliding] if self.ring else None
         self.cache = SlotCache(model.spec.num_layers, num_slots, max_len, rings)
         if compile and model.quantized():
@@ -90,11 +85,11 @@ class NativeRunner(SlotRunner):
 
     @classmethod
     def from_hf(cls, hf_model, max_len: int, num_slots: int = 1, compile: bool = False,
-                batch_invariant: bool = False, kv_cache_dtype: str = "auto") -> NativeRunner:
+                batch_invariant: bool = False, kv_cache_dtype: str = "auto", sliding_ring: bool = True) -> NativeRunner:
         """The native twin of a loaded Hugging Face model of a native family (UnsupportedModel if it is not). The
         twin is built once per model and shared by every runner on it (engines, drafters, benchmark methods)."""
         runner = cls(twin(hf_model, max_len, batch_invariant), hf_model.config, max_len, num_slots, compile,
-                     batch_invariant, kv_cache_dtype)
+                     batch_invariant, kv_cache_dtype, sliding_ring)
         runner.hf_model = hf_model  # the source, for release_hf_weights
         return runner
 

@@ -13,7 +13,7 @@ from ..model.compile import cache_counts
 from ..model.dtype import choose_dtype, dtype_name, kernels_built
 from .hf import HFRunner
 from ..model.architectures import UnsupportedModel
-from ..model.twins import model_device
+from ..model.twins import is_released, model_device
 from .native import NativeRunner, default_compile
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
     options = options or DEFAULT_OPTIONS
     if options.backend == "hf" and isinstance(model, NativeCausalLM):
         model = model.hf_model()  # Hugging Face modeling on the same weights (ValueError where it has none)
-    if options.backend == "hf" and getattr(model, "_verispec_released", False):
+    if options.backend == "hf" and is_released(model):
         raise ValueError("this model's Hugging Face weights were released to the native runner "
                          "(twins.release_hf_weights): use the runner backend 'auto' or 'native', or load it again")
     if options.backend != "hf":
@@ -63,7 +63,7 @@ def make_runner(model: PreTrainedModel, max_len: int, num_slots: int = 1, option
             if invariant is None:  # on where verispec's C++ kernels run: free there (config.RunnerOptions)
                 invariant = model_device(model).type == "cpu" and kernels_built()
             runner = NativeRunner.from_hf(model, max_len, num_slots, compile=compile, batch_invariant=invariant,
-                                          kv_cache_dtype=options.kv_cache_dtype)
+                                          kv_cache_dtype=options.kv_cache_dtype, sliding_ring=options.sliding_ring)
             if runner.kv_dtype != runner.dtype:
                 logger.info("native runner: KV cache %s", runner.kv_dtype_reason)
             return runner

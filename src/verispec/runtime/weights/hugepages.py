@@ -9,13 +9,12 @@ nothing (unless THP_MEM_ALLOC_ENABLE=1 is set before torch is imported, which al
 activation over 2 MiB a freshly zeroed huge page). So these buffers are cut 2 MiB-aligned out of a slightly
 larger allocation and advised before they are first written; whatever the kernel refuses (THP off, no free huge
 page, another OS) leaves ordinary pages: the same values, only slower. Measured in docs/runner.md ("Huge pages").
-`VERISPEC_HUGEPAGES=0` turns it off.
+`RunnerOptions.huge_pages` (`--no-huge-pages`) turns it off for the process (`configure`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import os
 import sys
 
 import torch
@@ -23,7 +22,13 @@ import torch
 HUGE = 2 << 20  # bytes in a huge page (x86-64, arm64 with 4 KiB base pages)
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
-ENABLED = sys.platform.startswith("linux") and os.environ.get("VERISPEC_HUGEPAGES", "1") != "0"
+ENABLED = sys.platform.startswith("linux")  # `configure` sets it: a process's buffers are placed one way
+
+
+def configure(on: bool) -> None:
+    """Whether this process's large buffers go on huge pages from now on (`RunnerOptions.huge_pages`; Linux only)."""
+    global ENABLED
+    ENABLED = on and sys.platform.startswith("linux")
 
 _LIBC: list = []
 
