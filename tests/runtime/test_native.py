@@ -165,3 +165,30 @@ def test_bf16_matches_hf_within_bf16_rounding():
     step = torch.randint(0, VOCAB, (1, 1))
     torch.testing.assert_close(native.forward(step).logits.float(), hf.forward(step).logits.float(), atol=0.1,
                                rtol=0.02)
+
+
+def test_a_long_forward_runs_in_pieces_with_the_same_bits(monkeypatch):
+    """A forward past PREFILL_PIECE fed tokens runs as consecutive pieces (bounded activations): every position's
+    logits, the last position's alone, the cache it leaves and the next step equal one forward of the same tokens,
+    bitwise, on ragged rows; the pieces really ran (counted)."""
+    from verispec.runtime.runners import native
+
+    prompt = torch.randint(0, VOCAB, (2, 29), generator=torch.Generator().manual_seed(3))
+    results = {}
+    for piece in (10_000, 8):
+        monkeypatch.setattr(native, "PREFILL_PIECE", piece)
+        runner = make_runner(tiny_llama(0), 64, 2, RunnerOptions(backend="native"))
+        runner.forward(prompt[1:, :5], start_slot=1)  # row 1 holds 5 entries before the long forward: ragged
+        calls = []
+        model_call = runner.model.forward
+        monkeypatch.setattr(runner.model, "forward", lambda *a, **k: calls.append(1) or model_call(*a, **k))
+        every = runner.forward(prompt)
+        runner.truncate(0, 0), runner.truncate(5, 1)
+        last = runner.forward(prompt, last_only=True).logits
+        after = runner.forward(torch.tensor([[7], [9]])).logits
+        results[piece] = (every.logits, last, after, list(runner.cache.lengths), len(calls))
+    whole, pieces = results[10_000], results[8]
+    for a, b in zip(whole[:3], pieces[:3]):
+        assert a.shape == b.shape and torch.equal(a, b)
+    assert whole[3] == pieces[3] == [29 + 1, 5 + 29 + 1]
+    assert (whole[4], pieces[4]) == (3, 4 + 4 + 1)  # one forward each vs ceil(29 / 8) pieces each, + the step
