@@ -7,7 +7,7 @@
 
 Greedy decoding of one short prompt, batch 1 (or --batch rows of it): ms per decode step (prefill excluded), the
 weight bytes read per step and the floor they imply at --gbps; with --verify K, also ms per verify pass of K tokens
-(rolled back). Configurations (dtype x batch x eager/compiled (`runtime/runners/compile.py`) x the C++ layer kernels
+(rolled back). Configurations (dtype x batch x eager/compiled (`runtime/model/compile.py`) x the C++ layer kernels
 (`runtime/kernels/fused.py`) off/on x batch-invariant off/on) alternate in one process, so their ratios are measured side
 by side; compiled ones print their compile seconds (first calls of each shape class, the disk cache as found).
 """

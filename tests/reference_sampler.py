@@ -1,7 +1,7 @@
 """TokenSampler: the logits processing of ONE sequence, written the simple way (the pre-batching engine's).
 
 Test-only: the batched engine uses `verispec.sampling.process_logits` over a `SamplingBatch`, and
-tests/test_processors.py checks it row by row against this reference (tests/test_sampling.py checks this
+tests/unit/test_processors.py checks it row by row against this reference (tests/unit/test_sampling.py checks this
 reference against Hugging Face's processors). Row i of a window of logits sees the committed context plus the first `start + i` tokens of `pending`.
 """
 

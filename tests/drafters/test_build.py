@@ -39,7 +39,7 @@ def test_caches_are_sized_from_the_users_max_len(target, tokenizer, folders):
     assert model.runner.max_len == cache_len(100) == 100 + MAX_VERIFY_WIDTH
     cascade = build_drafter(f"ngram+head:{folders / 'head'}", target, tokenizer, 100).drafter
     assert isinstance(cascade, CascadeDrafter) and isinstance(cascade.stages[1], HeadDrafter)
-    assert cascade.stages[1].max_len == cache_len(100) + head_module.CACHE_SLACK
+    assert cascade.stages[1].max_len == cache_len(100) + head_module.TREE_SLACK
 
 
 def test_raise_or_fall_back(target, tokenizer, folders):
@@ -60,7 +60,7 @@ def test_the_head_slack_holds_the_deepest_widest_tree(target, folders):
     the most a round writes past the committed sequence, on a sequence as long as the head lets draft that deep."""
     from verispec.drafters.head import load_head
 
-    assert head_module.CACHE_SLACK == (MAX_DRAFT_TOKENS - 1) * TREE_BEAM
+    assert head_module.TREE_SLACK == (MAX_DRAFT_TOKENS - 1) * TREE_BEAM
     config, weights = load_head(folders / "head")
     k, length = MAX_DRAFT_TOKENS - 1, 80
     head = HeadDrafter(config, weights, target, length)

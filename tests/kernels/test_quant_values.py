@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-import gguf  # a dependency of verispec (runtime/weights/gguf.py): missing, it is an error, not a skip
+import gguf  # a dependency of verispec (runtime/weights/gguf_file.py): missing, it is an error, not a skip
 from gguf.quants import dequantize
 
 from verispec.runtime.model.gguf_weights import read_gguf_weights

@@ -1,4 +1,4 @@
-"""`--dtype auto` (runtime/runners/dtype.py): the choice from CPU flags, the exactness gate, names and errors."""
+"""`--dtype auto` (runtime/model/dtype.py): the choice from CPU flags, the exactness gate, names and errors."""
 
 import pytest
 import torch

@@ -8,7 +8,7 @@ import torch
 from verispec.config import RunnerOptions
 from verispec.runtime.model.llama import LlamaSpec
 from verispec.runtime.model.loading import load_draft, load_model, read_model_config
-from verispec.runtime.model.native_lm import NativeCausalLM, NativeConfig, folder_config, from_folder
+from verispec.runtime.model.native_lm import NativeCausalLM, NativeLlamaConfig, folder_config, from_folder
 from verispec.runtime.runners.select import make_runner
 
 from conftest import tiny_qwen2
@@ -35,7 +35,7 @@ def test_a_plain_llama_folder_loads_without_hf_modeling_and_runs_as_the_hf_model
 def test_its_config_is_read_without_transformers_model_families(model_dirs):
     folder = model_dirs["target"]
     config = read_model_config(folder)
-    assert isinstance(config, NativeConfig)
+    assert isinstance(config, NativeLlamaConfig)
     assert LlamaSpec.from_config(config, 64) == LlamaSpec.from_config(load_model(folder).config, 64)
 
 

@@ -48,10 +48,11 @@ from .tree import TREE_BEAM, TREE_BRANCH, as_tree, best_nodes
 HEAD_CONFIG = "head_config.json"
 HEAD_WEIGHTS = "head.safetensors"
 HEAD_PREFIX = "head:"
-# The head's own slack past the cache length it is given: a round feeds the pending pairs (below the committed
-# length), then per depth below the deepest one forward of at most TREE_BEAM expanded nodes (rows padded to the
-# widest), so draft nodes take at most (K - 1) x TREE_BEAM entries, K <= MAX_DRAFT_TOKENS (config.py).
-CACHE_SLACK = (MAX_DRAFT_TOKENS - 1) * TREE_BEAM
+# The head's own slack past the cache length it is given, for its token trees' draft nodes (the engine's CACHE_SLACK
+# is the verify pass's): a round feeds the pending pairs (below the committed length), then per depth below the
+# deepest one forward of at most TREE_BEAM expanded nodes (rows padded to the widest), so draft nodes take at most
+# (K - 1) x TREE_BEAM entries, K <= MAX_DRAFT_TOKENS (config.py).
+TREE_SLACK = (MAX_DRAFT_TOKENS - 1) * TREE_BEAM
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,7 @@ class HeadDrafter(Drafter):
                              f"{embed.shape[1]} and {embed.shape[0]}: pick the head made for this target")
         self.config = config
         self.name = name
-        self.max_len = max_len + CACHE_SLACK
+        self.max_len = max_len + TREE_SLACK
         self.spec = config.spec()
         self.device, self.dtype = embed.device, embed.dtype
         w = {k: v.to(self.device) for k, v in weights.items()}
@@ -231,7 +232,7 @@ class HeadDrafter(Drafter):
         width = max(counts)
         bases = [self.cache.lengths[r.slot] for r in rows]  # D per row
         # A row drafts from the output of its newest real pair, so it needs at least one pair fed now.
-        ks = [min(r.k, self.max_len - CACHE_SLACK - r.token_ids.numel()) if r.member and counts[i] > 0 else 0
+        ks = [min(r.k, self.max_len - TREE_SLACK - r.token_ids.numel()) if r.member and counts[i] > 0 else 0
               for i, r in enumerate(rows)]
         if width == 0:  # nothing to feed, so nothing to draft from (a row drafts only after a pair is fed)
             return [DraftProposal(r.token_ids.new_empty(0), None, 0.0) for r in rows]

@@ -15,7 +15,7 @@ One pure ASGI middleware, in front of every route (a streamed response passes th
   waits for it to reach zero.
 
 `document` adds what this middleware answers (401, 413, 503) and the routes' other statuses (408, 429, and the
-SSE form of a 200) to the OpenAPI schema, so a client or a fuzzer (tests/test_server_fuzz.py) reading it knows
+SSE form of a 200) to the OpenAPI schema, so a client or a fuzzer (tests/server/test_server_fuzz.py) reading it knows
 every answer it can get.
 """
 

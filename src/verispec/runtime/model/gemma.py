@@ -167,7 +167,6 @@ class GemmaBlock(nn.Module):
 
 def layer_parts(
     x: torch.Tensor,  # [b, n, hidden]
-    pending: torch.Tensor | None,  # [b, n, hidden]: the previous layer's normed MLP output, still to add to x
     cos: torch.Tensor,  # [b, 1, n, d]: this layer kind's rotary table at the fed positions
     sin: torch.Tensor,  # [b, 1, n, d]
     keys: torch.Tensor,  # [b, Hk, max_len, d]: this layer's cache rows, written in place
@@ -177,7 +176,8 @@ def layer_parts(
     w: tuple[torch.Tensor, ...],  # GemmaBlock.weights()
     spec: GemmaSpec,
     packed: bool,
-    invariant: bool,
+    invariant: bool = False,
+    pending: torch.Tensor | None = None,  # [b, n, hidden]: the previous layer's normed MLP output, still to add to x
 ) -> tuple[torch.Tensor, torch.Tensor]:  # (x + normed attention, normed MLP output) [b, n, hidden]
     """One decoder layer, its output as two terms (their sum is the layer's output): the next layer's input norm
     adds them in one pass (`add_norm`). Where the kernels run (`fused.available`), the q/k norms and gelu_tanh * up
@@ -336,8 +336,8 @@ class GemmaModel(nn.Module):
             return layer_loop.run_gemma(loop, x, rope, index, keys, values, masks)
         out = None  # [b, n, hidden]: the last layer's normed MLP output, added to x by the next norm or the caller
         for w, sliding, k, v in zip(self.layer_weights(), s.sliding, keys, values):
-            x, out = layer_parts(x, out, *rope[sliding], k, v, index[sliding], masks[sliding], w, s,
-                                 self.lm_head.packed, invariant)
+            x, out = layer_parts(x, *rope[sliding], k, v, index[sliding], masks[sliding], w, s,
+                                 self.lm_head.packed, invariant, out)
         return x, out
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [b, m, hidden] -> [b, m, vocab]

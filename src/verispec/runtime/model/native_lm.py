@@ -3,7 +3,7 @@ blocks made into one (`from_gguf`).
 
 Importing Hugging Face's modeling (or even `LlamaConfig`, which pulls it in) costs about as much as the rest of a
 start; a GGUF target whose blocks run as stored needs none of it. So its config is read from the file's metadata
-into a `NativeConfig` (a plain `PretrainedConfig` of model type "llama", or `NativeGemmaConfig` of "gemma3_text": the
+into a `NativeLlamaConfig` (a plain `PretrainedConfig` of model type "llama", or `NativeGemmaConfig` of "gemma3_text": the
 same fields transformers' conversion sets), its native model (`llama.LlamaModel`, `gemma.GemmaModel`) is built
 straight from the blocks, and a `NativeCausalLM` stands where
 callers expect the Hugging Face model: the config, the generation config and every weight by its Hugging Face name
@@ -31,7 +31,7 @@ from .gguf_weights import file_architecture, read_gguf_weights, read_head_rows
 from .reduced_head import ReducedHead
 
 
-class NativeConfig(PretrainedConfig):
+class NativeLlamaConfig(PretrainedConfig):
     """A Llama-family config (a Llama or Qwen2 file: `model_type` says which) without `transformers.models` (whose
     import costs ~1.5 s): the fields `LlamaSpec.from_config`, the memory estimates and the drafters read, as
     transformers' `LlamaConfig` / `Qwen2Config` name them."""
@@ -47,18 +47,18 @@ class NativeGemmaConfig(PretrainedConfig):
 
 
 @functools.cache
-def native_config_class(model_type: str) -> type[NativeConfig]:
-    """`NativeConfig` for another Llama-family model_type (Qwen2's): the same fields under its own name."""
-    if model_type == NativeConfig.model_type:
-        return NativeConfig
-    return type(f"NativeConfig_{model_type}", (NativeConfig,), {"model_type": model_type})
+def native_config_class(model_type: str) -> type[NativeLlamaConfig]:
+    """`NativeLlamaConfig` for another Llama-family model_type (Qwen2's): the same fields under its own name."""
+    if model_type == NativeLlamaConfig.model_type:
+        return NativeLlamaConfig
+    return type(f"NativeLlamaConfig_{model_type}", (NativeLlamaConfig,), {"model_type": model_type})
 
 
 _TOKEN_KEYS = {"bos_token_id": "bos_token_id", "eos_token_id": "eos_token_id", "unknown_token_id": "unk_token_id",
                "padding_token_id": "pad_token_id"}
 
 
-def gguf_config(file: GGUFFile, name: str | None = None) -> NativeConfig | NativeGemmaConfig:
+def gguf_config(file: GGUFFile, name: str | None = None) -> NativeLlamaConfig | NativeGemmaConfig:
     """The config of a GGUF file's model, from its metadata by its architecture record (`architectures.py`: the
     fields transformers' conversion fills); `name_or_path` the name the model was asked for (default: the file's
     path), what `--draft-model auto` looks pairs up by. `architectures.Unknown` (an UnsupportedModel) where the
@@ -198,8 +198,8 @@ _FOLDER_KEYS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_at
                 "vocab_size", "max_position_embeddings")
 
 
-def folder_config(folder: Path) -> NativeConfig | None:
-    """A model folder's config.json as a `NativeConfig`, where it is a plain Llama (every field `LlamaSpec` reads
+def folder_config(folder: Path) -> NativeLlamaConfig | None:
+    """A model folder's config.json as a `NativeLlamaConfig`, where it is a plain Llama (every field `LlamaSpec` reads
     given, the default rope, no quantization); None otherwise (Hugging Face's `AutoConfig` reads it)."""
     import json
 
@@ -212,7 +212,7 @@ def folder_config(folder: Path) -> NativeConfig | None:
              and rope.get("rope_type") == "default" and "rope_theta" in rope and not fields.get("rope_scaling")
              and fields.get("hidden_act", "silu") == "silu" and not fields.get("attention_bias")
              and not fields.get("mlp_bias") and "quantization_config" not in fields)
-    return NativeConfig.from_dict(fields) if plain else None
+    return NativeLlamaConfig.from_dict(fields) if plain else None
 
 
 def from_folder(folder: str | Path, dtype: torch.dtype, device: str | torch.device = "cpu") -> NativeCausalLM | None:
