@@ -126,6 +126,10 @@ def add_parser(sub) -> None:
     g.add_argument("--shared-system-prompt", action="store_true",
                    help="with --serve: every request of the concurrency sweep starts with the same system message "
                         "(--system-prompt), as chat deployments send")
+    g.add_argument("--arrival-tokens", type=positive_int, default=None, metavar="N",
+                   help="with --serve: a prompt of N tokens (e.g. 2000) arriving among --concurrency streaming "
+                        "clients (default 4): their inter-token time p50 / p99 without and with it, alternating "
+                        "(bench/serve_arrival.py; --max-new-tokens: each client's answer, default 256)")
     g.add_argument("--replicas", default=None, metavar="LIST",
                    help="with --serve: replica counts on Ray Serve to compare, e.g. 1,2 (each --threads threads; "
                         "clients: --concurrency, default 16; bench/serve_replicas.py)")
@@ -291,6 +295,8 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("--busy runs with the suite or --batch-sizes, not --serve / --replicas")
     if args.replicas:
         return bench_serve.run_failover(args) if args.kill_every else bench_serve.run_replicas(args)
+    if (args.serve or args.concurrency) and getattr(args, "arrival_tokens", None):
+        return bench_serve.run_arrival(args)
     if args.serve or args.concurrency:
         return bench_serve.run_prefix(args) if getattr(args, "prefix_cache", False) else bench_serve.run_serve(args)
     from ..bench import run_benchmark

@@ -157,3 +157,31 @@ def run_replicas(args) -> int:
     print(f"[bench --serve --replicas] wrote {args.out / 'replicas.md'} and replicas.json")
     print(markdown(report))
     return 0
+
+
+def arrival_config(args):
+    """`verispec bench --serve --arrival-tokens N`'s flags as an ArrivalConfig; CliError on bad ones."""
+    from ..bench.serve_arrival import ArrivalConfig
+    from ..bench.serve_load import parse_concurrency
+
+    if args.prefix_cache or args.replicas:
+        raise CliError("--arrival-tokens measures one server: drop --prefix-cache / --replicas")
+    try:
+        clients = max(parse_concurrency(args.concurrency)) if args.concurrency else 4
+        load = serve_load_config(args)
+        return ArrivalConfig(model=args.model, draft=args.draft_model, dtype=load.dtypes[0], prompts=load.prompts,
+                             out=args.out, clients=clients, arrival_tokens=args.arrival_tokens,
+                             max_new_tokens=args.max_new_tokens or 256, repeats=args.serve_repeats,
+                             device=args.device, threads=load.threads, serve_args=load.serve_args, seed=args.seed)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run_arrival(args) -> int:
+    """`verispec bench --serve --arrival-tokens N`: a long prompt among streaming clients."""
+    from ..bench.serve_arrival import markdown, run_arrival_bench
+
+    report = run_arrival_bench(arrival_config(args))
+    print(f"[bench --serve --arrival-tokens] wrote {args.out / 'arrival.md'} and arrival.json")
+    print("\n".join(markdown(report)))
+    return 0

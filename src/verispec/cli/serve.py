@@ -48,12 +48,17 @@ def add_parser(sub) -> None:
     b = p.add_argument_group("continuous batching (docs/server.md, \"Concurrency\")")
     b.add_argument("--max-num-seqs", type=positive_int, default=16, metavar="N",
                    help="sequences (choices) decoding together in one batch; more wait in a FIFO queue (default 16)")
-    b.add_argument("--max-batched-tokens", type=positive_int, default=256, metavar="N",
+    b.add_argument("--max-batched-tokens", type=positive_int, default=None, metavar="N",
                    help="tokens fed to the target per step: decoding rows (K + 1 each), then prefill chunks of "
-                        "waiting prompts (default 256; at least --max-num-seqs)")
-    b.add_argument("--prefill-chunk-tokens", type=positive_int, default=128, metavar="N",
+                        "waiting prompts (default: one prefill chunk's worth, at least --max-num-seqs)")
+    b.add_argument("--prefill-chunk-tokens", type=positive_int, default=None, metavar="N",
                    help="most prompt tokens per prefill forward, so a long prompt does not stall the batch for "
-                        "long (default 128)")
+                        "long (default: measured at start, the widest chunk whose forward costs at most "
+                        "--prefill-chunk-steps decode steps; the log says what it chose)")
+    b.add_argument("--prefill-chunk-steps", type=float, default=2.0, metavar="X",
+                   help="the measured chunk's bound: its forward costs at most X decode steps, so streaming "
+                        "clients' inter-token time stays within about (1 + X)x while a long prompt arrives "
+                        "(default 2)")
     b.add_argument("--kv-cache-memory", type=float, default=None, metavar="GIB",
                    help="bound on the target's KV cache in GiB; each slot holds --max-len tokens, so it caps the "
                         "sequences decoding at once (default: what fits in free memory, up to --max-num-seqs)")
@@ -152,7 +157,8 @@ def run(args: argparse.Namespace) -> int:
         weights=args.weights, weights_reason=args.weights_reason, quantization=args.quantization,
         activations=args.activations, activations_reason=args.activations_reason,
         device=args.device, draft_device=draft_device(args), max_num_seqs=args.max_num_seqs, max_batched_tokens=args.max_batched_tokens,
-        prefill_chunk_tokens=args.prefill_chunk_tokens, kv_cache_memory_gb=args.kv_cache_memory,
+        prefill_chunk_tokens=args.prefill_chunk_tokens, prefill_chunk_steps=args.prefill_chunk_steps,
+        kv_cache_memory_gb=args.kv_cache_memory,
         enable_prefix_caching=args.enable_prefix_caching,
         runner=runner_options(args), api_key=args.api_key, allowed_draft_models=args.allowed_draft_models,
         max_cached_drafters=args.max_cached_drafters, max_queued_requests=args.max_queued_requests,

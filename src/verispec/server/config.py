@@ -65,11 +65,16 @@ class ServerConfig:
     """Drafters named by requests that stay loaded (least recently used ones are dropped); the default stays."""
     max_num_seqs: int = 16
     """Sequences (choices) decoding together in one batch; more wait in a FIFO queue (--max-num-seqs)."""
-    max_batched_tokens: int = 256
-    """Tokens fed to the target per step: decoding rows (K + 1 each), then prefill chunks (--max-batched-tokens)."""
-    prefill_chunk_tokens: int = 128
+    max_batched_tokens: int | None = None
+    """Tokens fed to the target per step: decoding rows (K + 1 each), then prefill chunks (--max-batched-tokens).
+    None: one chunk's worth (at least max_num_seqs), so a prompt feeds one chunk a step beside decoding rows."""
+    prefill_chunk_tokens: int | None = None
     """Most prompt tokens per prefill forward, so a long prompt does not stall decoding for long
-    (--prefill-chunk-tokens)."""
+    (--prefill-chunk-tokens). None: chosen at start from measured costs (engine/budget.py: the widest chunk whose
+    forward costs at most prefill_chunk_steps decode steps), said in the log."""
+    prefill_chunk_steps: float = 2.0
+    """The bound of the chosen chunk: its forward costs at most this many decode steps, so streaming clients'
+    inter-token time while a long prompt arrives stays within about (1 + this)x (--prefill-chunk-steps)."""
     kv_cache_memory_gb: float | None = None
     """Bound on the target's KV cache in GiB: each slot holds max_len tokens, so the bound caps the slots
     (sequences decoding at once) below max_num_seqs (--kv-cache-memory). None: max_num_seqs slots."""
@@ -138,9 +143,11 @@ class ServerConfig:
             raise ValueError("model must name a target model")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.prefill_chunk_tokens < 1:
-            raise ValueError(f"prefill_chunk_tokens must be >= 1, got {self.prefill_chunk_tokens}")
-        if self.max_batched_tokens < self.max_num_seqs:
+        if self.prefill_chunk_tokens is not None and self.prefill_chunk_tokens < 1:
+            raise ValueError(f"prefill_chunk_tokens must be >= 1 (or None: measured), got {self.prefill_chunk_tokens}")
+        if not self.prefill_chunk_steps > 0:
+            raise ValueError(f"prefill_chunk_steps must be > 0, got {self.prefill_chunk_steps}")
+        if self.max_batched_tokens is not None and self.max_batched_tokens < self.max_num_seqs:
             raise ValueError(f"max_batched_tokens ({self.max_batched_tokens}) must be at least max_num_seqs "
                              f"({self.max_num_seqs}): every decoding row feeds one token or more per step")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:

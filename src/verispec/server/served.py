@@ -36,6 +36,7 @@ from ..drafters.suffix import shared_cache
 from ..drafters.spec import NONE, parse_drafter_spec
 from ..drafters.twin import twin_memory_bytes
 from ..engine import SpeculativeEngine
+from ..engine.budget import PrefillBudget, budget_from_costs, probe_chunk_costs
 from ..engine.scheduler import SchedulerConfig
 from ..runtime.model.memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
 from ..runtime.model.loading import ModelLoadError, load_tokenizer, read_model_config, resolve_model_path
@@ -140,16 +141,15 @@ class ServedModel:
         self.config = config
         self.target = target
         self.tokenizer = tokenizer
-        scheduler = SchedulerConfig(max_batched_tokens=config.max_batched_tokens,
-                                    prefill_chunk_tokens=config.prefill_chunk_tokens)
         self.max_num_seqs = kv_bounded_slots(config, target)
         prefix_tokens = prefix_cache_tokens(config, target, self.max_num_seqs)
         if config.enable_prefix_caching:
             logger.info("prefix caching: up to %d tokens of prompt prefixes kept", prefix_tokens)
         self.engine = SpeculativeEngine(target, tokenizer, drafter=None, spec=config.spec, max_len=config.max_len,
-                                        max_batch_size=self.max_num_seqs, scheduler=scheduler, runner=config.runner,
+                                        max_batch_size=self.max_num_seqs, runner=config.runner,
                                         enable_prefix_caching=config.enable_prefix_caching,
                                         prefix_cache_tokens=prefix_tokens)
+        self.prefill_budget = self._choose_budget(config)
         self.spec = config.spec  # the default speculation of requests (K may come from an 'auto' pair once loaded)
         self.vocab_size = len(tokenizer)
         self.draft_models = config.draft_models  # request name -> drafter value (the operator's allow-list)
@@ -157,6 +157,20 @@ class ServedModel:
         self._default: tuple[str, Drafter | None] | None = None  # the server's --draft-model, never evicted
         self._cache: OrderedDict[str, Drafter | None] = OrderedDict()  # request-named drafters, LRU order
         self._tool_format: ToolFormat | None = None
+
+    def _choose_budget(self, config: ServerConfig) -> PrefillBudget | None:
+        """The scheduler's chunk and step budget: as configured, else measured on the engine's runner
+        (engine/budget.py), said in the log. -> the measured budget (None: both configured)."""
+        budget, chunk, batched = None, config.prefill_chunk_tokens, config.max_batched_tokens
+        if chunk is None:
+            decode_s, chunk_s = probe_chunk_costs(self.engine.target, config.prefill_chunk_steps)
+            budget = budget_from_costs(chunk_s, decode_s, self.max_num_seqs, config.prefill_chunk_steps)
+            chunk = budget.chunk_tokens
+            logger.info("%s", budget.describe())
+        if batched is None:
+            batched = max(chunk, self.max_num_seqs)
+        self.engine.scheduler.config = SchedulerConfig(max_batched_tokens=batched, prefill_chunk_tokens=chunk)
+        return budget
 
     @classmethod
     def load(cls, config: ServerConfig) -> ServedModel:
