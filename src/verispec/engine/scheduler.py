@@ -23,7 +23,9 @@ are copied into its slot when it is staged, and its prefill starts after them (a
 once). After each prefill chunk the prompt's new full blocks are stored, from the sequence's cursor (its chain of
 blocks so far, pinned until it joins or leaves), never re-walked from the root. The head of the queue waits
 while a sequence being prefilled will store more of its prefix than is cached now (n copies of one prompt, a
-shared system prompt arriving at once): a copy later beats computing the same entries twice.
+shared system prompt arriving at once): a copy later beats computing the same entries twice. A sequence that found
+at least PROTECT_SHARE of its prompt cached (a conversation's next turn: the same file resent, the history) releases
+its chain protected, so other prompts are evicted before it (prefix_cache.py, "Conversations").
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..runtime.caches.prefix_cache import PrefixCache
+from ..runtime.caches.prefix_cache import PROTECT_SHARE, PrefixCache
 from .sequence import Sequence, SequenceStatus
 
 
@@ -230,8 +232,9 @@ class Scheduler:
     def _release_prefix(self, seq: Sequence) -> None:
         """A sequence that joins or leaves is done with the prefix cache: its chain is unpinned."""
         lookup = self._lookups.pop(seq, None) if self.prefix is not None else None
-        if lookup is not None:
-            self.prefix.release(lookup.chain)
+        if lookup is not None:  # a prompt mostly found cached is a conversation's next turn: its chain protected
+            turn = lookup.tokens and seq.stats.cached_tokens >= PROTECT_SHARE * len(lookup.tokens)
+            self.prefix.release(lookup.chain, protect=bool(turn))
 
     def join(self, seq: Sequence) -> None:
         """A sequence whose prompt is complete decodes from now on, in slot len(running) (slots stay contiguous)."""

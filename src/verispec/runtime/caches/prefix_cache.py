@@ -16,6 +16,17 @@ ancestors: every unpinned block's ancestors are more recent than it, so the leas
 a leaf, and no stored block ever loses its parent. The pins also keep a matched block from being evicted before
 it is loaded into the slot, and a chain's blocks from being reused under its cursor.
 
+Conversations (agent loops resend the same file with a new instruction; a chat resends its history): a request
+that found at least `PROTECT_SHARE` of its prompt cached is a conversation's next turn, and `release(chain,
+protect=True)` keeps its chain protected for `protect_s` seconds (300 by default: a tool's run, a user's reading
+and typing), renewed by every turn. Eviction takes the least recently used unprotected, unpinned block first, and
+only when none is left the least recently used protected one (protection never refuses a store). A burst of other
+prompts therefore evicts the one-off prompts before an active conversation's file; a conversation idle past
+`protect_s` is plain LRU again. The first turn is not protected (nothing says yet that it will come back); it is
+the most recently used all the same. The leaf rule holds: a chain is protected from its root, and an ancestor's
+protection lasts at least as long as any descendant's, so an unprotected (or expired) block has no protected
+descendant.
+
 Exactness: the entries copied are the ones a prefill of the same tokens at the same positions wrote; a hit skips
 those forwards and changes nothing else (fp32 greedy tokens are identical; the prefill's widths differ, so logits
 agree to float rounding until the forward is width-invariant).
@@ -28,7 +39,9 @@ before later tokens overwrite them, which a prefill in one forward longer than t
 from __future__ import annotations
 
 import logging
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 
@@ -38,12 +51,15 @@ logger = logging.getLogger("verispec")
 
 ROOT = -1  # the parent of a prompt's first block
 BLOCK_SIZE = 16  # tokens per block (vLLM's default)
+PROTECT_S = 300.0  # seconds a conversation's chain stays protected after its latest turn
+PROTECT_SHARE = 0.5  # a request that found this share of its prompt cached is a conversation's next turn
 
 
 class PrefixCache:
     """Blocks of KV entries for `cache`'s layers, at most `max_tokens // block_size` of them (LRU beyond)."""
 
-    def __init__(self, cache: SlotCache, max_tokens: int, block_size: int = BLOCK_SIZE) -> None:
+    def __init__(self, cache: SlotCache, max_tokens: int, block_size: int = BLOCK_SIZE, protect_s: float = PROTECT_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.cache = cache
@@ -59,7 +75,11 @@ class PrefixCache:
         self.lru: OrderedDict[int, None] = OrderedDict()  # stored blocks, least recently used first
         self.pins: dict[int, int] = {}  # block -> sequences about to load it
         self.allocated = 0  # block ids handed out: [0, allocated)
+        self.protect_s = protect_s
+        self.clock = clock  # seconds; tests drive their own
+        self.protected: dict[int, float] = {}  # block -> until when (clock) it is evicted only after unprotected ones
         self.evicted = 0  # blocks evicted (LRU)
+        self.evicted_protected = 0  # of those, protected ones (every unprotected block was pinned)
         self.queried_tokens = 0  # prompt tokens looked up (each admitted prompt's cacheable part)
         self.hit_tokens = 0  # of those, found in the cache
 
@@ -182,13 +202,18 @@ class PrefixCache:
         self.table.clear()
         self.keys.clear()
         self.lru.clear()
+        self.protected.clear()
         self.allocated = 0
 
-    def release(self, chain: list[int]) -> None:
+    def release(self, chain: list[int], protect: bool = False) -> None:
         """A sequence is done with its chain (prefilled, or gone): the chain becomes the most recently used, in
-        order, and is unpinned."""
+        order, and is unpinned; `protect`: a conversation's turn, protected for protect_s (module docstring)."""
         self._touch(chain)
         self.unpin(chain)
+        if protect and self.protect_s > 0:
+            until = self.clock() + self.protect_s
+            for block in chain:  # root first: an ancestor's protection never ends before a descendant's
+                self.protected[block] = max(self.protected.get(block, until), until)
 
     def _copy_out(self, slot: int, new: list[tuple[int, int]]) -> None:
         bs = self.block_size
@@ -219,13 +244,23 @@ class PrefixCache:
         if self.allocated < self.capacity:
             self.allocated += 1
             return self.allocated - 1
+        now, fallback = self.clock(), None
         for block in self.lru:
-            if block not in self.pins:
-                del self.table[self.keys.pop(block)]
-                del self.lru[block]
-                self.evicted += 1
-                return block
-        return None
+            if block in self.pins:
+                continue
+            if self.protected.get(block, now) > now:
+                fallback = block if fallback is None else fallback  # the least recently used protected block
+                continue
+            return self._evict(block)
+        return None if fallback is None else self._evict(fallback)
+
+    def _evict(self, block: int) -> int:
+        del self.table[self.keys.pop(block)]
+        del self.lru[block]
+        if self.protected.pop(block, 0.0) > self.clock():
+            self.evicted_protected += 1
+        self.evicted += 1
+        return block
 
     def _touch(self, chain: list[int]) -> None:
         """Mark a chain (root first) most recently used, descendants before ancestors."""
