@@ -13,13 +13,15 @@ process, after one untimed warm-up per method:
 - turn 1, cold (the target's and the draft's prefix caches emptied first): time to first token (TTFT: the request
   sent to its first committed token, the prefill and one round), prefill tok/s (prompt tokens / TTFT), decode
   ms/token at that context (the rest of the `max_new_tokens` tokens after the first round's);
-- turns 2..`turns`: the same file with the next instruction: TTFT warm, the prompt tokens the target's prefix cache
-  served (`cached_tokens`) and those the draft model's own cache served (`draft_cached_tokens`: the draft skipped
-  their prefill), and warm / cold (issue 51: <= 0.2x).
+- turns 2..`turns`: the same file with the next instruction: TTFT warm, decode ms/token, the prompt tokens the
+  target's prefix cache served (`cached_tokens`) and those the draft model's own cache served
+  (`draft_cached_tokens`: the draft skipped their prefill; 0 when its model stage never drafted in the turn), and
+  warm / cold (issue 51: <= 0.2x).
 Every method's turn-1 answer is compared with the target alone's (greedy: equal). With `peers` (llama.cpp), the same
-token ids go through llama.cpp (`llamacpp_driver.py`: a cold cache per prompt), target alone and draft model: its
-TTFT, prefill tok/s and decode ms/token beside ours, and ours over theirs. The report: `long_context.json`,
-`long_context.md` (the table) and `long_context.png` (TTFT and decode against the length).
+token ids go through llama.cpp (`llamacpp_driver.py`: a cold cache per prompt), its target alone (its draft-model
+mode ran at seconds a token at these lengths): its TTFT, prefill tok/s and decode ms/token beside ours, and its TTFT
+over ours. The report: `long_context.json`, `long_context.md` (the table) and `long_context.png` (TTFT and decode
+against the length).
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ class LongContextConfig:
     lengths: list[int] = field(default_factory=lambda: list(LENGTHS))  # prompt tokens, exact
     reference_length: int | None = REFERENCE_LENGTH  # decode's reference prompt (None: no ratio)
     max_new_tokens: int = 64  # turn 1's answer: decode ms/token over it
-    turn_tokens: int = 8  # later turns' answers (enough for the draft's first rounds)
+    turn_tokens: int | None = None  # later turns' answers (None: max_new_tokens; the cascade's model stage may
+    # draft only after a few rounds of suffix drafts, and its catch-up, from its own prefix cache, is part of a turn)
     turns: int = 3  # turn 1 cold, then warm turns with new instructions
     limit: int = 1  # files per length
     seed: int = 0
@@ -66,6 +69,8 @@ class LongContextConfig:
     def __post_init__(self) -> None:
         if not self.lengths or min(self.lengths) < 1:
             raise ValueError(f"lengths must be positive token counts, got {self.lengths}")
+        if self.turn_tokens is None:
+            self.turn_tokens = self.max_new_tokens
         if self.max_new_tokens < 2 or self.turn_tokens < 1:
             raise ValueError("max_new_tokens must be >= 2 (decode is timed after the first round) and turn_tokens "
                              f">= 1, got {self.max_new_tokens} and {self.turn_tokens}")
@@ -211,6 +216,7 @@ def measure(engine, prompt: LongPrompt, method: str, config: LongContextConfig) 
         row["turns"].append({"turn": turn + 1, "prompt_tokens": len(ids), "ttft_s": round(warm["ttft_s"], 4),
                              "cached_tokens": warm["cached_tokens"], "draft_cached_tokens": _draft_hits(engine) - hits,
                              "draft_tokens": warm["draft_tokens"],
+                             "decode_ms_per_token": warm["decode_ms_per_token"] and round(warm["decode_ms_per_token"], 3),
                              "warm_over_cold": round(warm["ttft_s"] / first["ttft_s"], 3)})
     if row["turns"]:
         row["warm_over_cold"] = round(max(t["warm_over_cold"] for t in row["turns"]), 3)  # the worst warm turn
@@ -235,9 +241,9 @@ def _peer_rows(config: LongContextConfig, prompts: list[LongPrompt], log) -> tup
         return out, [f"llama.cpp skipped: {exc}"]
     job = {**models, "prompts": [p.ids(0) for p in prompts], "max_new_tokens": config.max_new_tokens, "k": PEER_K,
            "threads": threads, "dtype": "float32", "n_ctx": config.max_len}
-    for mode, spec in (("target", "none"), ("draft model", "draft")):
-        if spec == "draft" and "draft_gguf" not in models:
-            continue
+    # llama.cpp's target alone: its draft-model mode (llama-cpp-python's) ran at 1.8-5 s a token at these lengths
+    # in a first run (2026-11-28), minutes per prompt, and is left out
+    for mode, spec in (("target", "none"),):
         log(f"[bench long-context] llama.cpp {mode}: {len(prompts)} prompts")
         try:
             result = run_driver("llama.cpp", python, {**job, "spec": spec})
