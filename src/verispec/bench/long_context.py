@@ -328,7 +328,8 @@ def summarize(rows: list[dict], config: LongContextConfig) -> dict:
     out: dict = {"decode_ratio": {}, "warm_over_cold": {}, "ttft_llamacpp_over_ours": {}}
     longest = max(config.lengths)
     for method in rows[0]["methods"]:
-        decode = {r["length"]: _mean([r["methods"][method]["decode_ms_per_token"]]) for r in rows}
+        decode = {length: _mean([r["methods"][method]["decode_ms_per_token"] for r in rows if r["length"] == length])
+                  for length in {r["length"] for r in rows}}  # the mean over the files of a length (--limit)
         if config.reference_length and decode.get(config.reference_length):
             out["decode_ratio"][method] = {
                 "lengths": [config.reference_length, longest],
