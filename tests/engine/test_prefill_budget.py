@@ -19,8 +19,10 @@ def test_the_widest_chunk_within_the_bound():
     assert choose_chunk_tokens(costs, decode_s=0.040, decode_steps=4.0) == 64  # 0.170 > 0.160
     assert choose_chunk_tokens(costs, decode_s=0.040, decode_steps=5.0) == 128
     assert choose_chunk_tokens(costs, decode_s=0.040, decode_steps=1.0) == 16  # 0.030 <= 0.040
-    # negative control: none fits -> the narrowest, never nothing (a prompt must make progress)
-    assert choose_chunk_tokens(costs, decode_s=0.010, decode_steps=1.0) == 16
+    # the narrowest over the bound: it cannot hold, so as wide as FALLBACK_STEPS (8) decode steps allow
+    assert choose_chunk_tokens(costs, decode_s=0.010, decode_steps=1.0) == 32  # 0.050 <= 0.080 < 0.090
+    # none within that either: the narrowest, never nothing (a prompt must make progress)
+    assert choose_chunk_tokens(costs, decode_s=0.001, decode_steps=1.0) == 16
     with pytest.raises(ValueError, match="at least one"):
         choose_chunk_tokens({}, 0.04)
     with pytest.raises(ValueError, match="decode_steps"):
@@ -32,6 +34,8 @@ def test_budget_is_one_chunk_a_step_at_least_the_rows():
     assert (budget.chunk_tokens, budget.max_batched_tokens) == (32, 32)
     assert budget_from_costs({16: 0.03}, 0.04, max_num_seqs=24).max_batched_tokens == 24
     assert "32 tokens" in budget.describe() and "2 decode steps" in budget.describe()
+    slow = budget_from_costs({16: 0.09, 32: 0.2}, decode_s=0.03, max_num_seqs=4, decode_steps=2.0)
+    assert slow.chunk_tokens == 32 and slow.decode_steps == 8.0 and "8 decode steps" in slow.describe()
 
 
 class VirtualRunner:
@@ -61,8 +65,10 @@ def test_probe_measures_ascending_and_stops_past_the_bound(monkeypatch):
     runner = VirtualRunner(clock)
     decode_s, chunk_s = probe_chunk_costs(runner, decode_steps=2.0, widths=(16, 32, 64, 128), repeats=2)
     assert decode_s == pytest.approx(0.011)
-    # the narrowest chunk (26 ms) is already past 2 x 11 ms: measured, and the probe stops there
-    assert chunk_s == pytest.approx({16: 0.026})
+    # the narrowest chunk (26 ms) is already past 2 x 11 ms: the fallback bound (8 x 11 = 88 ms) applies, and the
+    # probe goes on to the first width past it (128: 138 ms)
+    assert chunk_s == pytest.approx({16: 0.026, 32: 0.042, 64: 0.074, 128: 0.138})
+    assert choose_chunk_tokens(chunk_s, decode_s, 2.0) == 64
     assert runner.length == 0  # the slot emptied after
     decode_s, chunk_s = probe_chunk_costs(VirtualRunner(clock), decode_steps=5.0, widths=(16, 32, 64, 128), repeats=2)
     assert list(chunk_s) == [16, 32, 64]  # 26, 42 <= 55 ms; 74 > 55: measured, then the probe stops

@@ -71,7 +71,8 @@ class ServerConfig:
     prefill_chunk_tokens: int | None = None
     """Most prompt tokens per prefill forward, so a long prompt does not stall decoding for long
     (--prefill-chunk-tokens). None: chosen at start from measured costs (engine/budget.py: the widest chunk whose
-    forward costs at most prefill_chunk_steps decode steps), said in the log."""
+    forward costs at most prefill_chunk_steps decode steps, or 8 where even the narrowest costs more), said in the
+    log."""
     prefill_chunk_steps: float = 2.0
     """The bound of the chosen chunk: its forward costs at most this many decode steps, so streaming clients'
     inter-token time while a long prompt arrives stays within about (1 + this)x (--prefill-chunk-steps)."""
