@@ -30,6 +30,7 @@ def test_run_and_mode_figures():
     assert since == 1.0 and len(ok) == 2 and figures["failed"] == 1
     assert figures["itl"]["gaps"] == 7 and figures["itl_during_prefill"]["gaps"] == 3  # ends at 1.2, 1.2, 1.3
     assert figures["arrival_ttft_s"] == 0.3 and figures["clients_streaming_at_answer"] == 1
+    assert figures["largest_gaps"][0] == {"ms": 300.0, "at_s": 0.05, "client": 0}  # 1.2 -> 1.5, after the arrival
     alone = merge([{"streams": streams[:2], "arrival": None}])
     assert "itl_during_prefill" not in alone and alone["itl"]["gaps"] == 7
     both = merge([raw, raw])

@@ -135,7 +135,16 @@ def summarize_run(run: dict) -> tuple[dict, list[Stream], float]:
         out["arrival_prompt_tokens"] = arrival["prompt_tokens"]
         out["arrival_cached_tokens"] = arrival["cached_tokens"]
         out["clients_streaming_at_answer"] = sum(s.chunks[-1] > arrival["answered"] for s in ok)
+    out["largest_gaps"] = largest_gaps(ok, since, arrival["sent"] if arrival is not None else since)
     return out, ok, since
+
+
+def largest_gaps(streams: list[Stream], since: float, origin: float, n: int = 8) -> list[dict]:
+    """The n longest gaps, each with when it began (seconds after `origin`: the arrival sent, else every client
+    streaming) and which client: where a stall came from is in their times."""
+    found = [(b - a, a - origin, i) for i, s in enumerate(streams) for a, b in zip(s.chunks, s.chunks[1:])
+             if a >= since]
+    return [{"ms": round(g * 1e3, 1), "at_s": round(t, 3), "client": i} for g, t, i in sorted(found, reverse=True)[:n]]
 
 
 def run_arrival_bench(config: ArrivalConfig, log=print) -> dict:
