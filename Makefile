@@ -36,10 +36,13 @@ demo: $(VENV)/.coder
 # A kernel that does not build fails here (runtime/kernels/ext.py), in `make kernels` and in the tests that need it,
 # rather than leaving the torch fallbacks to run and the kernel tests to skip.
 # The kernels' test-only builds too (ext.VARIANTS), in parallel with the kernels, not inside the timed test run.
+# The suite runs in TEST_WORKERS processes (pytest-xdist), a test file to one worker (its module fixtures built once):
+# each test runs torch on one thread (conftest), so two workers keep two cores busy (~1.8x on 2 cores).
+TEST_WORKERS ?= 2
 test: export VERISPEC_REQUIRE_KERNELS := 1
 test: install
 	$(PY) -c "from verispec.runtime.kernels.ext import build_all; print('[verispec] kernels built:', build_all(variants=True) or 'all cached')"
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The pure, fast tests of every subject (tests/unit, and files elsewhere marked `unit`): seconds.
 test-unit: install

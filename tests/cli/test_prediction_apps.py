@@ -54,7 +54,8 @@ def test_cli_prediction_file_equals_target_alone(capsys, model_dirs, tmp_path):
     alone = json.loads(out)
     prediction = tmp_path / "prediction.txt"
     prediction.write_text(alone["text"][:10] + "ZZZ" + alone["text"][10:], encoding="utf-8")
-    code2, out2, _ = run_cli(capsys, *common, "--prediction", prediction)
+    # --no-adaptive: K must not follow measured costs (a busy machine could set it to 0 and leave the answer undrafted)
+    code2, out2, _ = run_cli(capsys, *common, "--prediction", prediction, "--no-adaptive")
     predicted = json.loads(out2)
     assert code == code2 == 0 and predicted["token_ids"] == alone["token_ids"]
     assert predicted["stats"]["accepted_by_stage"]["prediction"] > 10

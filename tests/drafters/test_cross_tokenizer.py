@@ -7,6 +7,7 @@ detected when the drafter is built; the boundary rules are checked by hand. Samp
 test_sampling_exactness.py with the other drafters.
 """
 
+import copy
 import logging
 
 import pytest
@@ -136,7 +137,8 @@ def test_the_boundary_loses_nothing_when_the_draft_is_the_target(trained_pair, t
     """The target drafting for itself behind the wrapper (text out, text in): every draft token is accepted and a
     round commits K + 1 tokens, so re-tokenizing drops no determined token and adds no wrong one."""
     target, tok = (trained_pair[0], tokenizer) if which == "char" else (bpe_pair[0], bpe)
-    engine = SpeculativeEngine(target, tok, CrossTokenizerDrafter(ModelDrafter(target, 512), tok, tok),
+    # the draft a copy: the same weights with a twin of its own (the draft's Q8_0 blocks would else be the target's)
+    engine = SpeculativeEngine(target, tok, CrossTokenizerDrafter(ModelDrafter(copy.deepcopy(target), 512), tok, tok),
                                SpeculativeConfig(num_draft_tokens=4), max_len=256)
     for text in PROMPTS[:4]:
         result = engine.generate(tok(text)["input_ids"], SamplingParams(max_new_tokens=30, ignore_eos=True))

@@ -8,6 +8,8 @@ never its base's, and never the output.
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from verispec.config import SamplingParams, SpeculativeConfig
@@ -28,7 +30,9 @@ def base_head(trained_pair, trained_head) -> HeadDrafter:
 
 
 def test_a_keys_head_records_the_targets_features_at_the_committed_positions(trained_pair, tokenizer, trained_head):
-    target, _ = trained_pair
+    # A copy: the features are held to the fp32 forward, and the shared target's native twin may have been put on a
+    # draft's Q8_0 blocks by an earlier test that let it draft for itself (twins.py keeps one twin per model object).
+    target = copy.deepcopy(trained_pair[0])
     recorded = []
     head = KeyHead(base_head(trained_pair, trained_head), recorded.append)
     engine = SpeculativeEngine(target, tokenizer, head, spec=SPEC, max_len=256, max_batch_size=3)
