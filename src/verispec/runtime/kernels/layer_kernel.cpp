@@ -30,11 +30,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
   m.def("qk_norm", &qk_norm, "q and k of a fused projection RMSNormed per head, v copied");
   m.def("gelu_mul", &gelu_mul, "gelu_tanh(gate) * up");
-  py::class_<LayerLoop>(m, "LayerLoop", "every decoder layer of a step in one call (layer_loop.h)")
+  py::class_<LlamaLoop>(m, "LlamaLoop", "every decoder layer of a step in one call (layer_loop.h)")
       .def(py::init<const std::vector<std::vector<LinearArgs>>&, const std::vector<std::pair<at::Tensor, at::Tensor>>&,
                     int64_t, double, int64_t, int64_t>())
-      .def("run", &LayerLoop::run)
-      .def_property_readonly("num_layers", &LayerLoop::num_layers);
+      .def("run", &LlamaLoop::run)
+      .def_property_readonly("num_layers", &LlamaLoop::num_layers);
   py::class_<GemmaLoop>(m, "GemmaLoop", "every Gemma 3 decoder layer of a step in one call (layer_loop.h)")
       .def(py::init<const std::vector<std::vector<LinearArgs>>&, const std::vector<std::vector<at::Tensor>>&,
                     const std::vector<bool>&, int64_t, int64_t, double, int64_t, int64_t>())

@@ -1,5 +1,5 @@
 // The decoder layers of one native step in one C++ call (runtime/kernels/layer_loop.py builds the plan; layer_kernel.cpp
-// exports `LayerLoop`).
+// exports `LlamaLoop`).
 //
 // It runs, layer after layer, exactly the calls `llama.layer_parts` makes on its fused path, with the same
 // arguments in the same order: RMSNorm (+ the previous layer's MLP output), the q/k/v linear, rotary_write,
@@ -52,7 +52,7 @@ class LoopKernels {
     LoopLinear l{std::get<0>(t), std::get<1>(t), std::get<2>(t), std::get<3>(t), std::get<4>(t), std::get<5>(t),
                  std::get<6>(t)};
     TORCH_CHECK(l.kind == QUANT ? quant_ != nullptr : (l.kind == DENSE_PACKED && dense_ != nullptr),
-                "LayerLoop: a linear's kernel is missing");
+                "LlamaLoop: a linear's kernel is missing");
     return l;
   }
 
@@ -80,17 +80,17 @@ class LoopKernels {
   DenseLinearFn dense_;
 };
 
-class LayerLoop : LoopKernels {
+class LlamaLoop : LoopKernels {
  public:
   // linears: per layer [qkv, o, gate_up, down], each (kind, data, scales, bias, qtype, in, out); norms: per layer
   // (attention norm, MLP norm); quant_fn / dense_fn: the kernels' addresses (0 where a kind is not used).
-  LayerLoop(const std::vector<std::vector<LinearArgs>>& linears,
+  LlamaLoop(const std::vector<std::vector<LinearArgs>>& linears,
             const std::vector<std::pair<at::Tensor, at::Tensor>>& norms, int64_t num_heads, double eps,
             int64_t quant_fn, int64_t dense_fn)
       : LoopKernels(quant_fn, dense_fn), num_heads_(num_heads), eps_(eps) {
-    TORCH_CHECK(linears.size() == norms.size(), "LayerLoop: one set of linears and norms per layer");
+    TORCH_CHECK(linears.size() == norms.size(), "LlamaLoop: one set of linears and norms per layer");
     for (size_t i = 0; i < linears.size(); ++i) {
-      TORCH_CHECK(linears[i].size() == 4, "LayerLoop: qkv, o, gate_up, down per layer");
+      TORCH_CHECK(linears[i].size() == 4, "LlamaLoop: qkv, o, gate_up, down per layer");
       layers_.push_back({make(linears[i][0]), make(linears[i][1]), make(linears[i][2]), make(linears[i][3]),
                          norms[i].first, norms[i].second});
     }
@@ -106,7 +106,7 @@ class LayerLoop : LoopKernels {
                               const std::vector<at::Tensor>& values, const at::Tensor& mask, int64_t path,
                               int64_t quant_path, int64_t dense_path) const {
     TORCH_CHECK(static_cast<int64_t>(keys.size()) == num_layers() && keys.size() == values.size(),
-                "LayerLoop.run: one key and one value buffer per layer");
+                "LlamaLoop.run: one key and one value buffer per layer");
     const int64_t b = embedded.size(0), n = embedded.size(1);
     at::Tensor x = embedded.contiguous(), out;
     std::optional<at::Tensor> pending;  // the previous layer's MLP output, added by this layer's first norm
@@ -142,7 +142,7 @@ struct GemmaLayer {
 
 class GemmaLoop : LoopKernels {
  public:
-  // linears: per layer [qkv, o, gate_up, down] as LayerLoop's; norms: per layer (input, post-attention, pre-MLP,
+  // linears: per layer [qkv, o, gate_up, down] as LlamaLoop's; norms: per layer (input, post-attention, pre-MLP,
   // post-MLP, q, k); sliding: per layer.
   GemmaLoop(const std::vector<std::vector<LinearArgs>>& linears, const std::vector<std::vector<at::Tensor>>& norms,
             const std::vector<bool>& sliding, int64_t num_heads, int64_t num_kv_heads, double eps, int64_t quant_fn,

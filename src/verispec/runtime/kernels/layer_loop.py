@@ -26,7 +26,7 @@ QUANT, DENSE = 0, 1  # layer_loop.h's kinds of linear
 
 
 class Loop(NamedTuple):
-    ext: object  # layer_loop.h's LayerLoop
+    ext: object  # layer_loop.h's LlamaLoop
     dtype: torch.dtype  # the norms' dtype: the activations' it serves
     dense_dtype: torch.dtype | None  # the dense weights' (their kernel path is chosen per dtype), None if none
 
@@ -62,7 +62,7 @@ def build(layers, packed, spec) -> Loop | None:
     """layers: per layer `Block.weights()`; packed: their `Linear.packed` -> the loop over them, or None where
     some weight is neither a QuantWeight nor in dense.py's layout, or the kernels are not built."""
     ext = fused.kernel()
-    if ext is None or not hasattr(ext, "LayerLoop"):
+    if ext is None or not hasattr(ext, "LlamaLoop"):
         return None
     kernels, linears, norms = _Linears(packed), [], []
     for qkv_w, qkv_b, o_w, gate_up_w, down_w, attn_norm, mlp_norm in layers:
@@ -73,7 +73,7 @@ def build(layers, packed, spec) -> Loop | None:
         norms.append((attn_norm, mlp_norm))
     if len({n.dtype for pair in norms for n in pair}) != 1:
         return None
-    loop = ext.LayerLoop(linears, norms, spec.num_heads, spec.rms_norm_eps, kernels.quant_fn, kernels.dense_fn)
+    loop = ext.LlamaLoop(linears, norms, spec.num_heads, spec.rms_norm_eps, kernels.quant_fn, kernels.dense_fn)
     return Loop(loop, norms[0][0].dtype, kernels.dense_dtype)
 
 

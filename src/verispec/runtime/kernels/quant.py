@@ -34,12 +34,11 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import os
-
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .. import overrides
 from .ext import build
 from .paths import KernelPath, numbers
 from .quant_vk import RECORD, SUPER, VK_GROUP, pack_vk, unpack_vk
@@ -63,7 +62,7 @@ PATHS = numbers(KernelPath.AUTO, KernelPath.SCALAR, KernelPath.AVX2, KernelPath.
 
 
 def _path_from_env() -> int:
-    name = os.environ.get("VERISPEC_QUANT_PATH", "auto").lower()
+    name = overrides.read("VERISPEC_QUANT_PATH", "auto").lower()
     if name not in PATHS:
         raise ValueError(f"VERISPEC_QUANT_PATH={name!r}: choose from {', '.join(PATHS)}")
     return PATHS[name]

@@ -1,6 +1,6 @@
 // The load-time repacks of GGUF blocks into the integer-activation layouts, in C++ (quant.py `pack_v` / `unpack_v`,
 // quant_vk.py `pack_vk` / `unpack_vk` call these where the kernel is built; their numpy versions are the fallback and
-// the reference, and tests/unit/test_quant_pack.py holds the two equal byte for byte).
+// the reference, and tests/kernels/test_quant_pack.py holds the two equal byte for byte).
 //
 // The layouts (quant_q8.h for V, quant_vk.h for VK) reorder a weight's bytes, channels in groups of 16, each group one
 // contiguous run; a last group short of 16 channels is padded with zero blocks. A group is packed from its 16 rows

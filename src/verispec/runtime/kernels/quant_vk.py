@@ -2,7 +2,7 @@
 super-blocks into records of 16 channels (each unit of 32 weights as quant_q8.h's Q4 V chunks, the 6-bit scales and
 mins a byte each), `unpack_vk` gives the file's bytes back. Moved by quant_pack.h where the quant kernel is built (at
 memory speed); the numpy versions here (`pack_vk_reference`, `unpack_vk_reference`) are the fallback elsewhere and the
-reference tests/unit/test_quant_pack.py holds the C++ to, byte for byte."""
+reference tests/kernels/test_quant_pack.py holds the C++ to, byte for byte."""
 
 from __future__ import annotations
 
