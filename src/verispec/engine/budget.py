@@ -69,12 +69,17 @@ def choose_chunk_tokens(chunk_s: Mapping[int, float], decode_s: float, decode_st
     return max(fitting) if fitting else min(chunk_s)
 
 
+def step_tokens(chunk_tokens: int, max_num_seqs: int) -> int:
+    """Tokens fed a step: one chunk (a prompt always gets its one chunk a step; decoding rows are counted first), at
+    least max_num_seqs (every decoding row's token). Pure."""
+    return max(chunk_tokens, max_num_seqs)
+
+
 def budget_from_costs(chunk_s: Mapping[int, float], decode_s: float, max_num_seqs: int,
                       decode_steps: float = DECODE_STEPS) -> PrefillBudget:
-    """The budget of a server with max_num_seqs rows: chunks of `choose_chunk_tokens`, and a step budget of one
-    chunk (a prompt always gets its one chunk a step; decoding rows are counted first), at least max_num_seqs."""
+    """The budget of a server with max_num_seqs rows: chunks of `choose_chunk_tokens`, `step_tokens` a step."""
     chunk = choose_chunk_tokens(chunk_s, decode_s, decode_steps)
-    return PrefillBudget(chunk, max(chunk, max_num_seqs), bound_steps(chunk_s, decode_s, decode_steps),
+    return PrefillBudget(chunk, step_tokens(chunk, max_num_seqs), bound_steps(chunk_s, decode_s, decode_steps),
                          decode_s * 1e3, {w: s * 1e3 for w, s in chunk_s.items()})
 
 

@@ -36,7 +36,7 @@ from ..drafters.suffix import shared_cache
 from ..drafters.spec import NONE, parse_drafter_spec
 from ..drafters.twin import twin_memory_bytes
 from ..engine import SpeculativeEngine
-from ..engine.budget import PrefillBudget, budget_from_costs, probe_chunk_costs
+from ..engine.budget import PrefillBudget, budget_from_costs, probe_chunk_costs, step_tokens
 from ..engine.scheduler import SchedulerConfig
 from ..runtime.model.memory import HEADROOM, free_memory_bytes, gib, kv_cache_bytes, weights_bytes
 from ..runtime.model.loading import ModelLoadError, load_tokenizer, read_model_config, resolve_model_path
@@ -168,7 +168,7 @@ class ServedModel:
             chunk = budget.chunk_tokens
             logger.info("%s", budget.describe())
         if batched is None:
-            batched = max(chunk, self.max_num_seqs)
+            batched = step_tokens(chunk, self.max_num_seqs)
         self.engine.scheduler.config = SchedulerConfig(max_batched_tokens=batched, prefill_chunk_tokens=chunk)
         return budget
 

@@ -178,7 +178,6 @@ class NativeRunner(SlotRunner):
                         after["programs_compiled"] - before["programs_compiled"])
         return RunnerOutput(logits, hidden if want_hidden or all_hidden else None)
 
-
     def _in_pieces(self, token_ids: torch.Tensor, start_slot: int, last_only: bool) -> RunnerOutput:
         """forward of [batch, n] fed tokens as consecutive forwards of PREFILL_PIECE tokens (the same bits): the last
         position's logits (last_only), else every position's."""
